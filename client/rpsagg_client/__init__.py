@@ -1,0 +1,1 @@
+"""rpsagg aggregation client (see the aggregation-service issue)."""

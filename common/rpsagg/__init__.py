@@ -1,0 +1,55 @@
+"""rpsagg: communication-efficient distributed mean estimation with Rand-Proj-Spatial.
+
+Clients compress their vectors with a seeded SRHT (``Estimator.encode``) and send ``k``
+floats plus a seed; the server regenerates every transform from its seed and decodes all
+clients jointly (``Estimator.decode``).
+
+Examples
+--------
+>>> import numpy as np, rpsagg
+>>> est = rpsagg.make_estimator("rand-proj-spatial", n=4, k=16, d=100)
+>>> xs = np.ones((4, 100))
+>>> msgs = [est.encode(x, seed=s) for s, x in enumerate(xs)]
+>>> est.decode(msgs).shape
+(100,)
+"""
+
+from rpsagg._beta import BetaEstimate, cache_dir, spatial_beta
+from rpsagg._correlation import CorrelationTracker, correlation_terms, estimate_correlation
+from rpsagg._decode import SolveInfo
+from rpsagg._encoded import Encoded
+from rpsagg._estimators import (
+    ESTIMATOR_NAMES,
+    DecodeResult,
+    Estimator,
+    make_estimator,
+    wangni_probabilities,
+)
+from rpsagg._fwht import BACKEND as FWHT_BACKEND
+from rpsagg._fwht import fwht
+from rpsagg._spec import SPEC_VERSION, padded_dim
+from rpsagg._srht import srht_matrix
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ESTIMATOR_NAMES",
+    "FWHT_BACKEND",
+    "SPEC_VERSION",
+    "BetaEstimate",
+    "CorrelationTracker",
+    "DecodeResult",
+    "Encoded",
+    "Estimator",
+    "SolveInfo",
+    "__version__",
+    "cache_dir",
+    "correlation_terms",
+    "estimate_correlation",
+    "fwht",
+    "make_estimator",
+    "padded_dim",
+    "spatial_beta",
+    "srht_matrix",
+    "wangni_probabilities",
+]

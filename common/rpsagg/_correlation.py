@@ -1,0 +1,120 @@
+"""Estimating the inter-client correlation R from the sketches alone.
+
+With ``D`` the transform's dimension (d' for the SRHT, d for Rand-k) and ``E[(D/k) G^T G] = I``,
+``G G^T = I_k``::
+
+    sum_i ||x_i||^2          ~ (D/k) sum_i ||y_i||^2
+    sum_{i != l} <x_i, x_l>  ~ (D/k)^2 (||sum_i G_i^T y_i||^2 - sum_i ||y_i||^2)
+
+are both unbiased; R_hat is their ratio. Using the previous rounds' (smoothed) R_hat as the
+prior of ``transform="auto"`` keeps the current round unbiased.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rpsagg._encoded import Encoded
+from rpsagg._spec import padded_dim, randk_indices
+from rpsagg._srht import JointSRHT
+
+_SUPPORTED = ("rand-proj-spatial", "rand-k", "rand-k-spatial")
+
+
+def correlation_terms(encoded: Sequence[Encoded]) -> tuple[float, float]:
+    """Unbiased estimates of ``sum_{i != l} <x_i, x_l>`` and ``sum_i ||x_i||^2``.
+
+    Parameters
+    ----------
+    encoded : sequence of Encoded
+        Messages of one round (Rand-Proj-Spatial, Rand-k or Rand-k-Spatial), distinct seeds.
+
+    Returns
+    -------
+    (cross, norms) : tuple of float
+    """
+    batch = list(encoded)
+    if not batch:
+        raise ValueError("estimate_correlation needs at least one message")
+    first = batch[0]
+    if first.scheme not in _SUPPORTED:
+        raise ValueError(
+            f"estimate_correlation supports {', '.join(_SUPPORTED)}; got {first.scheme!r}"
+        )
+    if any(m.scheme != first.scheme or m.k != first.k or m.d != first.d for m in batch):
+        raise ValueError("mixed schemes/k/d in one estimate_correlation call")
+    if len({m.seed for m in batch}) != len(batch):
+        raise ValueError("the same seed appears twice in one estimate_correlation call")
+    k = first.k
+    y = np.stack([m.values.astype(np.float64) for m in batch])
+    if first.scheme == "rand-proj-spatial":
+        dim = padded_dim(first.d)
+        back = JointSRHT.from_seeds([m.seed for m in batch], k, dim).adjoint(y)
+    else:
+        dim = first.d
+        back = np.zeros(dim)
+        for m, row in zip(batch, y, strict=True):
+            back[randk_indices(m.seed, k, dim)] += row
+    sq = float(np.sum(y * y))
+    scale = dim / k
+    cross = scale * scale * (float(back @ back) - sq)
+    return cross, scale * sq
+
+
+def estimate_correlation(encoded: Sequence[Encoded]) -> float:
+    """R_hat: the correlation ``sum_{i != l} <x_i, x_l> / sum_i ||x_i||^2`` from sketches.
+
+    Parameters
+    ----------
+    encoded : sequence of Encoded
+        One round's messages (Rand-Proj-Spatial, Rand-k or Rand-k-Spatial).
+
+    Returns
+    -------
+    float
+        The ratio of the two unbiased estimates of :func:`correlation_terms`; 0.0 when every
+        sketch is zero. Not clipped: it can fall outside ``[-1, n'-1]`` by sampling noise.
+    """
+    cross, norms = correlation_terms(encoded)
+    return 0.0 if norms == 0.0 else cross / norms
+
+
+@dataclass
+class CorrelationTracker:
+    """Exponentially smoothed correlation across rounds, for ``transform="auto"``.
+
+    Tracks the correlation *fraction* ``R_hat / (n' - 1)`` so rounds with different
+    numbers of arrivals combine; :meth:`prior` converts back to R for ``n`` clients.
+
+    Attributes
+    ----------
+    alpha : float
+        Weight of the newest round (0 < alpha <= 1).
+    fraction : float or None
+        Smoothed fraction, None before the first round with two or more messages.
+    """
+
+    alpha: float = 0.5
+    fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.alpha <= 1.0:
+            raise ValueError(f"alpha must be in (0, 1]; got {self.alpha}")
+
+    def update(self, encoded: Sequence[Encoded]) -> float:
+        """Fold in one round; returns that round's R_hat."""
+        batch = list(encoded)
+        r_hat = estimate_correlation(batch)
+        if len(batch) >= 2:
+            frac = float(np.clip(r_hat / (len(batch) - 1), 0.0, 1.0))
+            self.fraction = frac if self.fraction is None else (
+                (1.0 - self.alpha) * self.fraction + self.alpha * frac
+            )
+        return r_hat
+
+    def prior(self, n: int) -> float | None:
+        """Prior R for ``n`` clients (None until a round has been seen)."""
+        return None if self.fraction is None else self.fraction * max(0, n - 1)

@@ -1,0 +1,456 @@
+"""The estimators: encode on clients, decode jointly on the server."""
+
+from __future__ import annotations
+
+import copy
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Self
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from rpsagg._beta import rps_beta, spatial_beta
+from rpsagg._decode import DEFAULT_RTOL, SolveInfo, joint_solve
+from rpsagg._encoded import Encoded
+from rpsagg._spec import (
+    TAG_INDUCED,
+    TAG_WANGNI,
+    check_seed,
+    padded_dim,
+    randk_indices,
+    sample_distinct,
+    uniforms,
+)
+from rpsagg._srht import JointSRHT, srht_encode
+from rpsagg._transform import Transform, parse_transform
+from rpsagg._validation import check_batch, check_dims, check_vector
+
+FloatArray = NDArray[np.float64]
+
+ESTIMATOR_NAMES = (
+    "full",
+    "rand-k",
+    "rand-k-spatial",
+    "rand-proj-spatial",
+    "rand-k-wangni",
+    "induced",
+)
+SPATIAL = ("rand-k-spatial", "rand-proj-spatial")
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    """An estimate with the details of how it was obtained.
+
+    Attributes
+    ----------
+    estimate : ndarray, shape (d,)
+        The estimate of the mean.
+    n_prime : int
+        Number of messages decoded.
+    beta : float
+        Unbiasing scalar used.
+    c : float or None
+        Transform coefficient used (spatial schemes).
+    solve : SolveInfo or None
+        Solver details (Rand-Proj-Spatial).
+    seconds : float
+        Wall-clock decode time.
+    """
+
+    estimate: FloatArray
+    n_prime: int
+    beta: float
+    c: float | None
+    solve: SolveInfo | None
+    seconds: float
+
+
+class Estimator(ABC):
+    """A mean estimator for ``n`` clients with per-client budget ``k`` in dimension ``d``.
+
+    Use :func:`make_estimator` to build one.
+    """
+
+    name: str = ""
+
+    def __init__(self, n: int, k: int, d: int) -> None:
+        self.n, self.k, self.d = check_dims(n, k, d)
+
+    # -- public API ------------------------------------------------------------------------
+    def encode(self, x: ArrayLike, seed: int) -> Encoded:
+        """Compress ``x`` with the randomness derived from ``seed``.
+
+        Parameters
+        ----------
+        x : array_like, shape (d,)
+            Finite vector; computed in float64, sent as float32.
+        seed : int
+            In ``[0, 2^64)``; a fresh one per message.
+
+        Returns
+        -------
+        Encoded
+        """
+        vec = check_vector(x, self.d)
+        seed = check_seed(seed)
+        values, indices = self._encode(vec, seed)
+        return Encoded(self.name, seed, self.k, self.d, values.astype(np.float32), indices)
+
+    def decode(self, encoded: Sequence[Encoded]) -> FloatArray:
+        """Unbiased estimate of the mean of the vectors behind ``encoded``.
+
+        Parameters
+        ----------
+        encoded : sequence of Encoded
+            Between 1 and ``n`` messages of this scheme with distinct seeds; beta and the
+            transform are those for the number of messages given.
+
+        Returns
+        -------
+        ndarray, shape (d,)
+        """
+        return self.decode_with_info(encoded).estimate
+
+    def decode_with_info(self, encoded: Sequence[Encoded]) -> DecodeResult:
+        """Like :meth:`decode`, with beta, the transform and solver details."""
+        batch = check_batch(
+            encoded,
+            scheme=self.name,
+            n=self.n,
+            k=self.k,
+            d=self.d,
+            values_per_message=self.values_per_message,
+        )
+        start = time.perf_counter()
+        result = self._decode(batch)
+        return DecodeResult(
+            result.estimate,
+            result.n_prime,
+            result.beta,
+            result.c,
+            result.solve,
+            time.perf_counter() - start,
+        )
+
+    @property
+    def beta_bar(self) -> float:
+        """beta for all ``n`` clients."""
+        return self.beta_for(self.n)
+
+    def beta_for(self, n_prime: int) -> float:
+        """beta when ``n_prime`` messages (``1 <= n_prime <= n``) are decoded together."""
+        if isinstance(n_prime, bool) or not isinstance(n_prime, int | np.integer):
+            raise ValueError(f"n_prime must be an integer; got {n_prime!r}")
+        if not 1 <= n_prime <= self.n:
+            raise ValueError(f"n_prime must be in [1, n] = [1, {self.n}]; got {n_prime}")
+        return self._beta(int(n_prime))
+
+    @property
+    def values_per_message(self) -> int | None:
+        """Number of floats per message (None when it varies)."""
+        return self.k
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(n={self.n}, k={self.k}, d={self.d})"
+
+    # -- implementation --------------------------------------------------------------------
+    @abstractmethod
+    def _encode(self, x: FloatArray, seed: int) -> tuple[FloatArray, NDArray[np.int64] | None]:
+        """Values (float64) and indices (or None)."""
+
+    @abstractmethod
+    def _decode(self, batch: list[Encoded]) -> DecodeResult:
+        """Decode validated messages."""
+
+    @abstractmethod
+    def _beta(self, n_prime: int) -> float:
+        """beta for ``n_prime`` messages."""
+
+
+def _sparse_sum(batch: list[Encoded], d: int) -> FloatArray:
+    total = np.zeros(d)
+    for msg in batch:
+        assert msg.indices is not None
+        np.add.at(total, msg.indices, msg.values.astype(np.float64))
+    return total
+
+
+class FullEstimator(Estimator):
+    """No compression: every client sends its d floats; the decode is the plain mean."""
+
+    name = "full"
+
+    @property
+    def values_per_message(self) -> int | None:
+        return self.d
+
+    def _encode(self, x: FloatArray, seed: int) -> tuple[FloatArray, NDArray[np.int64] | None]:
+        return x, None
+
+    def _decode(self, batch: list[Encoded]) -> DecodeResult:
+        total = np.sum([m.values.astype(np.float64) for m in batch], axis=0)
+        beta = self._beta(len(batch))
+        return DecodeResult(beta * total, len(batch), beta, None, None, 0.0)
+
+    def _beta(self, n_prime: int) -> float:
+        return 1.0 / n_prime
+
+
+class RandK(Estimator):
+    """Rand-k: k uniformly chosen coordinates, ``x_hat = d/(n k) sum_i E_i^T E_i x_i``."""
+
+    name = "rand-k"
+
+    def _encode(self, x: FloatArray, seed: int) -> tuple[FloatArray, NDArray[np.int64] | None]:
+        return x[randk_indices(seed, self.k, self.d)], None
+
+    def _scatter(self, batch: list[Encoded]) -> tuple[FloatArray, NDArray[np.int64]]:
+        sums = np.zeros(self.d)
+        counts = np.zeros(self.d, dtype=np.int64)
+        for msg in batch:
+            idx = randk_indices(msg.seed, self.k, self.d)
+            sums[idx] += msg.values.astype(np.float64)  # indices are distinct per message
+            counts[idx] += 1
+        return sums, counts
+
+    def _decode(self, batch: list[Encoded]) -> DecodeResult:
+        sums, _ = self._scatter(batch)
+        beta = self._beta(len(batch))
+        return DecodeResult(beta * sums, len(batch), beta, None, None, 0.0)
+
+    def _beta(self, n_prime: int) -> float:
+        return self.d / (n_prime * self.k)
+
+
+class _SpatialMixin:
+    transform: Transform
+
+    def _init_transform(self, transform: str | float, n: int, prior_r: float | None) -> None:
+        self.transform = parse_transform(transform, n, prior_r)
+
+    def with_prior(self, prior_r: float | None) -> Self:
+        """A copy whose ``transform="auto"`` uses the prior correlation ``prior_r``."""
+        if self.transform.kind != "auto":
+            raise ValueError("with_prior needs an estimator built with transform='auto'")
+        other = copy.copy(self)
+        other.transform = parse_transform("auto", self.transform.n, prior_r)
+        return other
+
+
+class RandKSpatial(RandK, _SpatialMixin):
+    """Rand-k-Spatial: Rand-k's encoding, ``x_hat(j) = beta / T(M_j) sum_{i sent j} x_i(j)``."""
+
+    name = "rand-k-spatial"
+
+    def __init__(
+        self, n: int, k: int, d: int, transform: str | float = "avg", prior_r: float | None = None
+    ) -> None:
+        super().__init__(n, k, d)
+        self._init_transform(transform, self.n, prior_r)
+
+    def _decode(self, batch: list[Encoded]) -> DecodeResult:
+        sums, counts = self._scatter(batch)
+        n_prime = len(batch)
+        c = self.transform.c_for(n_prime)
+        beta = self._beta(n_prime)
+        t = (1.0 - c) + c * counts
+        est = np.where(counts > 0, beta * sums / np.where(counts > 0, t, 1.0), 0.0)
+        return DecodeResult(est, n_prime, beta, c, None, 0.0)
+
+    def _beta(self, n_prime: int) -> float:
+        return spatial_beta(n_prime, self.k, self.d, self.transform.c_for(n_prime))
+
+    def __repr__(self) -> str:
+        return f"RandKSpatial(n={self.n}, k={self.k}, d={self.d}, T={self.transform.label()})"
+
+
+class RandProjSpatial(Estimator, _SpatialMixin):
+    """Rand-Proj-Spatial with a seeded SRHT: ``x_hat = beta T(S)^+ sum_i G_i^T y_i``.
+
+    Parameters
+    ----------
+    n, k, d : int
+        Clients, per-client budget, dimension (zero-padded to ``d' = 2^ceil(log2 d)``).
+    transform : {"avg", "max", "one", "auto"} or float
+        T; a float R in [0, n-1] selects corr(R).
+    prior_r : float, optional
+        Prior correlation for ``transform="auto"``.
+    method : {"auto", "exact", "cg"}
+        Joint solver.
+    rtol : float
+        Relative residual target of the matrix-free solver.
+    """
+
+    name = "rand-proj-spatial"
+
+    def __init__(
+        self,
+        n: int,
+        k: int,
+        d: int,
+        transform: str | float = "avg",
+        prior_r: float | None = None,
+        method: str = "auto",
+        rtol: float = DEFAULT_RTOL,
+    ) -> None:
+        super().__init__(n, k, d)
+        self._init_transform(transform, self.n, prior_r)
+        if method not in ("auto", "exact", "cg"):
+            raise ValueError(f"method must be 'auto', 'exact' or 'cg'; got {method!r}")
+        if not 0 < rtol < 1:
+            raise ValueError(f"rtol must be in (0, 1); got {rtol}")
+        self.method = method
+        self.rtol = rtol
+        self.d_pad = padded_dim(self.d)
+
+    def _encode(self, x: FloatArray, seed: int) -> tuple[FloatArray, NDArray[np.int64] | None]:
+        padded = np.zeros(self.d_pad)
+        padded[: self.d] = x
+        return srht_encode(padded, seed, self.k), None
+
+    def _decode(self, batch: list[Encoded]) -> DecodeResult:
+        n_prime = len(batch)
+        op = JointSRHT.from_seeds([m.seed for m in batch], self.k, self.d_pad)
+        y = np.stack([m.values.astype(np.float64) for m in batch])
+        c = self.transform.c_for(n_prime)
+        xt, info = joint_solve(op, y, c, method=self.method, rtol=self.rtol)
+        beta = self._beta(n_prime)
+        return DecodeResult(beta * xt[: self.d], n_prime, beta, c, info, 0.0)
+
+    def _beta(self, n_prime: int) -> float:
+        return rps_beta(n_prime, self.k, self.d_pad, self.transform.c_for(n_prime)).beta
+
+    def beta_details(self, n_prime: int | None = None):  # type: ignore[no-untyped-def]
+        """The :class:`~rpsagg._beta.BetaEstimate` behind ``beta_for(n_prime)``."""
+        n_prime = self.n if n_prime is None else n_prime
+        self.beta_for(n_prime)
+        return rps_beta(n_prime, self.k, self.d_pad, self.transform.c_for(n_prime))
+
+    def __repr__(self) -> str:
+        return f"RandProjSpatial(n={self.n}, k={self.k}, d={self.d}, T={self.transform.label()})"
+
+
+def wangni_probabilities(x: FloatArray, k: int) -> FloatArray:
+    """Keep probabilities ``p_j = min(1, c |x_j|)`` with ``sum_j p_j = k`` (Wangni et al.).
+
+    When x has at most k non-zero entries every one of them is kept (p = 1).
+    """
+    mag = np.abs(x)
+    nnz = int(np.count_nonzero(mag))
+    if nnz <= k:
+        return (mag > 0).astype(np.float64)
+    order = np.argsort(-mag, kind="stable")
+    a = mag[order]
+    suffix = np.cumsum(a[::-1])[::-1]  # suffix[j] = sum_{i >= j} a_i
+    j = np.arange(k)
+    scale = (k - j) / suffix[:k]
+    ok = a[:k] * scale <= 1.0
+    first = int(np.argmax(ok))  # j = k-1 always satisfies the condition when nnz > k
+    c = scale[first]
+    return np.minimum(1.0, c * mag)
+
+
+class RandKWangni(Estimator):
+    """Rand-k-Wangni: keep coordinate j with ``p_j = min(1, c|x_j|)``, send ``x_j / p_j``."""
+
+    name = "rand-k-wangni"
+
+    @property
+    def values_per_message(self) -> int | None:
+        return None
+
+    def _encode(self, x: FloatArray, seed: int) -> tuple[FloatArray, NDArray[np.int64] | None]:
+        p = wangni_probabilities(x, self.k)
+        u = uniforms(seed, TAG_WANGNI, self.d)
+        keep = np.flatnonzero(u < p)
+        return x[keep] / p[keep], keep.astype(np.int64)
+
+    def _decode(self, batch: list[Encoded]) -> DecodeResult:
+        beta = self._beta(len(batch))
+        return DecodeResult(beta * _sparse_sum(batch, self.d), len(batch), beta, None, None, 0.0)
+
+    def _beta(self, n_prime: int) -> float:
+        return 1.0 / n_prime
+
+
+class Induced(Estimator):
+    """Induced compressor (Horvath & Richtarik) from Top-k/2 and Rand-k/2.
+
+    Sends the ``k // 2`` largest-magnitude entries, plus ``k - k // 2`` random coordinates of
+    the residual ``x - top(x)`` scaled by ``d / (k - k // 2)``; unbiased.
+    """
+
+    name = "induced"
+
+    def _encode(self, x: FloatArray, seed: int) -> tuple[FloatArray, NDArray[np.int64] | None]:
+        k_top = self.k // 2
+        k_rand = self.k - k_top
+        top = np.argsort(-np.abs(x), kind="stable")[:k_top].astype(np.int64)
+        residual = x.copy()
+        residual[top] = 0.0
+        rand = sample_distinct(seed, TAG_INDUCED, k_rand, self.d)
+        values = np.concatenate([x[top], residual[rand] * (self.d / k_rand)])
+        return values, np.concatenate([top, rand])
+
+    def _decode(self, batch: list[Encoded]) -> DecodeResult:
+        beta = self._beta(len(batch))
+        return DecodeResult(beta * _sparse_sum(batch, self.d), len(batch), beta, None, None, 0.0)
+
+    def _beta(self, n_prime: int) -> float:
+        return 1.0 / n_prime
+
+
+def make_estimator(
+    name: str,
+    *,
+    n: int,
+    k: int,
+    d: int,
+    transform: str | float = "avg",
+    prior_r: float | None = None,
+    method: str = "auto",
+    rtol: float = DEFAULT_RTOL,
+) -> Estimator:
+    """Build an estimator by name.
+
+    Parameters
+    ----------
+    name : str
+        ``"full"``, ``"rand-k"``, ``"rand-k-spatial"``, ``"rand-proj-spatial"``,
+        ``"rand-k-wangni"`` or ``"induced"``.
+    n, k, d : int
+        Number of clients (``>= 1``), per-client budget (``1 <= k <= d``), dimension.
+    transform : {"avg", "max", "one", "auto"} or float
+        Spatial schemes only. A float R in ``[0, n-1]`` is the corr(R) transform;
+        ``"auto"`` uses corr(``prior_r``), or avg while there is no prior.
+    prior_r : float, optional
+        Prior correlation for ``transform="auto"`` (e.g. a smoothed
+        :func:`estimate_correlation` of earlier rounds); clipped to ``[0, n-1]``.
+    method : {"auto", "exact", "cg"}
+        Rand-Proj-Spatial's joint solver.
+    rtol : float
+        Relative residual target of the matrix-free solver.
+
+    Returns
+    -------
+    Estimator
+    """
+    if name == "rand-proj-spatial":
+        return RandProjSpatial(n, k, d, transform, prior_r, method, rtol)
+    if name == "rand-k-spatial":
+        return RandKSpatial(n, k, d, transform, prior_r)
+    if transform != "avg" or prior_r is not None:
+        raise ValueError(f"transform applies to the spatial estimators only, not {name!r}")
+    simple: dict[str, type[Estimator]] = {
+        "full": FullEstimator,
+        "rand-k": RandK,
+        "rand-k-wangni": RandKWangni,
+        "induced": Induced,
+    }
+    if name not in simple:
+        raise ValueError(f"unknown estimator {name!r}; expected one of {', '.join(ESTIMATOR_NAMES)}")
+    return simple[name](n, k, d)

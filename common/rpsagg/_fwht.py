@@ -1,0 +1,91 @@
+"""Fast Walsh-Hadamard transform (unnormalized, Sylvester/natural order).
+
+``fwht(a)`` returns ``a @ H`` along the last axis, where ``H[i, j] =
+(-1)^popcount(i & j)``. Two backends:
+
+* ``fht-cpu`` (optional dependency ``rpsagg[fast]``, MIT): SIMD + OpenMP, about 20x
+  faster than numpy at d = 2^20 on these machines.
+* a vectorized numpy butterfly, always available.
+
+``RPSAGG_FWHT=numpy`` forces the numpy backend; the tests cross-check both.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import numpy as np
+from numpy.typing import NDArray
+
+FloatArray = NDArray[np.float64]
+
+
+def fwht_numpy(a: FloatArray) -> FloatArray:
+    """In-place butterfly FWHT along the last axis of a C-contiguous float64 array."""
+    n = a.shape[-1]
+    if n & (n - 1):
+        raise ValueError(f"FWHT length must be a power of two; got {n}")
+    flat = a.reshape(-1, n)
+    h = 1
+    while h < n:
+        v = flat.reshape(flat.shape[0], n // (2 * h), 2, h)
+        top = v[:, :, 0, :].copy()
+        bottom = v[:, :, 1, :]
+        v[:, :, 0, :] += bottom
+        np.subtract(top, bottom, out=bottom)
+        h *= 2
+    return a
+
+
+def _load_fast() -> Callable[[FloatArray], FloatArray] | None:
+    if os.environ.get("RPSAGG_FWHT", "").lower() == "numpy":
+        return None
+    try:
+        import fht_cpu
+    except ImportError:
+        return None
+
+    def fwht_fast(a: FloatArray) -> FloatArray:
+        n = a.shape[-1]
+        if n & (n - 1):
+            raise ValueError(f"FWHT length must be a power of two; got {n}")
+        if n < 2:
+            return a
+        if a.ndim == 1:
+            fht_cpu.fht_1d_f64(a)
+        else:
+            fht_cpu.fht(a.reshape(-1, n), axis=-1, inplace=True)
+        return a
+
+    return fwht_fast
+
+
+_FAST = _load_fast()
+BACKEND = "fht-cpu" if _FAST is not None else "numpy"
+
+
+def fwht(a: FloatArray, *, inplace: bool = False) -> FloatArray:
+    """Unnormalized fast Walsh-Hadamard transform along the last axis.
+
+    Parameters
+    ----------
+    a : ndarray of float64, shape (..., n)
+        ``n`` must be a power of two.
+    inplace : bool
+        Transform ``a`` itself (it must then be C-contiguous float64).
+
+    Returns
+    -------
+    ndarray
+        ``a @ H`` with ``H`` the n x n Sylvester-Hadamard matrix (entries +-1).
+    """
+    if inplace:
+        if a.dtype != np.float64 or not a.flags.c_contiguous:
+            raise ValueError("in-place FWHT needs a C-contiguous float64 array")
+        out = a
+    else:
+        out = np.array(a, dtype=np.float64, order="C", copy=True)
+    if _FAST is not None:
+        return _FAST(out)
+    return fwht_numpy(out)

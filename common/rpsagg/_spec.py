@@ -1,0 +1,166 @@
+"""Seed-to-randomness derivation (wire format ``rpsagg-seed-v1``).
+
+Everything a client and the server must agree on is derived here from a 64-bit
+seed with SplitMix64 in counter mode, using only unsigned 64-bit integer
+arithmetic. ``docs/wire-format.md`` is the normative description; this module is
+its reference implementation and the golden vectors in ``tests/test_spec.py``
+pin it down. NumPy ``Generator`` streams are never used for these quantities.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+SPEC_VERSION = "rpsagg-seed-v1"
+
+MASK64 = (1 << 64) - 1
+GAMMA = 0x9E3779B97F4A7C15
+_MUL1 = 0xBF58476D1CE4E5B9
+_MUL2 = 0x94D049BB133111EB
+
+
+def _tag(name: bytes) -> int:
+    """Stream tag: the 8 ASCII bytes of ``name`` read as a big-endian integer."""
+    if len(name) != 8:
+        raise AssertionError("stream tags are exactly 8 bytes")
+    return int.from_bytes(name, "big")
+
+
+TAG_SIGNS = _tag(b"rpsSIGNS")  # SRHT sign vector D
+TAG_ROWS = _tag(b"rpsROWS_")  # SRHT sampled rows E
+TAG_RANDK = _tag(b"rpsRANDK")  # Rand-k / Rand-k-Spatial coordinates
+TAG_WANGNI = _tag(b"rpsWNGNI")  # Rand-k-Wangni Bernoulli draws
+TAG_INDUCED = _tag(b"rpsINDCD")  # Induced compressor's random part
+TAG_MCBETA = _tag(b"rpsMCBTA")  # Monte Carlo seeds for beta (server side only)
+TAG_ROUND = _tag(b"rpsROUND")  # service: transform seed of a round submission
+
+
+def mix64(z: int) -> int:
+    """SplitMix64 output function on a Python integer (mod 2^64)."""
+    z &= MASK64
+    z = ((z ^ (z >> 30)) * _MUL1) & MASK64
+    z = ((z ^ (z >> 27)) * _MUL2) & MASK64
+    return z ^ (z >> 31)
+
+
+def _mix64_array(z: NDArray[np.uint64]) -> NDArray[np.uint64]:
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(_MUL1)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(_MUL2)
+    return z ^ (z >> np.uint64(31))
+
+
+def stream_key(seed: int, tag: int) -> int:
+    """Key of the stream ``tag`` for ``seed``: ``mix64(seed XOR tag)``."""
+    return mix64((seed ^ tag) & MASK64)
+
+
+def stream_words(key: int, start: int, count: int) -> NDArray[np.uint64]:
+    """Words ``start .. start+count-1`` of the SplitMix64 stream with state ``key``.
+
+    Word ``t`` is ``mix64(key + (t + 1) * GAMMA mod 2^64)``: the ``t``-th output of a
+    SplitMix64 generator seeded with ``key``.
+    """
+    t = np.arange(start + 1, start + count + 1, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        z = np.uint64(key) + t * np.uint64(GAMMA)
+        return _mix64_array(z)
+
+
+def sign_bits(seed: int, d_pad: int) -> NDArray[np.uint8]:
+    """Bits ``b_j`` (0 or 1) of the SRHT sign vector, ``D_jj = 1 - 2 b_j``.
+
+    Bit ``j`` is bit ``j mod 64`` (least significant first) of word ``j // 64`` of the
+    ``TAG_SIGNS`` stream.
+    """
+    nwords = (d_pad + 63) // 64
+    words = stream_words(stream_key(seed, TAG_SIGNS), 0, nwords)
+    as_bytes = words.astype("<u8", copy=False).view(np.uint8)
+    return np.unpackbits(as_bytes, bitorder="little")[:d_pad]
+
+
+def signs(seed: int, d_pad: int) -> NDArray[np.float64]:
+    """The diagonal of D as float64 +-1."""
+    return 1.0 - 2.0 * sign_bits(seed, d_pad).astype(np.float64)
+
+
+def sample_distinct(seed: int, tag: int, k: int, bound: int) -> NDArray[np.int64]:
+    """``k`` distinct integers from ``[0, bound)``, in order of acceptance.
+
+    Let ``m = ceil(log2(bound))``. Candidate ``t`` is the top ``m`` bits of word ``t``
+    of the ``tag`` stream (0 when ``m = 0``). Candidates ``>= bound`` are rejected, as
+    are values already accepted; the first ``k`` accepted values, in the order they were
+    accepted, are the result. Expected cost grows with ``k`` (about ``k`` words while
+    ``k <= bound / 2``), not with ``bound``.
+    """
+    if not 1 <= k <= bound:
+        raise ValueError(f"k must be in [1, bound]; got k={k}, bound={bound}")
+    key = stream_key(seed, tag)
+    m = (bound - 1).bit_length()
+    batch = max(64, 2 * k)
+    drawn = np.empty(0, dtype=np.int64)
+    while True:
+        words = stream_words(key, drawn.size, batch)
+        if m == 0:
+            cand = np.zeros(batch, dtype=np.int64)
+        else:
+            cand = (words >> np.uint64(64 - m)).astype(np.int64)
+        drawn = np.concatenate([drawn, cand])
+        valid = np.flatnonzero(drawn < bound)
+        _, first = np.unique(drawn[valid], return_index=True)
+        if first.size >= k:
+            order = np.sort(first)[:k]
+            return drawn[valid[order]]
+        batch = drawn.size  # double the prefix and try again
+
+
+def uniforms(seed: int, tag: int, count: int) -> NDArray[np.float64]:
+    """``count`` uniforms in [0, 1): ``(word_t >> 11) * 2^-53`` of the ``tag`` stream."""
+    words = stream_words(stream_key(seed, tag), 0, count)
+    return (words >> np.uint64(11)).astype(np.float64) * (2.0**-53)
+
+
+def srht_rows(seed: int, k: int, d_pad: int) -> NDArray[np.int64]:
+    """The ``k`` rows E samples from the ``d_pad`` rows of H D."""
+    return sample_distinct(seed, TAG_ROWS, k, d_pad)
+
+
+def randk_indices(seed: int, k: int, d: int) -> NDArray[np.int64]:
+    """The ``k`` coordinates Rand-k (and Rand-k-Spatial) sends."""
+    return sample_distinct(seed, TAG_RANDK, k, d)
+
+
+def client_id_word(client_id: str) -> int:
+    """The first 8 bytes (big-endian) of SHA-256 of the UTF-8 client id."""
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(client_id.encode("utf-8")).digest()[:8], "big")
+
+
+def derive_round_seed(client_seed: int, nonce: int, client_id: str, vector_index: int = 0) -> int:
+    """Transform seed of one vector of a service submission.
+
+    ``mix64(mix64(mix64(mix64(client_seed XOR TAG_ROUND) XOR nonce) XOR id_word) XOR index)``
+    where ``id_word`` is :func:`client_id_word`. The client picks ``client_seed`` at random;
+    the server's round ``nonce`` and the client id are mixed in, so no client can choose its
+    projection, and each of the ``m`` vectors of a submission gets its own seed.
+    """
+    z = mix64((check_seed(client_seed) ^ TAG_ROUND) & MASK64)
+    z = mix64(z ^ check_seed(nonce))
+    z = mix64(z ^ client_id_word(client_id))
+    return mix64(z ^ check_seed(vector_index))
+
+
+def padded_dim(d: int) -> int:
+    """``d'``: the smallest power of two ``>= d``."""
+    return 1 << (d - 1).bit_length()
+
+
+def check_seed(seed: object) -> int:
+    """Validate a seed: an integer in ``[0, 2^64)``."""
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
+        raise ValueError(f"seed must be an integer in [0, 2^64); got {type(seed).__name__}")
+    value = int(seed)
+    if not 0 <= value <= MASK64:
+        raise ValueError(f"seed must be in [0, 2^64); got {value}")
+    return value

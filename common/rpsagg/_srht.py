@@ -1,0 +1,162 @@
+"""Seeded Subsampled Randomized Hadamard Transforms and their joint operators.
+
+``G_i = (1/sqrt(d')) E_i H D_i`` for client ``i``; ``A = [G_1; ...; G_n]`` (nk x d').
+Nothing here forms H or a d' x d' matrix: every product goes through the FWHT.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from rpsagg._fwht import fwht
+from rpsagg._spec import padded_dim, signs, srht_rows
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+
+# Work arrays of shape (clients, d') are processed in chunks of at most this many bytes.
+DEFAULT_MEMORY_BUDGET = 256 * 1024 * 1024
+
+
+def srht_encode(x: FloatArray, seed: int, k: int) -> FloatArray:
+    """``G x`` in float64 for the SRHT with ``seed`` (x already of length d', padded)."""
+    d_pad = x.shape[0]
+    v = signs(seed, d_pad) * x
+    fwht(v, inplace=True)
+    rows = srht_rows(seed, k, d_pad)
+    return np.asarray(v[rows] / np.sqrt(d_pad))
+
+
+def srht_matrix(seed: int, k: int, d: int) -> FloatArray:
+    """The dense ``k x d'`` matrix G of the SRHT for ``seed`` (tests and interop only).
+
+    Parameters
+    ----------
+    seed : int
+        In ``[0, 2^64)``.
+    k : int
+        Number of rows, ``1 <= k <= d``.
+    d : int
+        Vector length; ``d' = 2^ceil(log2 d)`` columns.
+
+    Returns
+    -------
+    ndarray, shape (k, d')
+        ``G = (1/sqrt(d')) E H D`` with ``H[r, j] = (-1)^popcount(r & j)``.
+    """
+    from rpsagg._spec import check_seed
+
+    seed = check_seed(seed)
+    if d < 1:
+        raise ValueError(f"d must be >= 1; got {d}")
+    if not 1 <= k <= d:
+        raise ValueError(f"k must be in [1, d]; got k={k}, d={d}")
+    d_pad = padded_dim(d)
+    rows = srht_rows(seed, k, d_pad)
+    cols = np.arange(d_pad, dtype=np.int64)
+    parity = np.bitwise_count(rows[:, None] & cols[None, :]) & 1
+    h_rows = 1.0 - 2.0 * parity.astype(np.float64)
+    return np.asarray(h_rows * signs(seed, d_pad)[None, :] / np.sqrt(d_pad))
+
+
+@dataclass(frozen=True, eq=False)
+class JointSRHT:
+    """The stacked operator ``A = [G_1; ...; G_n]`` for a set of client seeds.
+
+    Attributes
+    ----------
+    signs : ndarray, shape (n, d')
+        Diagonals of the ``D_i``.
+    rows : ndarray of int64, shape (n, k)
+        Rows sampled by each client.
+    """
+
+    signs: FloatArray
+    rows: IntArray
+    memory_budget: int = DEFAULT_MEMORY_BUDGET
+
+    @classmethod
+    def from_seeds(
+        cls, seeds: Sequence[int], k: int, d_pad: int, memory_budget: int = DEFAULT_MEMORY_BUDGET
+    ) -> JointSRHT:
+        """Regenerate every client's transform from its seed."""
+        s = np.empty((len(seeds), d_pad), dtype=np.float64)
+        r = np.empty((len(seeds), k), dtype=np.int64)
+        for i, seed in enumerate(seeds):
+            s[i] = signs(seed, d_pad)
+            r[i] = srht_rows(seed, k, d_pad)
+        return cls(s, r, memory_budget)
+
+    @property
+    def n(self) -> int:
+        return int(self.rows.shape[0])
+
+    @property
+    def k(self) -> int:
+        return int(self.rows.shape[1])
+
+    @property
+    def d_pad(self) -> int:
+        return int(self.signs.shape[1])
+
+    def _chunk(self) -> int:
+        return max(1, min(self.n, self.memory_budget // (8 * self.d_pad)))
+
+    def adjoint(self, z: FloatArray) -> FloatArray:
+        """``A^T z = sum_i G_i^T z_i`` for ``z`` of shape (n, k); returns (d',)."""
+        out = np.zeros(self.d_pad)
+        step = self._chunk()
+        scale = 1.0 / np.sqrt(self.d_pad)
+        for lo in range(0, self.n, step):
+            hi = min(self.n, lo + step)
+            work = np.zeros((hi - lo, self.d_pad))
+            np.put_along_axis(work, self.rows[lo:hi], z[lo:hi], axis=1)
+            fwht(work, inplace=True)
+            work *= self.signs[lo:hi]
+            out += work.sum(axis=0)
+        out *= scale
+        return out
+
+    def forward(self, u: FloatArray) -> FloatArray:
+        """``A u`` as an (n, k) array: row ``i`` is ``G_i u``."""
+        out = np.empty((self.n, self.k))
+        step = self._chunk()
+        scale = 1.0 / np.sqrt(self.d_pad)
+        for lo in range(0, self.n, step):
+            hi = min(self.n, lo + step)
+            work = self.signs[lo:hi] * u[None, :]
+            fwht(work, inplace=True)
+            out[lo:hi] = np.take_along_axis(work, self.rows[lo:hi], axis=1)
+        out *= scale
+        return out
+
+    def gram(self) -> FloatArray:
+        """The nk x nk Gram matrix ``K = A A^T``.
+
+        Block (i, j) is ``(1/d') (H (s_i * s_j))[r_ip XOR r_jq]`` since
+        ``H diag(s) H`` has entry ``(H s)[a XOR b]``: one FWHT per pair of clients.
+        """
+        n, k, d_pad = self.n, self.k, self.d_pad
+        gram = np.empty((n * k, n * k))
+        step = self._chunk()
+        for i in range(n):
+            ri = self.rows[i]
+            for lo in range(i, n, step):
+                hi = min(n, lo + step)
+                prod = self.signs[i][None, :] * self.signs[lo:hi]
+                fwht(prod, inplace=True)
+                idx = ri[None, :, None] ^ self.rows[lo:hi][:, None, :]  # (b, k, k)
+                blocks = np.take_along_axis(prod, idx.reshape(hi - lo, k * k), axis=1)
+                blocks = blocks.reshape(hi - lo, k, k) / d_pad
+                # blocks[m] is K_{i, lo+m}; K_{lo+m, i} is its transpose
+                gram[i * k : (i + 1) * k, lo * k : hi * k] = blocks.transpose(1, 0, 2).reshape(
+                    k, (hi - lo) * k
+                )
+                gram[lo * k : hi * k, i * k : (i + 1) * k] = blocks.transpose(0, 2, 1).reshape(
+                    (hi - lo) * k, k
+                )
+        return gram

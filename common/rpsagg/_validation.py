@@ -1,0 +1,96 @@
+"""Input checks shared by the estimators: each failure names the broken constraint."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from rpsagg._encoded import Encoded
+from rpsagg._spec import SPEC_VERSION, check_seed
+
+
+def check_int(name: str, value: object, minimum: int) -> int:
+    """An integer ``>= minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ValueError(f"{name} must be an integer; got {value!r}")
+    if int(value) < minimum:
+        raise ValueError(f"{name} must be >= {minimum}; got {value}")
+    return int(value)
+
+
+def check_dims(n: object, k: object, d: object) -> tuple[int, int, int]:
+    """Validate ``n >= 1``, ``d >= 1`` and ``1 <= k <= d``."""
+    n_ = check_int("n", n, 1)
+    d_ = check_int("d", d, 1)
+    k_ = check_int("k", k, 1)
+    if k_ > d_:
+        raise ValueError(f"k must be in [1, d] = [1, {d_}]; got k={k_}")
+    return n_, k_, d_
+
+
+def check_vector(x: ArrayLike, d: int) -> NDArray[np.float64]:
+    """A finite float64 vector of shape (d,)."""
+    arr = np.asarray(x, dtype=np.float64)
+    if arr.shape != (d,):
+        raise ValueError(f"x must have shape ({d},); got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError("x must be finite (it contains NaN or Inf)")
+    return arr
+
+
+def check_batch(
+    encoded: Sequence[Encoded],
+    *,
+    scheme: str,
+    n: int,
+    k: int,
+    d: int,
+    values_per_message: int | None,
+) -> list[Encoded]:
+    """Messages that can be decoded together by one estimator.
+
+    Checks: 1 <= count <= n, same scheme/k/d/spec version as the estimator, distinct seeds,
+    the expected number of finite values, and indices in range where they are sent.
+    """
+    batch = list(encoded)
+    if not batch:
+        raise ValueError("decode needs at least one message")
+    if len(batch) > n:
+        raise ValueError(f"decode got {len(batch)} messages but the estimator has n={n}")
+    seen: set[int] = set()
+    for pos, msg in enumerate(batch):
+        if not isinstance(msg, Encoded):
+            raise ValueError(f"message {pos} is not an Encoded (got {type(msg).__name__})")
+        if msg.scheme != scheme:
+            raise ValueError(
+                f"mixed schemes in one decode: message {pos} is {msg.scheme!r}, expected {scheme!r}"
+            )
+        if msg.k != k or msg.d != d:
+            raise ValueError(
+                f"mixed k/d in one decode: message {pos} has k={msg.k}, d={msg.d}; "
+                f"expected k={k}, d={d}"
+            )
+        if msg.spec_version != SPEC_VERSION:
+            raise ValueError(
+                f"message {pos} uses spec {msg.spec_version!r}; this decoder implements "
+                f"{SPEC_VERSION!r}"
+            )
+        seed = check_seed(msg.seed)
+        if seed in seen:
+            raise ValueError(f"the same seed appears twice in one decode: {seed}")
+        seen.add(seed)
+        if values_per_message is not None and msg.values.size != values_per_message:
+            raise ValueError(
+                f"message {pos} has {msg.values.size} values; expected {values_per_message}"
+            )
+        if not np.all(np.isfinite(msg.values)):
+            raise ValueError(f"message {pos} has non-finite values")
+        if msg.indices is not None:
+            if msg.indices.size != msg.values.size:
+                raise ValueError(f"message {pos} has {msg.indices.size} indices for "
+                                 f"{msg.values.size} values")
+            if msg.indices.size and (msg.indices.min() < 0 or msg.indices.max() >= d):
+                raise ValueError(f"message {pos} has indices outside [0, d) = [0, {d})")
+    return batch

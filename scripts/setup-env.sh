@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Create or update the project's virtual environment at .venv and the Debian packages a
+# role needs. Idempotent: re-runs only what changed.
+#   scripts/setup-env.sh run    # what the main command needs
+#   scripts/setup-env.sh test   # plus the test and lint tools
+set -euo pipefail
+role=${1:-run}
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+deb_packages=()
+case "$role" in
+  run) ;;
+  test) ;;
+  *) echo "usage: $0 run|test" >&2; exit 2 ;;
+esac
+
+missing=()
+for pkg in "${deb_packages[@]}"; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  if [ "$(id -u)" = 0 ]; then
+    echo "[setup] installing Debian packages: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  else
+    echo "[setup] missing Debian packages (run as root to install): ${missing[*]}" >&2
+  fi
+fi
+
+python=${PYTHON:-python3.11}
+command -v "$python" >/dev/null 2>&1 || python=python3
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv with $($python --version)"
+  "$python" -m venv .venv
+fi
+
+inputs=(common/pyproject.toml server/pyproject.toml client/pyproject.toml)
+[ "$role" = test ] && inputs+=(requirements-dev.txt)
+stamp_file=.venv/.setup-stamp-$role
+stamp=$(cat "${inputs[@]}" scripts/setup-env.sh | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp" ]; then
+  echo "[setup] installing Python packages into .venv ($role)"
+  export PIP_DISABLE_PIP_VERSION_CHECK=1
+  .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+  args=(-e "common[fast]" -e server -e client)
+  [ "$role" = test ] && args+=(-r requirements-dev.txt)
+  .venv/bin/python -m pip install -q "${args[@]}" 2>&1 | grep -v "^WARNING: Location" || true
+  .venv/bin/python -c "import rpsagg, rpsagg_server, rpsagg_client" 
+  echo "$stamp" > "$stamp_file"
+fi

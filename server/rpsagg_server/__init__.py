@@ -1,0 +1,1 @@
+"""rpsagg aggregation server (see the aggregation-service issue)."""
