@@ -150,7 +150,7 @@ def spectral_sample(n: int, k: int, d_pad: int, c: float, sample: int) -> tuple[
         return float(np.sum(w / ((1.0 - c) + c * w))), "mc-eig"
     # Hutchinson with a Rademacher probe z: E[z^T M^-1 z] = tr(M^-1).
     z = np.where(uniforms(sample, TAG_MCBETA, nk) < 0.5, -1.0, 1.0)
-    sol, _, _, _ = solve_krylov(op, z, c, rtol=1e-8)
+    sol, _, _ = solve_krylov(op, z, c, rtol=1e-8)
     return (nk - (1.0 - c) * float(z @ sol)) / c, "mc-hutchinson"
 
 

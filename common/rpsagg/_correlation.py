@@ -110,8 +110,10 @@ class CorrelationTracker:
         r_hat = estimate_correlation(batch)
         if len(batch) >= 2:
             frac = float(np.clip(r_hat / (len(batch) - 1), 0.0, 1.0))
-            self.fraction = frac if self.fraction is None else (
-                (1.0 - self.alpha) * self.fraction + self.alpha * frac
+            self.fraction = (
+                frac
+                if self.fraction is None
+                else ((1.0 - self.alpha) * self.fraction + self.alpha * frac)
             )
         return r_hat
 

@@ -6,8 +6,11 @@ spectrum of K. For the affine ``T(l) = (1 - c) + c l`` this is ``A^T ((1-c) I + 
 
 * ``exact``: build K from one FWHT per pair of clients and factorize it (Cholesky with a
   condition check, falling back to an eigendecomposition for singular systems).
-* ``cg``: matrix-free Krylov iterations (CG for ``c < 1``, MINRES for the possibly
-  singular ``c = 1``); each product with K costs n forward and n adjoint FWHTs.
+* ``cg``: matrix-free Krylov iterations; each product with K costs n forward and n adjoint
+  FWHTs. For ``c < 1`` conjugate gradients on ``M = (1-c) I + c K`` (positive definite). For
+  ``c = 1``, ``A^T K^+ y = A^+ y`` is the minimum-norm least-squares solution of
+  ``A x = y``, which LSQR on A finds directly; it handles a singular K and is better
+  conditioned than any Krylov method on K itself.
 
 ``method="auto"`` picks the exact solver when nk is small or when nk is close to d' (where
 Krylov methods stall), and the matrix-free one otherwise. Neither raises on a singular
@@ -16,17 +19,19 @@ system.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.linalg
 from numpy.typing import NDArray
-from scipy.sparse.linalg import LinearOperator, cg, minres
+from scipy.sparse.linalg import LinearOperator, cg, lsqr
 
 from rpsagg._srht import JointSRHT
 
 FloatArray = NDArray[np.float64]
+log = logging.getLogger("rpsagg")
 
 EXACT_ALWAYS = 1536  # nk at or below which the exact solver is always used
 EXACT_LIMIT = 4096  # largest nk for which the exact solver is chosen automatically
@@ -41,12 +46,14 @@ class SolveInfo:
     Attributes
     ----------
     method : str
-        ``"exact-cholesky"``, ``"exact-eigh"``, ``"exact-svd"``, ``"cg"``, ``"minres"`` or
+        ``"exact-cholesky"``, ``"exact-eigh"``, ``"exact-svd"``, ``"cg"``, ``"lsqr"`` or
         ``"direct"`` (no system to solve: ``c = 0`` or one message).
     iterations : int
         Krylov iterations (0 for exact solvers).
     residual : float
-        Relative residual ``||M z - y|| / ||y||`` of the range-space system.
+        Relative residual ``||M z - y|| / ||y||``; for ``c = 1`` with a rank-deficient K
+        (where ``A x = y`` is inconsistent) the least-squares criterion
+        ``||A^T (A x - y)|| / (||A|| ||A x - y||)`` instead.
     seconds : float
         Wall-clock time of the solve.
     """
@@ -71,7 +78,9 @@ def eig_tolerance(w_max: float, nk: int, d_pad: int) -> float:
     return max(w_max, 1.0) * max(nk, d_pad) * float(np.finfo(np.float64).eps)
 
 
-def _spectral_apply(gram: FloatArray, y: FloatArray, c: float, d_pad: int) -> tuple[FloatArray, str]:
+def _spectral_apply(
+    gram: FloatArray, y: FloatArray, c: float, d_pad: int
+) -> tuple[FloatArray, str]:
     nk = gram.shape[0]
     try:
         w, v = scipy.linalg.eigh(gram, check_finite=False)
@@ -122,26 +131,47 @@ def solve_krylov(
     rtol: float = DEFAULT_RTOL,
     maxiter: int | None = None,
     x0: FloatArray | None = None,
-) -> tuple[FloatArray, str, int, bool]:
-    """``f(K) y`` (up to a null-space component that ``A^T`` removes) by CG or MINRES.
+) -> tuple[FloatArray, int, bool]:
+    """``((1 - c) I + c K)^-1 y`` by conjugate gradients (``c < 1``).
 
-    Returns the solution, the method name, the iteration count and whether the
-    tolerance was reached.
+    Returns the solution, the iteration count and whether the tolerance was reached.
     """
-    m_op = system_operator(op, c)
-    nk = op.n * op.k
+    if not c < 1.0:
+        raise ValueError("conjugate gradients need c < 1; use solve_lsqr for c = 1")
     iters = 0
 
     def count(_: FloatArray) -> None:
         nonlocal iters
         iters += 1
 
+    nk = op.n * op.k
     maxiter = maxiter if maxiter is not None else max(200, min(nk, 2000))
-    if c < 1.0:
-        z, info = cg(m_op, y, x0=x0, rtol=rtol, maxiter=maxiter, callback=count)
-        return np.asarray(z), "cg", iters, info == 0
-    z, info = minres(m_op, y, x0=x0, rtol=rtol, maxiter=maxiter, callback=count)
-    return np.asarray(z), "minres", iters, info == 0
+    z, info = cg(system_operator(op, c), y, x0=x0, rtol=rtol, maxiter=maxiter, callback=count)
+    return np.asarray(z), iters, info == 0
+
+
+def solve_lsqr(
+    op: JointSRHT, y: FloatArray, *, rtol: float = DEFAULT_RTOL, maxiter: int | None = None
+) -> tuple[FloatArray, int, bool, float]:
+    """``A^+ y = A^T K^+ y`` (length d') by LSQR on the matrix-free A.
+
+    Returns the solution, iterations, convergence flag and the stopping residual.
+    """
+    n, k, d_pad = op.n, op.k, op.d_pad
+    a_op = LinearOperator(
+        (n * k, d_pad),
+        matvec=lambda u: op.forward(np.asarray(u, dtype=np.float64)).reshape(-1),
+        rmatvec=lambda z: op.adjoint(np.asarray(z, dtype=np.float64).reshape(n, k)),
+        dtype=np.float64,
+    )
+    limit = maxiter if maxiter is not None else max(200, min(n * k, 4000))
+    out = lsqr(a_op, y, atol=rtol, btol=rtol, iter_lim=limit)
+    x, istop, itn, r1norm, anorm, arnorm = out[0], out[1], out[2], out[3], out[5], out[7]
+    if istop == 2:  # least-squares stop: A x = y is inconsistent (K singular)
+        residual = float(arnorm / max(anorm * r1norm, np.finfo(float).tiny))
+    else:
+        residual = float(r1norm / (np.linalg.norm(y) or 1.0))
+    return np.asarray(x), int(itn), istop in (1, 2, 4), residual
 
 
 def joint_solve(
@@ -178,13 +208,23 @@ def joint_solve(
     if method not in ("auto", "exact", "cg"):
         raise ValueError(f"method must be 'auto', 'exact' or 'cg'; got {method!r}")
     chosen = choose_method(nk, op.d_pad) if method == "auto" else method
+    if chosen == "cg" and c == 1.0:
+        xt, iterations, converged, residual = solve_lsqr(op, flat, rtol=rtol)
+        if converged or nk > 2 * EXACT_LIMIT:
+            return xt, SolveInfo("lsqr", iterations, residual, time.perf_counter() - start)
+        log.warning("LSQR did not converge (nk=%d); falling back to the exact solver", nk)
+        chosen = "exact"
     iterations = 0
+    name = "cg"
     if chosen == "cg":
-        z, name, iterations, converged = solve_krylov(op, flat, c, rtol=rtol)
-        if not converged and method == "auto" and nk <= 2 * EXACT_LIMIT:
-            z, name = solve_exact(op.gram(), flat, c, op.d_pad)
-            iterations = 0
-    else:
+        z, iterations, converged = solve_krylov(op, flat, c, rtol=rtol)
+        if not converged:
+            if nk <= 2 * EXACT_LIMIT:
+                log.warning("CG did not converge (nk=%d); falling back to the exact solver", nk)
+                chosen, iterations = "exact", 0
+            else:
+                log.warning("CG did not converge (nk=%d); the estimate is approximate", nk)
+    if chosen == "exact":
         z, name = solve_exact(op.gram(), flat, c, op.d_pad)
     xt = op.adjoint(z.reshape(op.n, op.k))
     # Residual of M z = y, reusing A^T z: M z = (1 - c) z + c A (A^T z). For c = 1 and a

@@ -452,5 +452,7 @@ def make_estimator(
         "induced": Induced,
     }
     if name not in simple:
-        raise ValueError(f"unknown estimator {name!r}; expected one of {', '.join(ESTIMATOR_NAMES)}")
+        raise ValueError(
+            f"unknown estimator {name!r}; expected one of {', '.join(ESTIMATOR_NAMES)}"
+        )
     return simple[name](n, k, d)

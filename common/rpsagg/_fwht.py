@@ -20,6 +20,8 @@ from numpy.typing import NDArray
 
 FloatArray = NDArray[np.float64]
 
+_PARALLEL_MIN = 1 << 18  # elements below which a 2-D transform runs on one thread
+
 
 def fwht_numpy(a: FloatArray) -> FloatArray:
     """In-place butterfly FWHT along the last axis of a C-contiguous float64 array."""
@@ -55,7 +57,10 @@ def _load_fast() -> Callable[[FloatArray], FloatArray] | None:
         if a.ndim == 1:
             fht_cpu.fht_1d_f64(a)
         else:
-            fht_cpu.fht(a.reshape(-1, n), axis=-1, inplace=True)
+            flat = a.reshape(-1, n)
+            # OpenMP start-up costs more than it saves on small batches
+            threads = 1 if flat.size < _PARALLEL_MIN else -1
+            fht_cpu.fht(flat, axis=-1, inplace=True, num_threads=threads)
         return a
 
     return fwht_fast

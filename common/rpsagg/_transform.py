@@ -9,10 +9,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# transform="auto" quantizes c to this grid so that beta can be cached (the prior is fixed
-# before the round, so quantizing it keeps the estimate unbiased).
-AUTO_GRID = 64
-
 
 @dataclass(frozen=True)
 class Transform:
@@ -49,10 +45,7 @@ class Transform:
             return n_prime / (2.0 * (n_prime - 1))
         assert self.r is not None
         frac = 0.0 if self.n <= 1 else self.r / (self.n - 1)
-        frac = min(1.0, max(0.0, frac))
-        if self.kind == "auto":
-            frac = round(frac * AUTO_GRID) / AUTO_GRID
-        return frac
+        return min(1.0, max(0.0, frac))
 
     def label(self) -> str:
         """Human-readable name, e.g. ``avg`` or ``corr(4)``."""
@@ -66,7 +59,9 @@ class Transform:
 def parse_transform(transform: str | float, n: int, prior_r: float | None = None) -> Transform:
     """Build a :class:`Transform` from the user-facing ``transform`` argument."""
     if isinstance(transform, bool):
-        raise ValueError(f"transform must be 'max', 'one', 'avg', 'auto' or a float R; got {transform!r}")
+        raise ValueError(
+            f"transform must be 'max', 'one', 'avg', 'auto' or a float R; got {transform!r}"
+        )
     if isinstance(transform, int | float):
         r = float(transform)
         if not math.isfinite(r) or not 0.0 <= r <= max(0, n - 1):
@@ -78,4 +73,6 @@ def parse_transform(transform: str | float, n: int, prior_r: float | None = None
         if prior_r is not None and not math.isfinite(prior_r):
             raise ValueError(f"prior_r must be finite; got {prior_r}")
         return Transform("auto", prior_r, n)
-    raise ValueError(f"transform must be 'max', 'one', 'avg', 'auto' or a float R; got {transform!r}")
+    raise ValueError(
+        f"transform must be 'max', 'one', 'avg', 'auto' or a float R; got {transform!r}"
+    )

@@ -89,8 +89,9 @@ def check_batch(
             raise ValueError(f"message {pos} has non-finite values")
         if msg.indices is not None:
             if msg.indices.size != msg.values.size:
-                raise ValueError(f"message {pos} has {msg.indices.size} indices for "
-                                 f"{msg.values.size} values")
+                raise ValueError(
+                    f"message {pos} has {msg.indices.size} indices for {msg.values.size} values"
+                )
             if msg.indices.size and (msg.indices.min() < 0 or msg.indices.max() >= d):
                 raise ValueError(f"message {pos} has indices outside [0, d) = [0, {d})")
     return batch

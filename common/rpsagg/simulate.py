@@ -41,11 +41,9 @@ def simulate(
                 msgs = [est.encode(x, (base + i) & MASK64) for i, x in enumerate(xs)]
                 errs[t] = float(np.sum((est.decode(msgs) - mean) ** 2))
             label = f"{transform}" if name.endswith("spatial") else "-"
-            results[(name, label, r)] = (float(errs.mean()), float(errs.std(ddof=1) / np.sqrt(trials)))
-            print(
-                f"  R={r:<5g} {name:<18} {label:<4} MSE {errs.mean():9.4f} ± {results[(name, label, r)][1]:.4f}",
-                flush=True,
-            )
+            mse, se = float(errs.mean()), float(errs.std(ddof=1) / np.sqrt(trials))
+            results[(name, label, r)] = (mse, se)
+            print(f"  R={r:<5g} {name:<18} {label:<4} MSE {mse:9.4f} ± {se:.4f}", flush=True)
     return results
 
 

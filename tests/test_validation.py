@@ -1,0 +1,108 @@
+"""Bad input raises ValueError naming the broken constraint."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rpsagg
+
+
+def est(name: str = "rand-proj-spatial", **kw: object) -> rpsagg.Estimator:
+    args: dict[str, object] = {"n": 4, "k": 4, "d": 20}
+    args.update(kw)
+    return rpsagg.make_estimator(name, **args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"n": 0}, "n must be >= 1"),
+        ({"k": 0}, "k must be >= 1"),
+        ({"k": 21}, r"k must be in \[1, d\]"),
+        ({"d": 0}, "d must be >= 1"),
+        ({"n": 2.5}, "n must be an integer"),
+        ({"transform": "median"}, "transform must be"),
+        ({"transform": 3.5}, r"transform R must be in \[0, n-1\]"),
+        ({"transform": -1.0}, r"transform R must be in \[0, n-1\]"),
+        ({"method": "qr"}, "method must be"),
+    ],
+)
+def test_constructor_errors(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        est(**kwargs)
+
+
+def test_unknown_estimator_and_transform_on_non_spatial() -> None:
+    with pytest.raises(ValueError, match="unknown estimator"):
+        est("rand-q")
+    with pytest.raises(ValueError, match="spatial estimators only"):
+        est("rand-k", transform="max")
+
+
+@pytest.mark.parametrize("name", rpsagg.ESTIMATOR_NAMES)
+def test_encode_errors(name: str) -> None:
+    e = est(name)
+    good = np.ones(20)
+    with pytest.raises(ValueError, match="finite"):
+        e.encode(np.r_[good[:-1], np.nan], 1)
+    with pytest.raises(ValueError, match="finite"):
+        e.encode(np.r_[good[:-1], np.inf], 1)
+    with pytest.raises(ValueError, match=r"shape \(20,\)"):
+        e.encode(np.ones(21), 1)
+    with pytest.raises(ValueError, match=r"shape \(20,\)"):
+        e.encode(np.ones((2, 10)), 1)
+    for seed in (-1, 2**64):
+        with pytest.raises(ValueError, match=r"seed must be in \[0, 2\^64\)"):
+            e.encode(good, seed)
+    with pytest.raises(ValueError, match="seed must be an integer"):
+        e.encode(good, 1.0)  # type: ignore[arg-type]
+    assert e.encode(good, 2**64 - 1).seed == 2**64 - 1
+
+
+@pytest.mark.parametrize("name", rpsagg.ESTIMATOR_NAMES)
+def test_decode_errors(name: str) -> None:
+    e = est(name)
+    x = np.arange(20.0)
+    msgs = [e.encode(x, s) for s in (1, 2, 3)]
+    with pytest.raises(ValueError, match="at least one message"):
+        e.decode([])
+    with pytest.raises(ValueError, match="same seed appears twice"):
+        e.decode([msgs[0], msgs[1], msgs[0]])
+    with pytest.raises(ValueError, match="5 messages but the estimator has n=4"):
+        e.decode([e.encode(x, s) for s in range(5)])
+    other = "rand-k" if name != "rand-k" else "induced"
+    with pytest.raises(ValueError, match="mixed schemes"):
+        e.decode([msgs[0], est(other).encode(x, 9)])
+    with pytest.raises(ValueError, match="mixed k/d"):
+        e.decode([msgs[0], est(name, k=3).encode(x, 9)])
+    with pytest.raises(ValueError, match="mixed k/d"):
+        e.decode([msgs[0], est(name, d=19).encode(x[:19], 9)])
+    bad = rpsagg.Encoded(name, 9, 4, 20, np.r_[msgs[0].values[:-1], np.nan], msgs[0].indices)
+    with pytest.raises(ValueError, match="non-finite"):
+        e.decode([msgs[1], bad])
+    if e.values_per_message is not None:
+        short = rpsagg.Encoded(name, 9, 4, 20, msgs[0].values[:-1], None)
+        with pytest.raises(ValueError, match="values; expected"):
+            e.decode([short])
+    with pytest.raises(ValueError, match="n_prime must be in"):
+        e.beta_for(5)
+    with pytest.raises(ValueError, match="n_prime must be in"):
+        e.beta_for(0)
+
+
+def test_indices_out_of_range_rejected() -> None:
+    e = est("rand-k-wangni")
+    bad = rpsagg.Encoded("rand-k-wangni", 1, 4, 20, np.ones(2), np.array([3, 20]))
+    with pytest.raises(ValueError, match=r"indices outside \[0, d\)"):
+        e.decode([bad])
+
+
+def test_encoded_is_frozen_and_read_only() -> None:
+    msg = est().encode(np.ones(20), 5)
+    assert msg.values.dtype == np.float32 and msg.values.size == 4
+    with pytest.raises(ValueError):
+        msg.values[0] = 1.0
+    with pytest.raises(AttributeError):
+        msg.seed = 3  # type: ignore[misc]
+    assert msg.payload_bytes == 8 + 4 * 4
