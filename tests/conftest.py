@@ -1,0 +1,27 @@
+"""Shared test configuration.
+
+Every test session gets its own beta cache directory (``RPSAGG_CACHE_DIR``), inherited by the
+subprocesses tests start, so results never depend on a developer's ~/.cache.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_beta_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    path = tmp_path_factory.mktemp("beta-cache")
+    old = os.environ.get("RPSAGG_CACHE_DIR")
+    os.environ["RPSAGG_CACHE_DIR"] = str(path)
+    try:
+        yield path
+    finally:
+        if old is None:
+            os.environ.pop("RPSAGG_CACHE_DIR", None)
+        else:
+            os.environ["RPSAGG_CACHE_DIR"] = old
