@@ -51,8 +51,12 @@ def _mix64_array(z: NDArray[np.uint64]) -> NDArray[np.uint64]:
 
 
 def stream_key(seed: int, tag: int) -> int:
-    """Key of the stream ``tag`` for ``seed``: ``mix64(seed XOR tag)``."""
-    return mix64((seed ^ tag) & MASK64)
+    """Key of the stream ``tag`` for ``seed``: ``mix64(seed XOR tag)``.
+
+    Raises ``ValueError`` unless ``seed`` is an integer in ``[0, 2^64)`` (no silent
+    reduction mod 2^64).
+    """
+    return mix64(check_seed(seed) ^ tag)
 
 
 def stream_words(key: int, start: int, count: int) -> NDArray[np.uint64]:
@@ -73,6 +77,8 @@ def sign_bits(seed: int, d_pad: int) -> NDArray[np.uint8]:
     Bit ``j`` is bit ``j mod 64`` (least significant first) of word ``j // 64`` of the
     ``TAG_SIGNS`` stream.
     """
+    if d_pad < 1:
+        raise ValueError(f"d_pad must be >= 1; got {d_pad}")
     nwords = (d_pad + 63) // 64
     words = stream_words(stream_key(seed, TAG_SIGNS), 0, nwords)
     as_bytes = words.astype("<u8", copy=False).view(np.uint8)
@@ -81,7 +87,10 @@ def sign_bits(seed: int, d_pad: int) -> NDArray[np.uint8]:
 
 def signs(seed: int, d_pad: int) -> NDArray[np.float64]:
     """The diagonal of D as float64 +-1."""
-    return 1.0 - 2.0 * sign_bits(seed, d_pad).astype(np.float64)
+    out = sign_bits(seed, d_pad).astype(np.float64)
+    out *= -2.0  # in place: 1 - 2 b without two more temporaries of length d'
+    out += 1.0
+    return out
 
 
 def sample_distinct(seed: int, tag: int, k: int, bound: int) -> NDArray[np.int64]:
@@ -93,25 +102,42 @@ def sample_distinct(seed: int, tag: int, k: int, bound: int) -> NDArray[np.int64
     accepted, are the result. Expected cost grows with ``k`` (about ``k`` words while
     ``k <= bound / 2``), not with ``bound``.
     """
+    if bound < 1:
+        raise ValueError(f"bound must be >= 1; got {bound}")
     if not 1 <= k <= bound:
         raise ValueError(f"k must be in [1, bound]; got k={k}, bound={bound}")
     key = stream_key(seed, tag)
     m = (bound - 1).bit_length()
     batch = max(64, 2 * k)
-    drawn = np.empty(0, dtype=np.int64)
+    drawn = np.empty(0, dtype=np.uint64)
     while True:
         words = stream_words(key, drawn.size, batch)
-        if m == 0:
-            cand = np.zeros(batch, dtype=np.int64)
-        else:
-            cand = (words >> np.uint64(64 - m)).astype(np.int64)
+        cand = words >> np.uint64(64 - m) if m else np.zeros(batch, dtype=np.uint64)
         drawn = np.concatenate([drawn, cand])
-        valid = np.flatnonzero(drawn < bound)
-        _, first = np.unique(drawn[valid], return_index=True)
+        first = _first_accepted(drawn, bound, m)
         if first.size >= k:
-            order = np.sort(first)[:k]
-            return drawn[valid[order]]
+            return drawn[first[:k]].astype(np.int64)
         batch = drawn.size  # double the prefix and try again
+
+
+def _first_accepted(drawn: NDArray[np.uint64], bound: int, m: int) -> NDArray[np.int64]:
+    """Sorted positions of the first occurrence of each distinct candidate ``< bound``."""
+    valid = np.flatnonzero(drawn < np.uint64(bound))
+    pbits = max(1, (drawn.size - 1).bit_length())
+    if m + pbits > 64:  # keys do not fit in 64 bits (not reachable for realistic d')
+        _, first = np.unique(drawn[valid], return_index=True)
+        return np.sort(valid[first])
+    # One unstable sort of (value, position) packed into a uint64 orders the candidates by
+    # value and, within a value, by position; the first of each run is its first occurrence.
+    packed = (drawn[valid] << np.uint64(pbits)) | valid.astype(np.uint64)
+    packed.sort()
+    values = packed >> np.uint64(pbits)
+    is_first = np.empty(values.size, dtype=bool)
+    is_first[:1] = True
+    np.not_equal(values[1:], values[:-1], out=is_first[1:])
+    positions = (packed[is_first] & np.uint64((1 << pbits) - 1)).astype(np.int64)
+    positions.sort()
+    return positions
 
 
 def uniforms(seed: int, tag: int, count: int) -> NDArray[np.float64]:
@@ -152,8 +178,10 @@ def derive_round_seed(client_seed: int, nonce: int, client_id: str, vector_index
 
 
 def padded_dim(d: int) -> int:
-    """``d'``: the smallest power of two ``>= d``."""
-    return 1 << (d - 1).bit_length()
+    """``d'``: the smallest power of two ``>= d`` (``d >= 1``)."""
+    if isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 1:
+        raise ValueError(f"d must be an integer >= 1; got {d!r}")
+    return 1 << (int(d) - 1).bit_length()
 
 
 def check_seed(seed: object) -> int:

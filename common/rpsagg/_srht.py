@@ -25,7 +25,8 @@ DEFAULT_MEMORY_BUDGET = 256 * 1024 * 1024
 def srht_encode(x: FloatArray, seed: int, k: int) -> FloatArray:
     """``G x`` in float64 for the SRHT with ``seed`` (x already of length d', padded)."""
     d_pad = x.shape[0]
-    v = signs(seed, d_pad) * x
+    v = signs(seed, d_pad)
+    v *= x  # in place: no second work array of length d'
     fwht(v, inplace=True)
     rows = srht_rows(seed, k, d_pad)
     return np.asarray(v[rows] / np.sqrt(d_pad))
