@@ -1,0 +1,336 @@
+"""Benchmark of the core library: SRHT encode and Rand-Proj-Spatial joint decode.
+
+Encode: median wall-clock time of ``Estimator.encode`` (public API, float64 in, float32 out)
+and of the bare ``srht_encode`` for one vector at several dimensions.
+
+Decode: median wall-clock time of ``Estimator.decode_with_info`` for several (n, k, d) and
+transforms, next to a dense reference decoder written the paper's way (build
+``S = sum_i G_i^T G_i`` densely from :func:`rpsagg.srht_matrix`, eigendecompose it, apply
+``beta T(S)^+ sum_i G_i^T y_i``) for ``d' <= 4096``. beta is computed (or loaded from the
+disk cache at ``$RPSAGG_CACHE_DIR``) before any decode is timed; that one-off time is
+reported separately.
+
+Usage::
+
+    python bench/bench_core.py                  # full run, prints a table
+    python bench/bench_core.py --json out.json  # also write the figures as JSON
+    python bench/bench_core.py --quick          # small sizes only (smoke test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import scipy.linalg
+from numpy.typing import NDArray
+
+import rpsagg
+from rpsagg import _beta
+from rpsagg._srht import srht_encode
+
+FloatArray = NDArray[np.float64]
+
+ENCODE_DIMS = (2**10, 2**16, 2**20)
+DECODE_CASES = ((10, 102, 1024), (50, 20, 1024), (20, 100, 4096), (100, 64, 65536))
+QUICK_ENCODE_DIMS = (2**10, 2**12)
+QUICK_DECODE_CASES = ((10, 102, 1024), (8, 16, 256))
+TRANSFORMS = ("avg", "max")
+DENSE_MAX_DPAD = 4096
+
+# Targets of the core-library issue.
+TARGET_ENCODE_MS_2_20 = 10.0
+TARGET_SPEEDUP_4096 = 30.0
+TARGET_REL_DIFF_EXACT = 1e-9
+TARGET_DECODE_S_65536 = 10.0
+
+
+@dataclass
+class EncodeRow:
+    """Encode timings for one dimension."""
+
+    d: int
+    k: int
+    encode_ms: float
+    core_ms: float
+    repeats: int
+
+
+@dataclass
+class DecodeRow:
+    """Decode timings for one (n, k, d, transform)."""
+
+    n: int
+    k: int
+    d: int
+    transform: str
+    c: float
+    beta: float
+    beta_method: str
+    beta_rel_se: float
+    beta_seconds: float
+    beta_cached: bool
+    solve: str
+    iterations: int
+    residual: float
+    decode_s: float
+    decode_min_s: float
+    repeats: int
+    dense_s: float | None
+    speedup: float | None
+    rel_diff: float | None
+
+
+def median_time(fn: Callable[[int], object], repeats: int) -> tuple[float, float]:
+    """Median and minimum wall-clock seconds of ``fn(r)`` for ``r = 0 .. repeats-1``."""
+    times = []
+    for r in range(repeats):
+        start = time.perf_counter()
+        fn(r)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)), float(np.min(times))
+
+
+def bench_encode(d: int, k: int, repeats: int) -> EncodeRow:
+    """Time one-vector encodes at dimension ``d`` with budget ``k``."""
+    est = rpsagg.make_estimator("rand-proj-spatial", n=2, k=k, d=d)
+    x = np.random.default_rng(d).standard_normal(d)
+    padded = np.zeros(est.d_pad)  # type: ignore[attr-defined]
+    padded[:d] = x
+    est.encode(x, seed=1)  # warm-up
+    enc, _ = median_time(lambda r: est.encode(x, seed=1000 + r), repeats)
+    core, _ = median_time(lambda r: srht_encode(padded, 2000 + r, k), repeats)
+    return EncodeRow(d, k, 1e3 * enc, 1e3 * core, repeats)
+
+
+def dense_decode(msgs: list[rpsagg.Encoded], k: int, d: int, c: float, beta: float) -> FloatArray:
+    """The paper's decoder: eigendecomposition of the dense d' x d' matrix S."""
+    g = np.vstack([rpsagg.srht_matrix(m.seed, k, d) for m in msgs])  # (nk, d')
+    y = np.concatenate([m.values.astype(np.float64) for m in msgs])
+    s = g.T @ g
+    b = g.T @ y
+    w, v = scipy.linalg.eigh(s, check_finite=False)
+    d_pad = s.shape[0]
+    tol = max(float(w.max()), 1.0) * d_pad * float(np.finfo(np.float64).eps)
+    t = (1.0 - c) + c * w
+    f = np.where(w > tol, 1.0 / np.where(w > tol, t, 1.0), 0.0)
+    return np.asarray(beta * (v @ (f * (v.T @ b)))[:d])
+
+
+def client_vectors(n: int, d: int, seed: int) -> FloatArray:
+    """Moderately correlated client vectors: a shared direction plus individual noise."""
+    rng = np.random.default_rng(seed)
+    common = rng.standard_normal(d)
+    return np.asarray(common[None, :] + 0.5 * rng.standard_normal((n, d)))
+
+
+def bench_decode(
+    n: int, k: int, d: int, transform: str, repeats: int, dense: bool, seed: int
+) -> DecodeRow:
+    """Time the joint decode of ``n`` messages, and the dense reference when asked."""
+    est = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d, transform=transform)
+    assert isinstance(est, rpsagg._estimators.RandProjSpatial)
+    c = est.transform.c_for(n)
+    xs = client_vectors(n, d, seed)
+    base = (seed << 20) + 1
+    msgs = [est.encode(x, seed=base + i) for i, x in enumerate(xs)]
+
+    key = _beta._key("rand-proj-spatial", n, k, est.d_pad, c)
+    cached = c == 0.0 or _beta._load(key) is not None
+    start = time.perf_counter()
+    beta_est = est.beta_details(n)
+    beta_seconds = time.perf_counter() - start
+
+    results: list[rpsagg.DecodeResult] = []
+
+    def run(_: int) -> None:
+        results.append(est.decode_with_info(msgs))
+
+    decode_s, decode_min = median_time(run, repeats)
+    info = results[-1].solve
+    assert info is not None
+    dense_s = speedup = rel_diff = None
+    if dense and est.d_pad <= DENSE_MAX_DPAD:
+        start = time.perf_counter()
+        ref = dense_decode(msgs, k, d, c, results[-1].beta)
+        dense_s = time.perf_counter() - start
+        speedup = dense_s / decode_s
+        fast = results[-1].estimate
+        rel_diff = float(np.linalg.norm(fast - ref) / np.linalg.norm(ref))
+    return DecodeRow(
+        n,
+        k,
+        d,
+        transform,
+        c,
+        beta_est.beta,
+        beta_est.method,
+        beta_est.rel_se,
+        beta_seconds,
+        cached,
+        info.method,
+        info.iterations,
+        info.residual,
+        decode_s,
+        decode_min,
+        repeats,
+        dense_s,
+        speedup,
+        rel_diff,
+    )
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_tables(enc: list[EncodeRow], dec: list[DecodeRow]) -> None:
+    """Print both result tables and the target checks."""
+    print(
+        f"FWHT backend: {rpsagg.FWHT_BACKEND}; spec {rpsagg.SPEC_VERSION}; "
+        f"beta cache: {_beta.cache_dir()}"
+    )
+    if enc:
+        print("\nEncode (rand-proj-spatial, one vector, median)")
+        print(f"{'d':>9} {'k':>7} {'encode ms':>10} {'srht_encode ms':>15} {'reps':>5}")
+        for e in enc:
+            print(f"{e.d:>9} {e.k:>7} {e.encode_ms:>10.3f} {e.core_ms:>15.3f} {e.repeats:>5}")
+    if dec:
+        print("\nDecode (rand-proj-spatial; times exclude beta, which is computed first)")
+        head = (
+            f"{'n':>4} {'k':>4} {'d':>6} {'T':>4} {'solver':>15} {'it':>4} {'beta s':>8} "
+            f"{'beta src':>12} {'decode s':>9} {'dense s':>8} {'speedup':>8} {'rel diff':>9}"
+        )
+        print(head)
+        for r in dec:
+            src = "cache" if r.beta_cached else r.beta_method
+            print(
+                f"{r.n:>4} {r.k:>4} {r.d:>6} {r.transform:>4} {r.solve:>15} {r.iterations:>4} "
+                f"{r.beta_seconds:>8.2f} {src:>12} {r.decode_s:>9.4f} {_fmt(r.dense_s, '8.2f'):>8} "
+                f"{_fmt(r.speedup, '8.1f'):>8} {_fmt(r.rel_diff, '9.1e'):>9}"
+            )
+    print("\nTargets")
+    for line in check_targets(enc, dec):
+        print("  " + line)
+
+
+def check_targets(enc: list[EncodeRow], dec: list[DecodeRow]) -> list[str]:
+    """Human-readable verdicts for the targets that this run measured."""
+    out = []
+    for e in enc:
+        if e.d == 2**20:
+            ok = e.encode_ms <= TARGET_ENCODE_MS_2_20
+            out.append(
+                f"encode d=2^20 (k={e.k}): {e.encode_ms:.2f} ms <= "
+                f"{TARGET_ENCODE_MS_2_20} ms: {'met' if ok else 'MISSED'}"
+            )
+    for r in dec:
+        exact = r.solve.startswith("exact")
+        if (r.n, r.k, r.d) == (20, 100, 4096) and r.speedup is not None:
+            ok = r.speedup >= TARGET_SPEEDUP_4096
+            out.append(
+                f"decode (20,100,4096) {r.transform}: {r.speedup:.1f}x faster than dense "
+                f"(>= {TARGET_SPEEDUP_4096}x): {'met' if ok else 'MISSED'}"
+            )
+        if exact and r.rel_diff is not None:
+            ok = r.rel_diff <= TARGET_REL_DIFF_EXACT
+            out.append(
+                f"rel diff ({r.n},{r.k},{r.d}) {r.transform} [{r.solve}]: "
+                f"{r.rel_diff:.1e} <= {TARGET_REL_DIFF_EXACT}: "
+                f"{'met' if ok else 'MISSED'}"
+            )
+        if (r.n, r.k, r.d) == (100, 64, 65536):
+            ok = r.decode_s <= TARGET_DECODE_S_65536
+            out.append(
+                f"decode (100,64,65536) {r.transform}: {r.decode_s:.2f} s <= "
+                f"{TARGET_DECODE_S_65536} s: {'met' if ok else 'MISSED'}"
+            )
+    return out
+
+
+def parse_case(text: str) -> tuple[int, int, int]:
+    """``"n,k,d"`` -> (n, k, d)."""
+    parts = [int(p) for p in text.split(",")]
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(f"a case is n,k,d; got {text!r}")
+    return parts[0], parts[1], parts[2]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; see the module docstring."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    p.add_argument("--quick", action="store_true", help="small sizes only (smoke test)")
+    p.add_argument("--encode-repeats", type=int, default=31, help="encodes per dimension")
+    p.add_argument(
+        "--encode-ratio", type=int, default=32, help="encode budget k = d / RATIO (default 32)"
+    )
+    p.add_argument("--decode-repeats", type=int, default=5, help="decodes per case")
+    p.add_argument(
+        "--case",
+        type=parse_case,
+        action="append",
+        metavar="N,K,D",
+        help="decode case (repeatable); default: the four cases of the issue",
+    )
+    p.add_argument(
+        "--transform",
+        action="append",
+        choices=("avg", "max", "one"),
+        help="transform (repeatable); default: avg and max",
+    )
+    p.add_argument("--no-encode", action="store_true", help="skip the encode benchmark")
+    p.add_argument("--no-dense", action="store_true", help="skip the dense reference decoder")
+    p.add_argument("--seed", type=int, default=7, help="seed of the synthetic data")
+    args = p.parse_args(argv)
+
+    dims = QUICK_ENCODE_DIMS if args.quick else ENCODE_DIMS
+    cases = args.case or list(QUICK_DECODE_CASES if args.quick else DECODE_CASES)
+    transforms = args.transform or list(TRANSFORMS)
+
+    enc: list[EncodeRow] = []
+    if not args.no_encode:
+        for d in dims:
+            enc.append(bench_encode(d, max(1, d // args.encode_ratio), args.encode_repeats))
+            e = enc[-1]
+            print(f"# encode d={d}: {e.encode_ms:.3f} ms", file=sys.stderr, flush=True)
+    dec: list[DecodeRow] = []
+    for n, k, d in cases:
+        for t in transforms:
+            dec.append(bench_decode(n, k, d, t, args.decode_repeats, not args.no_dense, args.seed))
+            r = dec[-1]
+            print(
+                f"# decode {(n, k, d)} {t}: {r.decode_s:.4f} s [{r.solve}], beta "
+                f"{r.beta_seconds:.1f} s, dense {_fmt(r.dense_s, '.2f')} s",
+                file=sys.stderr,
+                flush=True,
+            )
+    print_tables(enc, dec)
+    if args.json:
+        payload: dict[str, Any] = {
+            "spec_version": rpsagg.SPEC_VERSION,
+            "fwht_backend": rpsagg.FWHT_BACKEND,
+            "numpy": np.__version__,
+            "scipy": scipy.__version__,
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "encode": [asdict(e) for e in enc],
+            "decode": [asdict(r) for r in dec],
+            "targets": check_targets(enc, dec),
+        }
+        with open(args.json, "w") as fh:
+            json.dump(payload, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,761 @@
+"""Wire format ``rpsagg-seed-v1``: golden vectors and a pure-Python reference.
+
+The seed-to-transform derivation (``docs/wire-format.md``) must give the same signs, rows,
+indices and uniforms in every language and on every machine, and the SRHT encoding must be
+``(1/sqrt(d')) (H D x_pad)[rows]`` rounded to float32. This file pins it three ways:
+
+* a plain-Python reference of the spec (Python ints and floats only, no numpy), written
+  from the document, compared with the vectorized library on random inputs;
+* golden values, generated once with the library and checked against the reference,
+  hard-coded below, including SplitMix64's published outputs for seeds 0 and 1234567;
+* a fresh interpreter (with each FWHT backend) reproduces the golden values.
+
+It also checks ``srht_matrix`` (orthonormal rows, agrees with the encoder), the FWHT
+backends against a dense Sylvester-Hadamard matrix, and the ValueErrors on bad inputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import rpsagg
+from rpsagg import _fwht, _spec
+from rpsagg._srht import JointSRHT, srht_encode
+
+# --------------------------------------------------------------------------------------
+# Plain-Python reference of the spec (docs/wire-format.md), no numpy.
+# --------------------------------------------------------------------------------------
+MASK64 = (1 << 64) - 1
+REF_GAMMA = 0x9E3779B97F4A7C15
+
+
+def ref_mix64(z: int) -> int:
+    """SplitMix64's output function (finalizer)."""
+    z &= MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def splitmix64(state: int) -> tuple[int, int]:
+    """One step of the sequential SplitMix64 generator: ``(new_state, output)``."""
+    state = (state + REF_GAMMA) & MASK64
+    return state, ref_mix64(state)
+
+
+def ref_tag(name: str) -> int:
+    """The 8 ASCII bytes of a stream name as a big-endian integer."""
+    raw = name.encode("ascii")
+    assert len(raw) == 8
+    return int.from_bytes(raw, "big")
+
+
+def ref_key(seed: int, name: str) -> int:
+    return ref_mix64(seed ^ ref_tag(name))
+
+
+def ref_words(key: int, count: int) -> list[int]:
+    """The first ``count`` outputs of a SplitMix64 generator whose state is ``key``."""
+    out = []
+    state = key
+    for _ in range(count):
+        state, word = splitmix64(state)
+        out.append(word)
+    return out
+
+
+def ref_sign_bits(seed: int, d_pad: int) -> list[int]:
+    words = ref_words(ref_key(seed, "rpsSIGNS"), (d_pad + 63) // 64)
+    return [(words[j // 64] >> (j % 64)) & 1 for j in range(d_pad)]
+
+
+def ref_sample_distinct(seed: int, name: str, k: int, bound: int) -> list[int]:
+    """Rejection sampling on the top m bits of successive words, first-accepted order."""
+    m = (bound - 1).bit_length()
+    state = ref_key(seed, name)
+    out: list[int] = []
+    seen: set[int] = set()
+    while len(out) < k:
+        state, word = splitmix64(state)
+        cand = word >> (64 - m) if m else 0
+        if cand < bound and cand not in seen:
+            seen.add(cand)
+            out.append(cand)
+    return out
+
+
+def ref_uniforms(seed: int, name: str, count: int) -> list[float]:
+    return [(w >> 11) * 2.0**-53 for w in ref_words(ref_key(seed, name), count)]
+
+
+def ref_fwht(v: list[Any]) -> list[Any]:
+    """Sylvester-order Walsh-Hadamard transform by butterflies on a Python list."""
+    a = list(v)
+    h = 1
+    while h < len(a):
+        for i in range(0, len(a), 2 * h):
+            for j in range(i, i + h):
+                a[j], a[j + h] = a[j] + a[j + h], a[j] - a[j + h]
+        h *= 2
+    return a
+
+
+def ref_encode(x: list[float], seed: int, k: int) -> list[float]:
+    """float64 ``(1/sqrt(d')) (H D x_pad)[rows]``; exact up to the final division when x
+    holds small integers (the transform is then computed in exact integer arithmetic)."""
+    d_pad = 1 << (len(x) - 1).bit_length()
+    xs = list(x) + [0] * (d_pad - len(x))
+    if all(float(v).is_integer() for v in xs):
+        xs = [int(v) for v in xs]
+    bits = ref_sign_bits(seed, d_pad)
+    t = ref_fwht([-v if b else v for v, b in zip(xs, bits, strict=True)])
+    rows = ref_sample_distinct(seed, "rpsROWS_", k, d_pad)
+    return [t[r] / math.sqrt(d_pad) for r in rows]
+
+
+def f32_bits(value: float) -> int:
+    """Bit pattern of ``value`` rounded to the nearest float32."""
+    return int(struct.unpack("<I", struct.pack("<f", value))[0])
+
+
+def ref_round_seed(client_seed: int, nonce: int, client_id: str, index: int) -> int:
+    id_word = int.from_bytes(hashlib.sha256(client_id.encode("utf-8")).digest()[:8], "big")
+    z = ref_mix64(client_seed ^ ref_tag("rpsROUND"))
+    z = ref_mix64(z ^ nonce)
+    z = ref_mix64(z ^ id_word)
+    return ref_mix64(z ^ index)
+
+
+def golden_x(d: int) -> list[float]:
+    """The fixed input of the golden encodings: ``x_j = (j mod 7) - 3``."""
+    return [float((j % 7) - 3) for j in range(d)]
+
+
+# --------------------------------------------------------------------------------------
+# Golden values (generated once with rpsagg 0.1.0, checked against the reference above).
+# Keys: stream key mix64(seed ^ tag). Sign words: words 0..3 of the rpsSIGNS stream.
+# Cases: sign_bits = sum_j b_j 2^j over the first min(64, d') bits; y = float32 bit
+# patterns of the encoding of golden_x(d); induced = the k - k//2 indices of rpsINDCD.
+# Round: (client_seed, nonce, client_id, vector_index, derive_round_seed(...)).
+# --------------------------------------------------------------------------------------
+TAG_NAMES = {
+    "SIGNS": "rpsSIGNS",
+    "ROWS": "rpsROWS_",
+    "RANDK": "rpsRANDK",
+    "WANGNI": "rpsWNGNI",
+    "INDUCED": "rpsINDCD",
+    "MCBETA": "rpsMCBTA",
+    "ROUND": "rpsROUND",
+}
+
+# SplitMix64's published first outputs (Vigna's splitmix64.c) for state 0 and 1234567.
+PUBLISHED_SPLITMIX64 = {
+    0: [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F],
+    1234567: [6457827717110365317, 3203168211198807973, 9817491932198370423],
+}
+
+GOLDEN_KEYS = {
+    0x0: {
+        "SIGNS": 0x6CDCDE3AF782BF76,
+        "ROWS": 0xE34A9F4C0EE125FB,
+        "RANDK": 0x6B593C8127E6006B,
+        "WANGNI": 0xF3E8C0B2C4046E80,
+        "INDUCED": 0xD9664B463966858E,
+        "MCBETA": 0x3B18C362244341FF,
+        "ROUND": 0xA5E2700C7355842C,
+    },
+    0x1: {
+        "SIGNS": 0x46CD1D801095F9F8,
+        "ROWS": 0x4F921510EE45370,
+        "RANDK": 0xC0C03984E9E995C8,
+        "WANGNI": 0xA33DEA3D20BBDE94,
+        "INDUCED": 0xB4128AF98358BAD,
+        "MCBETA": 0x196A2A207B25082C,
+        "ROUND": 0x2942ECBDAC59E323,
+    },
+    0xFFFFFFFFFFFFFFFF: {
+        "SIGNS": 0x5D6A3488424A0793,
+        "ROWS": 0xBA4C863E9D3F027,
+        "RANDK": 0x48BF0C15F6D6CBC2,
+        "WANGNI": 0x2F822684794F326E,
+        "INDUCED": 0x42B5C4A4665D0AC8,
+        "MCBETA": 0x7542BEE7E2F1E475,
+        "ROUND": 0x53EE6FEACA727F62,
+    },
+    0x9F143CDEF6E1B1FA: {
+        "SIGNS": 0x5C6960C93385BF1F,
+        "ROWS": 0x5A9DC66903FE2175,
+        "RANDK": 0xB8A8035117AC464D,
+        "WANGNI": 0x8F136E9E553A6D9D,
+        "INDUCED": 0xAF11BFC6366EC1B3,
+        "MCBETA": 0xA3022524E86EB086,
+        "ROUND": 0x9E2724B4E9D2FDF2,
+    },
+}
+GOLDEN_SIGN_WORDS = {
+    0x0: [0x300680BEB790FE4, 0x46F71765EF9D976D, 0x78198DFF7F5F7EBF, 0x49CDFFB586C51680],
+    0x1: [0xE590BEA4ADE76226, 0x85F4C56104875DA1, 0x88CA9D22109268A3, 0x39F4442669BF2BF0],
+    0xFFFFFFFFFFFFFFFF: [
+        0x72DDCB9D5A699DFB,
+        0xEC3B393D51D2A483,
+        0x35A9611B64AA31E4,
+        0x52222EF66701D711,
+    ],
+    0x9F143CDEF6E1B1FA: [
+        0xA9BAE5DAE7EBE0,
+        0xCD4AF606F2FA8C27,
+        0x6742C7E360F51785,
+        0xDA646B31E0B8E1BF,
+    ],
+}
+GOLDEN_CASES: list[dict[str, Any]] = [
+    {
+        "seed": 0x0,
+        "k": 4,
+        "d": 100,
+        "d_pad": 128,
+        "sign_bits": 0x300680BEB790FE4,
+        "rows": [81, 76, 45, 2],
+        "randk": [33, 13, 35, 24],
+        "induced": [17, 89],
+        "wangni_u": ["0x1.95095e443d049p-1", "0x1.66c51caa79690p-1", "0x1.09d3b066dbf74p-2"],
+        "y": [0xC0514DB9, 0xBE87C3B6, 0xC0240C7C, 0x3EE24630],
+    },
+    {
+        "seed": 0x1,
+        "k": 16,
+        "d": 128,
+        "d_pad": 128,
+        "sign_bits": 0xE590BEA4ADE76226,
+        "rows": [87, 124, 29, 107, 51, 1, 35, 74, 127, 84, 123, 90, 80, 30, 66, 38],
+        "randk": [63, 57, 126, 58, 6, 81, 54, 113, 55, 108, 48, 42, 35, 95, 60, 114],
+        "induced": [28, 99, 46, 52, 87, 30, 92, 107],
+        "wangni_u": ["0x1.0b327e0afe3dap-1", "0x1.b368a58b8decfp-1", "0x1.0f7609c724380p-7"],
+        "y": [
+            0xBEE24630,
+            0x3F1E6455,
+            0x3FED967F,
+            0xBE87C3B6,
+            0x4045FD6A,
+            0x3EE24630,
+            0xBFA9B4A4,
+            0x4045FD6A,
+            0x40514DB9,
+            0x3F931406,
+            0xC00D6BDE,
+            0xC0021B8F,
+            0x3E87C3B6,
+            0x40733EA7,
+            0x3FA9B4A4,
+            0x405C9E08,
+        ],
+    },
+    {
+        "seed": 0xFFFFFFFFFFFFFFFF,
+        "k": 5,
+        "d": 1000,
+        "d_pad": 1024,
+        "sign_bits": 0x72DDCB9D5A699DFB,
+        "rows": [688, 883, 607, 477, 267],
+        "randk": [532, 814, 487, 901, 711],
+        "induced": [445, 1, 488],
+        "wangni_u": ["0x1.e62c0778ec7e3p-1", "0x1.962d23bbc95d0p-5", "0x1.83b5376d93ebcp-3"],
+        "y": [0xBFC40000, 0xC05A0000, 0xBF180000, 0x3F280000, 0xBF840000],
+    },
+    {
+        "seed": 0x8BADF00DDEADBEEF,
+        "k": 7,
+        "d": 100,
+        "d_pad": 128,
+        "sign_bits": 0xE7423B3EFC9A6FB4,
+        "rows": [21, 30, 112, 81, 70, 74, 117],
+        "randk": [18, 92, 88, 55, 80, 44, 6],
+        "induced": [53, 98, 86, 8],
+        "wangni_u": ["0x1.30f7dbd240187p-1", "0x1.036f461bc4976p-2", "0x1.c12ed9bd8606cp-1"],
+        "y": [0xC018BC2D, 0xBE87C3B6, 0x3F78E6CE, 0x40240C7C, 0x4045FD6A, 0xBFD6F5E1, 0xBFC05542],
+    },
+    {
+        "seed": 0x2A,
+        "k": 12,
+        "d": 12,
+        "d_pad": 16,
+        "sign_bits": 0xC837,
+        "rows": [0, 14, 9, 4, 1, 2, 3, 11, 8, 5, 7, 6],
+        "randk": [10, 2, 11, 0, 7, 6, 1, 4, 5, 8, 3, 9],
+        "induced": [6, 1, 5, 9, 2, 7],
+        "wangni_u": ["0x1.a154bae6bc500p-8", "0x1.90b07e93dd964p-2", "0x1.44f0e719cf082p-1"],
+        "y": [
+            0xBE800000,
+            0x40100000,
+            0x40100000,
+            0x3FA00000,
+            0x40100000,
+            0xBE800000,
+            0xBFE00000,
+            0xBF400000,
+            0x3FE00000,
+            0xBFA00000,
+            0x3F400000,
+            0x3FA00000,
+        ],
+    },
+    {
+        "seed": 0x5,
+        "k": 1,
+        "d": 1,
+        "d_pad": 1,
+        "sign_bits": 0x0,
+        "rows": [0],
+        "randk": [0],
+        "induced": [0],
+        "wangni_u": ["0x1.5756c8aa396dep-2", "0x1.bae48c556e7b2p-1", "0x1.d2375bfeb6411p-1"],
+        "y": [0xC0400000],
+    },
+    {
+        "seed": 0x3,
+        "k": 3,
+        "d": 3,
+        "d_pad": 4,
+        "sign_bits": 0x4,
+        "rows": [1, 3, 2],
+        "randk": [2, 1, 0],
+        "induced": [2, 0],
+        "wangni_u": ["0x1.ac48e4dc26928p-3", "0x1.018a0f0010158p-1", "0x1.982a62ddfd542p-2"],
+        "y": [0x00000000, 0xBF800000, 0xC0400000],
+    },
+]
+GOLDEN_ROUND = [
+    (0x0, 0x0, "", 0, 0x3A9E1EB6A48BBFFB),
+    (0x1, 0x2, "client-0", 0, 0xDDFC6760C0D058EA),
+    (0x1, 0x2, "client-0", 1, 0xC5E9BBF600EA0398),
+    (0xFFFFFFFFFFFFFFFF, 0xFFFFFFFFFFFFFFFF, "Zoë-Ω", 7, 0x9397898FC54DCC59),
+    (0x75BCD15, 0x3ADE68B1, "alice", 0, 0xEAFEB130C2E6E550),
+]
+
+
+def library_snapshot() -> dict[str, Any]:
+    """Every golden quantity as computed by the library (JSON-able; hex strings for ints)."""
+    tags = {name: _spec._tag(raw.encode()) for name, raw in TAG_NAMES.items()}
+    snap: dict[str, Any] = {"keys": {}, "words": {}, "cases": [], "round": []}
+    for seed in GOLDEN_KEYS:
+        snap["keys"][hex(seed)] = {n: hex(_spec.stream_key(seed, t)) for n, t in tags.items()}
+        key = _spec.stream_key(seed, _spec.TAG_SIGNS)
+        snap["words"][hex(seed)] = [hex(int(w)) for w in _spec.stream_words(key, 0, 4)]
+    for case in GOLDEN_CASES:
+        seed, k, d = case["seed"], case["k"], case["d"]
+        d_pad = _spec.padded_dim(d)
+        bits = _spec.sign_bits(seed, d_pad)[:64]
+        est = rpsagg.make_estimator("rand-proj-spatial", n=2, k=k, d=d)
+        y = est.encode(np.array(golden_x(d)), seed=seed).values
+        snap["cases"].append(
+            {
+                "seed": hex(seed),
+                "k": k,
+                "d": d,
+                "d_pad": d_pad,
+                "sign_bits": hex(sum(int(b) << j for j, b in enumerate(bits))),
+                "rows": _spec.srht_rows(seed, k, d_pad).tolist(),
+                "randk": _spec.randk_indices(seed, k, d).tolist(),
+                "induced": _spec.sample_distinct(seed, _spec.TAG_INDUCED, k - k // 2, d).tolist(),
+                "wangni_u": [float(u).hex() for u in _spec.uniforms(seed, _spec.TAG_WANGNI, 3)],
+                "y": [hex(int(v)) for v in y.view(np.uint32)],
+            }
+        )
+    for cs, nonce, cid, idx, _ in GOLDEN_ROUND:
+        snap["round"].append(hex(_spec.derive_round_seed(cs, nonce, cid, idx)))
+    return snap
+
+
+def expected_snapshot() -> dict[str, Any]:
+    """The hard-coded golden values in the format of :func:`library_snapshot`."""
+    return {
+        "keys": {hex(s): {n: hex(v) for n, v in keys.items()} for s, keys in GOLDEN_KEYS.items()},
+        "words": {hex(s): [hex(w) for w in ws] for s, ws in GOLDEN_SIGN_WORDS.items()},
+        "cases": [
+            {
+                "seed": hex(c["seed"]),
+                "k": c["k"],
+                "d": c["d"],
+                "d_pad": c["d_pad"],
+                "sign_bits": hex(c["sign_bits"]),
+                "rows": c["rows"],
+                "randk": c["randk"],
+                "induced": c["induced"],
+                "wangni_u": c["wangni_u"],
+                "y": [hex(v) for v in c["y"]],
+            }
+            for c in GOLDEN_CASES
+        ],
+        "round": [hex(r[4]) for r in GOLDEN_ROUND],
+    }
+
+
+# --------------------------------------------------------------------------------------
+# The reference against itself and against published values
+# --------------------------------------------------------------------------------------
+def test_spec_version() -> None:
+    assert rpsagg.SPEC_VERSION == _spec.SPEC_VERSION == "rpsagg-seed-v1"
+
+
+def test_reference_matches_published_splitmix64() -> None:
+    for state, outputs in PUBLISHED_SPLITMIX64.items():
+        assert ref_words(state, len(outputs)) == outputs
+        assert [int(w) for w in _spec.stream_words(state, 0, len(outputs))] == outputs
+
+
+def test_tags_are_the_documented_ascii_names() -> None:
+    assert _spec.TAG_SIGNS == ref_tag("rpsSIGNS") == 0x7270735349474E53
+    assert ref_tag("rpsROWS_") == _spec.TAG_ROWS
+    assert ref_tag("rpsRANDK") == _spec.TAG_RANDK
+    assert ref_tag("rpsWNGNI") == _spec.TAG_WANGNI
+    assert ref_tag("rpsINDCD") == _spec.TAG_INDUCED
+    assert ref_tag("rpsMCBTA") == _spec.TAG_MCBETA
+    assert ref_tag("rpsROUND") == _spec.TAG_ROUND
+
+
+# --------------------------------------------------------------------------------------
+# Golden values: the reference reproduces them, the library reproduces them
+# --------------------------------------------------------------------------------------
+def test_reference_reproduces_golden_values() -> None:
+    for seed, keys in GOLDEN_KEYS.items():
+        for name, value in keys.items():
+            assert ref_key(seed, TAG_NAMES[name]) == value, (seed, name)
+        assert ref_words(keys["SIGNS"], 4) == GOLDEN_SIGN_WORDS[seed]
+    for c in GOLDEN_CASES:
+        seed, k, d, d_pad = c["seed"], c["k"], c["d"], c["d_pad"]
+        assert d_pad == 1 << (d - 1).bit_length()
+        bits = ref_sign_bits(seed, d_pad)[:64]
+        assert sum(b << j for j, b in enumerate(bits)) == c["sign_bits"]
+        assert ref_sample_distinct(seed, "rpsROWS_", k, d_pad) == c["rows"]
+        assert ref_sample_distinct(seed, "rpsRANDK", k, d) == c["randk"]
+        assert ref_sample_distinct(seed, "rpsINDCD", k - k // 2, d) == c["induced"]
+        assert [u.hex() for u in ref_uniforms(seed, "rpsWNGNI", 3)] == c["wangni_u"]
+        assert [f32_bits(v) for v in ref_encode(golden_x(d), seed, k)] == c["y"]
+    for cs, nonce, cid, idx, expected in GOLDEN_ROUND:
+        assert ref_round_seed(cs, nonce, cid, idx) == expected
+
+
+def test_library_reproduces_golden_values() -> None:
+    assert library_snapshot() == expected_snapshot()
+
+
+def test_golden_values_structure() -> None:
+    # the golden set covers the edge cases it claims to cover
+    seeds = {c["seed"] for c in GOLDEN_CASES} | set(GOLDEN_KEYS)
+    assert {0, 1, MASK64} <= seeds
+    assert any(c["k"] == c["d"] for c in GOLDEN_CASES)
+    assert any(c["d"] == 1 for c in GOLDEN_CASES)
+    assert any(c["d"] & (c["d"] - 1) for c in GOLDEN_CASES)  # non-power-of-two d
+    for c in GOLDEN_CASES:
+        assert len(set(c["rows"])) == c["k"] and max(c["rows"]) < c["d_pad"]
+        assert len(set(c["randk"])) == c["k"] and max(c["randk"]) < c["d"]
+        assert len(c["y"]) == c["k"]
+
+
+@pytest.mark.parametrize("backend", ["default", "numpy"])
+def test_fresh_interpreter_reproduces_golden_values(backend: str) -> None:
+    env = dict(os.environ)
+    env.pop("RPSAGG_FWHT", None)
+    if backend == "numpy":
+        env["RPSAGG_FWHT"] = "numpy"
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import test_spec, rpsagg; "
+        "print(json.dumps([rpsagg.FWHT_BACKEND, test_spec.library_snapshot()]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    used, snap = json.loads(proc.stdout)
+    if backend == "numpy":
+        assert used == "numpy"
+    assert snap == expected_snapshot()
+
+
+# --------------------------------------------------------------------------------------
+# Vectorized library == plain-Python reference on random inputs
+# --------------------------------------------------------------------------------------
+def _random_seeds(count: int, salt: int) -> list[int]:
+    rng = np.random.default_rng(salt)
+    seeds = [int(v) for v in rng.integers(0, 2**63, size=count, dtype=np.uint64)]
+    return [(s << 1) | (i & 1) for i, s in enumerate(seeds)]  # cover the top bit too
+
+
+def test_stream_words_match_reference() -> None:
+    for seed in _random_seeds(50, 1):
+        for name in TAG_NAMES.values():
+            key = _spec.stream_key(seed, ref_tag(name))
+            assert key == ref_key(seed, name)
+        key = ref_key(seed, "rpsSIGNS")
+        words = _spec.stream_words(key, 0, 70)
+        assert words.dtype == np.uint64
+        assert [int(w) for w in words] == ref_words(key, 70)
+        # counter mode: any window of the stream
+        assert [int(w) for w in _spec.stream_words(key, 33, 5)] == ref_words(key, 38)[33:]
+
+
+def test_sign_bits_match_reference() -> None:
+    for seed, d_pad in zip(_random_seeds(20, 2), [1, 2, 4, 64, 128, 256, 1024] * 3, strict=False):
+        bits = _spec.sign_bits(seed, d_pad)
+        assert bits.shape == (d_pad,)
+        assert bits.tolist() == ref_sign_bits(seed, d_pad)
+        np.testing.assert_array_equal(_spec.signs(seed, d_pad), 1.0 - 2.0 * bits)
+
+
+def test_sample_distinct_matches_reference() -> None:
+    rng = np.random.default_rng(3)
+    bounds = [1, 2, 3, 5, 8, 13, 64, 100, 127, 128, 129, 1000, 1024]
+    for i, seed in enumerate(_random_seeds(120, 4)):
+        bound = bounds[i % len(bounds)]
+        k = int(rng.integers(1, bound + 1)) if i % 3 else bound  # k = bound a third of the time
+        name, tag = [("rpsROWS_", _spec.TAG_ROWS), ("rpsRANDK", _spec.TAG_RANDK)][i % 2]
+        got = _spec.sample_distinct(seed, tag, k, bound)
+        assert got.dtype == np.int64
+        assert got.tolist() == ref_sample_distinct(seed, name, k, bound), (seed, k, bound)
+    # prefix property: the first k' of k draws are the draws for k'
+    full = _spec.randk_indices(9, 500, 1000)
+    np.testing.assert_array_equal(_spec.randk_indices(9, 123, 1000), full[:123])
+
+
+def test_uniforms_match_reference() -> None:
+    for seed in _random_seeds(10, 5):
+        u = _spec.uniforms(seed, _spec.TAG_WANGNI, 40)
+        assert u.tolist() == ref_uniforms(seed, "rpsWNGNI", 40)
+        assert np.all((u >= 0.0) & (u < 1.0))
+
+
+def test_derive_round_seed_matches_reference() -> None:
+    rng = np.random.default_rng(6)
+    for seed in _random_seeds(20, 7):
+        nonce = int(rng.integers(0, 2**63)) * 2 + 1
+        idx = int(rng.integers(0, 100))
+        cid = f"client-{idx}-ü"
+        assert _spec.derive_round_seed(seed, nonce, cid, idx) == ref_round_seed(
+            seed, nonce, cid, idx
+        )
+    assert _spec.derive_round_seed(1, 2, "c") == _spec.derive_round_seed(1, 2, "c", 0)
+    assert _spec.derive_round_seed(1, 2, "c", 0) != _spec.derive_round_seed(1, 2, "c", 1)
+    assert _spec.derive_round_seed(1, 2, "c") != _spec.derive_round_seed(1, 2, "d")
+    assert _spec.derive_round_seed(1, 2, "c") != _spec.derive_round_seed(1, 3, "c")
+
+
+@pytest.mark.parametrize("d", [1, 2, 3, 7, 64, 100, 128, 300])
+def test_encode_matches_reference_exactly_on_integer_input(d: int) -> None:
+    x = golden_x(d)
+    for seed in _random_seeds(3, 100 + d):
+        k = max(1, min(d, 9))
+        est = rpsagg.make_estimator("rand-proj-spatial", n=2, k=k, d=d)
+        msg = est.encode(np.array(x), seed=seed)
+        ref = ref_encode(x, seed, k)
+        assert msg.values.dtype == np.float32
+        assert msg.values.view(np.uint32).tolist() == [f32_bits(v) for v in ref]
+        padded = np.zeros(est.d_pad)  # type: ignore[attr-defined]
+        padded[:d] = x
+        assert srht_encode(padded, seed, k).tolist() == ref  # float64, bit for bit
+
+
+def test_encode_matches_reference_on_float_input() -> None:
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal(200)
+    ref = ref_encode(x.tolist(), 77, 20)  # float sums in a different order: not bit-exact
+    padded = np.zeros(256)
+    padded[:200] = x
+    np.testing.assert_allclose(srht_encode(padded, 77, 20), ref, rtol=1e-12, atol=1e-12)
+
+
+# --------------------------------------------------------------------------------------
+# srht_matrix and the joint operator
+# --------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("seed", "k", "d"), [(0, 4, 100), (MASK64, 12, 12), (5, 1, 1), (9, 30, 64)]
+)
+def test_srht_matrix_rows_are_orthonormal(seed: int, k: int, d: int) -> None:
+    g = rpsagg.srht_matrix(seed, k, d)
+    d_pad = _spec.padded_dim(d)
+    assert g.shape == (k, d_pad)
+    np.testing.assert_allclose(g @ g.T, np.eye(k), atol=1e-12)
+    np.testing.assert_allclose(np.abs(g), 1.0 / math.sqrt(d_pad))
+
+
+@pytest.mark.parametrize(
+    ("seed", "k", "d"), [(0, 4, 100), (MASK64, 12, 12), (5, 1, 1), (9, 30, 64)]
+)
+def test_srht_matrix_agrees_with_encoding(seed: int, k: int, d: int) -> None:
+    g = rpsagg.srht_matrix(seed, k, d)
+    rng = np.random.default_rng(seed % 1000)
+    x = np.zeros(g.shape[1])
+    x[:d] = rng.standard_normal(d)
+    np.testing.assert_allclose(g @ x, srht_encode(x, seed, k), rtol=1e-12, atol=1e-13)
+    est = rpsagg.make_estimator("rand-proj-spatial", n=2, k=k, d=d)
+    y32 = est.encode(x[:d], seed=seed).values
+    np.testing.assert_allclose(y32, g @ x, rtol=1e-6, atol=1e-6)
+
+
+def test_same_seed_same_transform_different_seed_different() -> None:
+    g1 = rpsagg.srht_matrix(123, 8, 100)
+    g2 = rpsagg.srht_matrix(123, 8, 100)
+    g3 = rpsagg.srht_matrix(124, 8, 100)
+    np.testing.assert_array_equal(g1, g2)
+    assert not np.allclose(g1, g3)
+    assert not np.array_equal(_spec.signs(123, 128), _spec.signs(124, 128))
+    assert not np.array_equal(_spec.srht_rows(123, 8, 128), _spec.srht_rows(124, 8, 128))
+    # numpy integer seeds are the same seeds
+    np.testing.assert_array_equal(
+        rpsagg.srht_matrix(np.uint64(MASK64), 3, 10),  # type: ignore[arg-type]
+        rpsagg.srht_matrix(MASK64, 3, 10),
+    )
+
+
+def test_joint_operator_matches_dense_matrices() -> None:
+    seeds, k, d = [3, 1, 4, 15], 6, 50
+    gs = np.vstack([rpsagg.srht_matrix(s, k, d) for s in seeds])  # A, (nk, d')
+    op = JointSRHT.from_seeds(seeds, k, 64)
+    rng = np.random.default_rng(0)
+    u = rng.standard_normal(64)
+    z = rng.standard_normal((len(seeds), k))
+    np.testing.assert_allclose(op.forward(u).reshape(-1), gs @ u, atol=1e-12)
+    np.testing.assert_allclose(op.adjoint(z), gs.T @ z.reshape(-1), atol=1e-12)
+    np.testing.assert_allclose(op.gram(), gs @ gs.T, atol=1e-12)
+
+
+# --------------------------------------------------------------------------------------
+# FWHT backends against the dense Sylvester-Hadamard matrix
+# --------------------------------------------------------------------------------------
+def dense_hadamard_apply(a: np.ndarray) -> np.ndarray:
+    """``a @ H`` with ``H[r, j] = (-1)^popcount(r & j)`` built in column blocks."""
+    n = a.shape[-1]
+    rows = np.arange(n, dtype=np.int64)
+    out = np.empty(a.shape)
+    for lo in range(0, n, 512):
+        cols = np.arange(lo, min(n, lo + 512), dtype=np.int64)
+        parity = np.bitwise_count(rows[:, None] & cols[None, :]) & 1
+        out[..., lo : lo + cols.size] = a @ (1.0 - 2.0 * parity)
+    return out
+
+
+@pytest.mark.parametrize("log_n", range(13))
+def test_fwht_backends_agree_with_dense_hadamard(log_n: int) -> None:
+    n = 1 << log_n
+    rng = np.random.default_rng(log_n)
+    ints = rng.integers(-8, 9, size=(3, n)).astype(np.float64)  # exact in any order
+    floats = rng.standard_normal((3, n))
+    backends: list[tuple[str, Callable[[np.ndarray], np.ndarray]]] = [("numpy", _fwht.fwht_numpy)]
+    if _fwht._FAST is not None:
+        backends.append(("fht-cpu", _fwht._FAST))
+    elif os.environ.get("RPSAGG_FWHT", "").lower() != "numpy":
+        pytest.importorskip("fht_cpu")
+    for a in (ints, floats):
+        ref2 = dense_hadamard_apply(a)
+        ref1 = dense_hadamard_apply(a[0])
+        for name, fn in backends:
+            got2 = fn(a.copy())
+            got1 = fn(a[0].copy())
+            if a is ints:
+                np.testing.assert_array_equal(got2, ref2, err_msg=name)
+                np.testing.assert_array_equal(got1, ref1, err_msg=name)
+            else:
+                tol = 1e-12 * math.sqrt(n) * (log_n + 1)
+                np.testing.assert_allclose(got2, ref2, rtol=0, atol=tol, err_msg=name)
+                np.testing.assert_allclose(got1, ref1, rtol=0, atol=tol, err_msg=name)
+        # the public entry point: a copy by default, in place on request
+        before = a.copy()
+        out = rpsagg.fwht(a)
+        np.testing.assert_array_equal(a, before)
+        np.testing.assert_allclose(out, ref2, rtol=0, atol=1e-12 * n)
+        inplace = a.copy()
+        assert rpsagg.fwht(inplace, inplace=True) is inplace
+
+
+def test_fwht_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="power of two"):
+        rpsagg.fwht(np.ones(6))
+    with pytest.raises(ValueError, match="power of two"):
+        _fwht.fwht_numpy(np.ones((2, 12)))
+    with pytest.raises(ValueError, match="C-contiguous float64"):
+        rpsagg.fwht(np.ones(8, dtype=np.float32), inplace=True)
+    with pytest.raises(ValueError, match="C-contiguous float64"):
+        rpsagg.fwht(np.ones((8, 8))[:, ::2], inplace=True)
+
+
+# --------------------------------------------------------------------------------------
+# Bad inputs raise ValueError naming the constraint
+# --------------------------------------------------------------------------------------
+BAD_SEEDS = [-1, 2**64, True, 1.0, "1", None]
+
+
+@pytest.mark.parametrize("seed", BAD_SEEDS)
+def test_bad_seeds_rejected_everywhere(seed: Any) -> None:
+    calls = [
+        lambda: _spec.check_seed(seed),
+        lambda: _spec.stream_key(seed, _spec.TAG_SIGNS),
+        lambda: _spec.sign_bits(seed, 8),
+        lambda: _spec.signs(seed, 8),
+        lambda: _spec.srht_rows(seed, 2, 8),
+        lambda: _spec.randk_indices(seed, 2, 8),
+        lambda: _spec.uniforms(seed, _spec.TAG_WANGNI, 3),
+        lambda: _spec.derive_round_seed(seed, 0, "a"),
+        lambda: _spec.derive_round_seed(0, seed, "a"),
+        lambda: _spec.derive_round_seed(0, 0, "a", seed),
+        lambda: rpsagg.srht_matrix(seed, 2, 8),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError, match=r"seed must be (an integer )?in \[0, 2\^64\)"):
+            call()
+
+
+@pytest.mark.parametrize(
+    ("args", "pattern"),
+    [
+        ((0, 5, 4), r"k must be in \[1, d\]"),
+        ((0, 0, 4), r"k must be in \[1, d\]"),
+        ((0, -1, 4), r"k must be in \[1, d\]"),
+        ((0, 1, 0), r"d must be >= 1"),
+        ((0, 1, -3), r"d must be >= 1"),
+    ],
+)
+def test_srht_matrix_rejects_bad_dims(args: tuple[int, int, int], pattern: str) -> None:
+    with pytest.raises(ValueError, match=pattern):
+        rpsagg.srht_matrix(*args)
+
+
+def test_spec_rejects_bad_dims() -> None:
+    with pytest.raises(ValueError, match=r"k must be in \[1, bound\]"):
+        _spec.srht_rows(0, 9, 8)
+    with pytest.raises(ValueError, match=r"k must be in \[1, bound\]"):
+        _spec.randk_indices(0, 0, 5)
+    with pytest.raises(ValueError, match=r"k must be in \[1, bound\]"):
+        _spec.randk_indices(0, 6, 5)
+    with pytest.raises(ValueError, match=r"bound must be >= 1"):
+        _spec.randk_indices(0, 1, 0)
+    with pytest.raises(ValueError, match=r"d_pad must be >= 1"):
+        _spec.sign_bits(0, 0)
+    for bad in (0, -4, True, 2.0):
+        with pytest.raises(ValueError, match=r"d must be an integer >= 1"):
+            _spec.padded_dim(bad)  # type: ignore[arg-type]
+    assert [_spec.padded_dim(d) for d in (1, 2, 3, 4, 5, 100, 1024, 1025)] == [
+        1,
+        2,
+        4,
+        4,
+        8,
+        128,
+        1024,
+        2048,
+    ]
