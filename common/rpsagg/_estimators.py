@@ -12,7 +12,7 @@ from typing import Self
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from rpsagg._beta import rps_beta, spatial_beta
+from rpsagg._beta import BetaEstimate, rps_beta, spatial_beta
 from rpsagg._decode import DEFAULT_RTOL, SolveInfo, joint_solve
 from rpsagg._encoded import Encoded
 from rpsagg._spec import (
@@ -324,7 +324,7 @@ class RandProjSpatial(Estimator, _SpatialMixin):
     def _beta(self, n_prime: int) -> float:
         return rps_beta(n_prime, self.k, self.d_pad, self.transform.c_for(n_prime)).beta
 
-    def beta_details(self, n_prime: int | None = None):  # type: ignore[no-untyped-def]
+    def beta_details(self, n_prime: int | None = None) -> BetaEstimate:
         """The :class:`~rpsagg._beta.BetaEstimate` behind ``beta_for(n_prime)``."""
         n_prime = self.n if n_prime is None else n_prime
         self.beta_for(n_prime)
