@@ -42,7 +42,7 @@ Metric events (:class:`MetricEvent` ``kind`` values):
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -200,7 +200,7 @@ class ServerState:
     _current: int | None = None
     _clients: dict[str, ClientView] = field(default_factory=dict)
     _job: JobView | None = None
-    _counters: Counter[str] = field(default_factory=Counter)
+    _counters: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     _listeners: list[Listener] = field(default_factory=list)
 
     # -- read API --------------------------------------------------------------------------

@@ -1,0 +1,243 @@
+"""``AggregationClient``: join, follow rounds, encode and submit locally, fetch results.
+
+Every call has a deadline; UNAVAILABLE (and, for the idempotent calls, DEADLINE_EXCEEDED)
+is retried with exponential backoff and full jitter until ``retry_budget`` seconds have
+passed. A retried Submit sends byte-identical bytes, which the server acknowledges again
+instead of treating as a second submission.
+
+Examples
+--------
+>>> client = AggregationClient("127.0.0.1:50051", "alice", insecure=True)  # doctest: +SKIP
+>>> client.join()                                                           # doctest: +SKIP
+>>> for rnd in client.rounds():                                             # doctest: +SKIP
+...     client.submit(rnd, my_gradient(rnd.global_state))
+...     result = client.result(rnd.round_id)
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+from numpy.typing import ArrayLike
+
+from rpsagg import Estimator, make_estimator
+from rpsagg._spec import derive_round_seed
+from rpsagg.v1 import serde
+from rpsagg.v1.serde import (
+    GetResultRequest,
+    GetRoundRequest,
+    JoinReply,
+    JoinRequest,
+    RoundEvent,
+    RoundInfo,
+    RoundResult,
+    Submission,
+    SubmitReply,
+    VectorPayload,
+    WatchRequest,
+)
+
+log = logging.getLogger("rpsagg.client")
+T = TypeVar("T")
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
+
+
+class AggregationClient:
+    """A client of the rpsagg aggregation service.
+
+    Parameters
+    ----------
+    target : str
+        ``HOST:PORT`` of the server.
+    client_id : str
+        This client's id (1..128 characters of ``[A-Za-z0-9._-]``).
+    token : str, optional
+        Sent as ``authorization: Bearer <token>`` on every call.
+    tls_ca : str, optional
+        PEM file of the CA that signed the server's certificate (TLS). Without it and
+        without ``insecure`` the system roots are used.
+    tls_cert, tls_key : str, optional
+        Client certificate and key (mTLS).
+    insecure : bool
+        Plain-text channel (explicit; development only).
+    timeout : float
+        Deadline of each call in seconds (``result(wait=True)`` uses ``wait_timeout``).
+    retry_budget : float
+        Seconds to keep retrying UNAVAILABLE before giving up.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        client_id: str,
+        *,
+        token: str | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        insecure: bool = False,
+        timeout: float = 10.0,
+        wait_timeout: float = 60.0,
+        retry_budget: float = 60.0,
+        backoff: float = 0.1,
+        max_backoff: float = 3.0,
+    ) -> None:
+        self.target = target
+        self.client_id = client_id
+        self.timeout = timeout
+        self.wait_timeout = wait_timeout
+        self.retry_budget = retry_budget
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.index: int | None = None
+        self._metadata = () if token is None else (("authorization", f"Bearer {token}"),)
+        options = [("grpc.max_receive_message_length", 256 * 1024 * 1024),
+                   ("grpc.max_send_message_length", 256 * 1024 * 1024)]
+        if insecure:
+            self._channel = grpc.insecure_channel(target, options=options)
+        else:
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=Path(tls_ca).read_bytes() if tls_ca else None,
+                private_key=Path(tls_key).read_bytes() if tls_key else None,
+                certificate_chain=Path(tls_cert).read_bytes() if tls_cert else None,
+            )
+            self._channel = grpc.secure_channel(target, creds, options=options)
+        self._calls = {
+            name: self._channel.unary_unary(
+                serde.method_path(name), request_serializer=serde.serializer(name),
+                response_deserializer=serde.deserializer(name), _registered_method=True)
+            for name in ("Join", "GetRound", "Submit", "GetResult")
+        }
+        self._watch = self._channel.unary_stream(
+            serde.method_path("WatchRounds"), request_serializer=serde.serializer("WatchRounds"),
+            response_deserializer=serde.deserializer("WatchRounds"), _registered_method=True)
+        self._estimators: dict[tuple[str, int, int, int], Estimator] = {}
+
+    # -- plumbing --------------------------------------------------------------------------
+    def _call(self, name: str, request: Any, timeout: float | None = None,
+              retry_deadline: bool = True) -> Any:
+        give_up = time.monotonic() + self.retry_budget
+        attempt = 0
+        retry_on = RETRYABLE + ((grpc.StatusCode.DEADLINE_EXCEEDED,) if retry_deadline else ())
+        while True:
+            try:
+                return self._calls[name](request, timeout=timeout or self.timeout,
+                                         metadata=self._metadata)
+            except grpc.RpcError as exc:
+                code = exc.code()
+                if code not in retry_on or time.monotonic() >= give_up:
+                    raise
+                pause = random.uniform(0.0, min(self.max_backoff, self.backoff * 2**attempt))
+                attempt += 1
+                log.debug("[Client.%s] %s; retry %d in %.2fs", name, code.name, attempt, pause)
+                time.sleep(pause)
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._channel.close()
+
+    def __enter__(self) -> AggregationClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- API -------------------------------------------------------------------------------
+    def join(self) -> JoinReply:
+        """Join; sets :attr:`index` (this client's data shard among the n clients)."""
+        reply: JoinReply = self._call("Join", JoinRequest(self.client_id))
+        self.index = reply.client_index
+        return reply
+
+    def current_round(self) -> RoundInfo:
+        """The server's current round."""
+        info: RoundInfo = self._call("GetRound", GetRoundRequest())
+        return info
+
+    def encode(
+        self, rnd: RoundInfo, vectors: ArrayLike, client_seed: int | None = None
+    ) -> Submission:
+        """Encode ``vectors`` (shape ``(m, d)`` or ``(d,)``) for ``rnd`` with a fresh seed.
+
+        Vector ``j`` is encoded with ``derive_round_seed(client_seed, rnd.nonce,
+        client_id, j)``. In evaluation mode the raw vectors ride along as references.
+        """
+        xs = np.asarray(vectors, dtype=np.float64)
+        if xs.ndim == 1:
+            xs = xs[None, :]
+        if xs.shape != (rnd.m, rnd.d):
+            raise ValueError(f"round {rnd.round_id} expects vectors of shape ({rnd.m}, {rnd.d});"
+                             f" got {xs.shape}")
+        seed = secrets.randbits(64) if client_seed is None else client_seed
+        key = (rnd.scheme, rnd.n, rnd.k, rnd.d)
+        est = self._estimators.get(key)
+        if est is None:
+            est = self._estimators[key] = make_estimator(rnd.scheme, n=rnd.n, k=rnd.k, d=rnd.d)
+        payloads = []
+        for j, x in enumerate(xs):
+            enc = est.encode(x, derive_round_seed(seed, rnd.nonce, self.client_id, j))
+            payloads.append(VectorPayload(enc.values, enc.indices, x if rnd.eval else None))
+        return Submission(rnd.round_id, self.client_id, seed, tuple(payloads))
+
+    def submit(self, rnd: RoundInfo, vectors: ArrayLike) -> SubmitReply:
+        """Encode and submit; returns once the server has durably committed it."""
+        return self.submit_encoded(self.encode(rnd, vectors))
+
+    def submit_encoded(self, submission: Submission) -> SubmitReply:
+        """Submit an already encoded submission (retries resend identical bytes)."""
+        reply: SubmitReply = self._call("Submit", submission)
+        return reply
+
+    def result(self, round_id: int = 0, wait: bool = True,
+               timeout: float | None = None) -> RoundResult:
+        """A round's result; with ``wait`` blocks until it is done or failed."""
+        deadline = time.monotonic() + (timeout or self.wait_timeout)
+        while True:
+            left = max(0.5, deadline - time.monotonic())
+            res: RoundResult = self._call("GetResult", GetResultRequest(round_id, wait),
+                                          timeout=min(left, 30.0))
+            if not wait or res.state in ("done", "failed") or time.monotonic() >= deadline:
+                return res
+
+    def rounds(self, poll: float = 0.2) -> Iterator[RoundInfo]:
+        """Yield each new round this client has not seen, until the server's job is done.
+
+        After a yielded round, the next call waits for that round to finish (the caller
+        is expected to submit in between).
+        """
+        seen = 0
+        while True:
+            info = self.current_round()
+            if info.job_done:
+                return
+            if info.round_id > seen and info.state in ("open", "collecting"):
+                seen = info.round_id
+                yield info
+            elif info.round_id:
+                self.result(info.round_id, wait=True)
+            else:
+                time.sleep(poll)
+
+    def watch(self) -> Iterator[RoundEvent]:
+        """Stream round events (no deadline; ends when the job is done)."""
+        yield from self._watch(WatchRequest(), metadata=self._metadata)
+
+
+def with_retries(fn: Callable[[], T], attempts: int = 5) -> T:  # pragma: no cover - helper
+    """Call ``fn`` retrying UNAVAILABLE a few times (for one-off scripts)."""
+    for i in range(attempts):
+        try:
+            return fn()
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE or i == attempts - 1:
+                raise
+            time.sleep(0.1 * 2**i)
+    raise AssertionError("unreachable")

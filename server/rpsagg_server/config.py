@@ -1,0 +1,182 @@
+"""Server configuration from flags, environment variables and a TOML config file.
+
+Precedence: command-line flag > environment variable ``RPSAGG_<FLAG>`` (``--round-timeout``
+-> ``RPSAGG_ROUND_TIMEOUT``) > ``--config FILE`` (TOML, keys spelled like the flags with
+``-`` or ``_``) > default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from rpsagg import ESTIMATOR_NAMES
+from rpsagg.tasks import TASKS
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything the server needs; see ``rpsagg-server --help`` for each field."""
+
+    grpc_port: int = 50051
+    http_port: int = 8000
+    host: str = "[::]"
+    n: int = 10
+    k: int = 102
+    d: int = 1024
+    estimator: str = "rand-proj-spatial"
+    transform: str = "avg"
+    task: str = "power-iteration"
+    rounds: int = 10
+    round_timeout: float = 30.0
+    min_clients: int = 1
+    db: str = "rpsagg.db"
+    eval: bool = False
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    tokens: str | None = None
+    insecure: bool = False
+    data: str = "synthetic"
+    data_r: float = 0.0
+    seed: int = 0
+    lr: float = 0.1
+    centroids: int = 10
+    linger: float = 2.0
+    task_params: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.estimator not in ESTIMATOR_NAMES:
+            raise ValueError(f"--estimator must be one of {', '.join(ESTIMATOR_NAMES)}")
+        if self.task not in TASKS:
+            raise ValueError(f"--task must be one of {', '.join(TASKS)}; got {self.task!r}")
+        if not 1 <= self.k <= self.d:
+            raise ValueError(f"--k must be in [1, d] = [1, {self.d}]; got {self.k}")
+        if self.n < 1:
+            raise ValueError(f"--n must be >= 1; got {self.n}")
+        if not 1 <= self.min_clients <= self.n:
+            raise ValueError(f"--min-clients must be in [1, n]; got {self.min_clients}")
+        if self.rounds < 1:
+            raise ValueError(f"--rounds must be >= 1; got {self.rounds}")
+        if self.round_timeout <= 0:
+            raise ValueError(f"--round-timeout must be > 0; got {self.round_timeout}")
+        if not self.insecure:
+            if not (self.tls_cert and self.tls_key):
+                raise ValueError(
+                    "TLS is required: pass --tls-cert and --tls-key (or --insecure, explicitly, "
+                    "to run without TLS and tokens)"
+                )
+            if not self.tokens:
+                raise ValueError("--tokens FILE is required unless --insecure is given")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("--tls-cert and --tls-key go together")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ValueError("--tls-client-ca (mTLS) needs --tls-cert and --tls-key")
+
+    @property
+    def params(self) -> dict[str, float]:
+        """Task parameters sent to clients at join."""
+        out = {"lr": self.lr, "centroids": float(self.centroids), "data_r": self.data_r,
+               "seed": float(self.seed)}
+        out.update(self.task_params)
+        return out
+
+    def public_dict(self) -> dict[str, Any]:
+        """The configuration as a dict (paths included; token contents never are)."""
+        return asdict(self)
+
+
+_BOOL = {"eval", "insecure"}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="rpsagg-server",
+        description="Rand-Proj-Spatial aggregation server (gRPC). Every flag can also be set "
+        "with RPSAGG_<FLAG> or in a TOML --config file.",
+    )
+    p.add_argument("--config", help="TOML file with any of the options below")
+    helps = {
+        "grpc_port": "gRPC port (0 = any free port)",
+        "http_port": "dashboard HTTP port (0 disables it)",
+        "host": "address to bind",
+        "n": "number of clients",
+        "k": "floats per client per vector",
+        "d": "vector length",
+        "estimator": f"one of {', '.join(ESTIMATOR_NAMES)}",
+        "transform": "avg, max, one, auto (smoothed R_hat) or a number R",
+        "task": f"one of {', '.join(TASKS)}",
+        "rounds": "rounds (task steps) to run",
+        "round_timeout": "seconds from a round's first submission to its deadline",
+        "min_clients": "minimum arrivals to decode at the deadline",
+        "db": "SQLite database path (':memory:' keeps nothing)",
+        "eval": "evaluation mode: clients also send raw vectors; record squared errors",
+        "tls_cert": "PEM server certificate",
+        "tls_key": "PEM server key",
+        "tls_client_ca": "PEM CA bundle: require client certificates (mTLS)",
+        "tokens": "file of client tokens, one per line: 'TOKEN' or 'CLIENT_ID TOKEN'",
+        "insecure": "run without TLS and tokens (explicit; development only)",
+        "data": "data source the clients use: synthetic, fashion-mnist or ujiindoorloc",
+        "data_r": "correlation R of the synthetic data",
+        "seed": "seed of the initial task state and of the synthetic data",
+        "lr": "linreg learning rate",
+        "centroids": "kmeans: number of centroids (m)",
+        "linger": "seconds to keep serving after the job is done",
+    }
+    for f in fields(ServerConfig):
+        if f.name == "task_params":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if f.name in _BOOL:
+            p.add_argument(flag, action="store_true", default=None, help=helps[f.name])
+        else:
+            kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
+            p.add_argument(flag, type=kind, default=None, help=helps[f.name])
+    return p
+
+
+def _coerce(name: str, value: Any) -> Any:
+    f = {x.name: x for x in fields(ServerConfig)}[name]
+    t = str(f.type)
+    if name in _BOOL:
+        if isinstance(value, str):
+            return value.strip().lower() in ("1", "true", "yes", "on")
+        return bool(value)
+    if t.startswith("int"):
+        return int(value)
+    if t.startswith("float"):
+        return float(value)
+    return None if value is None else str(value)
+
+
+def load_config(
+    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+) -> ServerConfig:
+    """Parse flags, environment and config file into a validated :class:`ServerConfig`."""
+    env = os.environ if env is None else env
+    args = _parser().parse_args(argv)
+    names = [f.name for f in fields(ServerConfig) if f.name != "task_params"]
+    values: dict[str, Any] = {}
+    config_path = args.config or env.get("RPSAGG_CONFIG")
+    if config_path:
+        with Path(config_path).open("rb") as fh:
+            raw = tomllib.load(fh)
+        for key, val in raw.items():
+            name = key.replace("-", "_")
+            if name not in names:
+                raise ValueError(f"{config_path}: unknown option {key!r}")
+            values[name] = _coerce(name, val)
+    for name in names:
+        var = "RPSAGG_" + name.upper()
+        if var in env:
+            values[name] = _coerce(name, env[var])
+    for name in names:
+        val = getattr(args, name)
+        if val is not None:
+            values[name] = val
+    return ServerConfig(**values)

@@ -1,0 +1,190 @@
+"""A round in memory, its persistence form, its dashboard view, and submission checks."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from rpsagg import Estimator
+from rpsagg.v1.serde import Submission
+from rpsagg_server.config import ServerConfig
+from rpsagg_server.decoding import DecodeOutcome
+from rpsagg_server.state import EvalErrors, RoundView
+from rpsagg_server.store import StoredRound
+
+FloatArray = NDArray[np.float64]
+MAX_CLIENT_ID = 128
+
+
+class Rejected(Exception):
+    """A request the server refuses: a gRPC status name and a message saying why."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def check_client_id(client_id: str) -> None:
+    """Client ids are 1..128 characters of ``[A-Za-z0-9._-]``."""
+    ok = 1 <= len(client_id) <= MAX_CLIENT_ID and all(
+        ch.isascii() and (ch.isalnum() or ch in "._-") for ch in client_id
+    )
+    if not ok:
+        raise Rejected("INVALID_ARGUMENT",
+                       f"client_id must be 1..{MAX_CLIENT_ID} characters of [A-Za-z0-9._-]; "
+                       f"got {client_id!r}")
+
+
+def validate_submission(sub: Submission, cfg: ServerConfig, m: int) -> None:
+    """Check the shape and content of a submission against the job; raises :class:`Rejected`."""
+    bad = "INVALID_ARGUMENT"
+    if len(sub.vectors) != m:
+        raise Rejected(bad, f"expected m={m} vector(s) per submission for task {cfg.task!r}; "
+                       f"got {len(sub.vectors)}")
+    sends_indices = cfg.estimator in ("rand-k-wangni", "induced")
+    for j, v in enumerate(sub.vectors):
+        count = int(v.values.size)
+        if cfg.estimator == "full":
+            if count != cfg.d:
+                raise Rejected(bad, f"vectors[{j}] has {count} values; expected d={cfg.d}")
+        elif cfg.estimator == "rand-k-wangni":
+            if count > cfg.d:
+                raise Rejected(bad, f"vectors[{j}] has {count} values; at most d={cfg.d}")
+        elif count != cfg.k:
+            raise Rejected(bad, f"vectors[{j}] has {count} values; expected k={cfg.k}")
+        if not np.all(np.isfinite(v.values)):
+            raise Rejected(bad, f"vectors[{j}].values contains NaN or Inf")
+        if sends_indices:
+            if v.indices is None and count:
+                raise Rejected(bad, f"vectors[{j}] needs indices for {cfg.estimator}")
+            if v.indices is not None:
+                if v.indices.size != count:
+                    raise Rejected(bad, f"vectors[{j}] has {v.indices.size} indices for "
+                                   f"{count} values")
+                if v.indices.size and (v.indices.min() < 0 or v.indices.max() >= cfg.d):
+                    raise Rejected(bad, f"vectors[{j}] has indices outside [0, d) = "
+                                   f"[0, {cfg.d})")
+        elif v.indices is not None:
+            raise Rejected(bad, f"vectors[{j}] carries indices but {cfg.estimator} sends none")
+        if cfg.eval:
+            if v.reference is None:
+                raise Rejected(bad, f"vectors[{j}] lacks its reference vector (the server "
+                               "runs in evaluation mode)")
+            if v.reference.size != cfg.d:
+                raise Rejected(bad, f"vectors[{j}].reference has {v.reference.size} values; "
+                               f"expected d={cfg.d}")
+            if not np.all(np.isfinite(v.reference)):
+                raise Rejected(bad, f"vectors[{j}].reference contains NaN or Inf")
+        elif v.reference is not None:
+            raise Rejected(bad, f"vectors[{j}] carries a reference vector but the server is "
+                           "not in evaluation mode")
+
+
+@dataclass(eq=False)
+class LiveRound:
+    """Mutable round record owned by the engine."""
+
+    round_id: int
+    nonce: int
+    task_step: int
+    transform: str
+    r_prior: float | None
+    global_state: FloatArray
+    opened_at: float
+    state: str = "open"
+    reason: str = ""
+    first_at: float | None = None
+    deadline: float | None = None
+    closed_at: float | None = None
+    finished_at: float | None = None
+    next_state: FloatArray | None = None
+    outcome: DecodeOutcome | None = None
+    estimator: Estimator | None = None
+    subs: dict[str, Submission] = field(default_factory=dict)
+    received_at: dict[str, float] = field(default_factory=dict)
+    pending: dict[str, tuple[bytes, asyncio.Future[None]]] = field(default_factory=dict)
+    timer: asyncio.TimerHandle | None = None
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+
+    # -- persistence -----------------------------------------------------------------------
+    def stored(self) -> StoredRound:
+        """The row to commit."""
+        o = self.outcome
+        info: dict[str, Any] = {
+            "first_at": self.first_at, "deadline": self.deadline, "closed_at": self.closed_at,
+            "finished_at": self.finished_at,
+        }
+        if o is not None:
+            info.update(n_prime=o.n_prime, beta=o.beta, c=_json_float(o.c), seconds=o.seconds,
+                        r_hat=_json_float(o.r_hat), eval_errors=o.eval_errors,
+                        shape=list(o.estimate.shape))
+        gs = np.ascontiguousarray(self.global_state, dtype="<f8")
+        return StoredRound(
+            self.round_id, self.nonce, self.state, self.reason, self.task_step, self.transform,
+            self.r_prior, gs.tobytes(), tuple(gs.shape), self.opened_at, info,
+            None if o is None else np.ascontiguousarray(o.estimate, dtype="<f8").tobytes(),
+            None if self.next_state is None
+            else np.ascontiguousarray(self.next_state, dtype="<f8").tobytes(),
+        )
+
+    @classmethod
+    def from_stored(cls, r: StoredRound, cfg: ServerConfig, m: int) -> LiveRound:
+        """Rebuild a round from its row (submissions are loaded separately)."""
+        gs = np.frombuffer(r.global_state, dtype="<f8").astype(np.float64).reshape(r.global_shape)
+        info = r.info
+        live = cls(r.round_id, r.nonce, r.task_step, r.transform, r.r_prior, gs, r.opened_at,
+                   r.state, r.reason, info.get("first_at"), info.get("deadline"),
+                   info.get("closed_at"), info.get("finished_at"))
+        if r.next_state is not None:
+            live.next_state = np.frombuffer(r.next_state, dtype="<f8").astype(
+                np.float64).reshape(gs.shape)
+        if r.estimate is not None:
+            est = np.frombuffer(r.estimate, dtype="<f8").astype(np.float64)
+            ev = info.get("eval_errors")
+            live.outcome = DecodeOutcome(
+                est.reshape(info.get("shape", [m, cfg.d])), int(info["n_prime"]),
+                float(info["beta"]), _from_json_float(info["c"]), float(info["seconds"]),
+                _from_json_float(info["r_hat"]), None if ev is None else tuple(ev),
+            )
+        return live
+
+    # -- dashboard view --------------------------------------------------------------------
+    def view(self, cfg: ServerConfig, clients: dict[str, int]) -> RoundView:
+        """Snapshot for :class:`~rpsagg_server.state.ServerState`."""
+        arrived = tuple(sorted(self.subs, key=lambda c: clients.get(c, 0)))
+        missing = tuple(c for c in sorted(clients, key=clients.__getitem__)
+                        if c not in self.subs)
+        o = self.outcome
+        m = max(1, len(next(iter(self.subs.values())).vectors)) if self.subs else 1
+        ev = None
+        if o is not None and o.eval_errors is not None:
+            ev = EvalErrors(*o.eval_errors)
+        return RoundView(
+            round_id=self.round_id, state=self.state, reason=self.reason, nonce=self.nonce,
+            scheme=cfg.estimator, transform=self.transform, task_step=self.task_step,
+            opened_at=self.opened_at, first_submission_at=self.first_at,
+            deadline_at=self.deadline, closed_at=self.closed_at, finished_at=self.finished_at,
+            clients_expected=cfg.n, clients_arrived=arrived, clients_missing=missing,
+            payload_bytes=sum(s.payload_bytes for s in self.subs.values()),
+            wire_bytes=sum(s.wire_bytes for s in self.subs.values()),
+            raw_float32_bytes=len(self.subs) * m * cfg.d * 4,
+            decode_seconds=None if o is None else o.seconds,
+            c=None if o is None or math.isnan(o.c) else o.c,
+            beta=None if o is None else o.beta,
+            r_hat=None if o is None or math.isnan(o.r_hat) else o.r_hat,
+            r_prior=self.r_prior, eval_errors=ev,
+        )
+
+
+def _json_float(x: float) -> float | None:
+    return None if math.isnan(x) else x
+
+
+def _from_json_float(x: float | None) -> float:
+    return math.nan if x is None else float(x)

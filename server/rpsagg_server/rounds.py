@@ -1,0 +1,450 @@
+"""The round engine: joins, round lifecycle, durable submissions, decoding, recovery.
+
+Lifecycle of a round: ``open`` (no submission yet) -> ``collecting`` (first submission
+committed; the deadline ``--round-timeout`` seconds later starts running) -> ``decoding``
+(all n submitted, or the deadline passed with at least ``--min-clients``) -> ``done``, or
+``failed`` with a reason (too few arrivals at the deadline, or a decode error). A failed
+round is followed by a new round on the same task state.
+
+Every state change is committed to the :class:`~rpsagg_server.store.Store` before it is
+acknowledged. After a crash the last round resumes with every committed submission (a
+collecting round gets a fresh deadline); finished rounds stay queryable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import secrets
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from rpsagg import CorrelationTracker, Estimator, make_estimator
+from rpsagg.tasks import Task, make_task
+from rpsagg.v1 import serde
+from rpsagg.v1.serde import (
+    Contributor,
+    JoinReply,
+    RoundEvent,
+    RoundInfo,
+    RoundResult,
+    Submission,
+    SubmitReply,
+)
+from rpsagg_server.config import ServerConfig
+from rpsagg_server.decoding import DecodeOutcome, decode_round
+from rpsagg_server.live import LiveRound, Rejected, validate_submission
+from rpsagg_server.state import ClientView, JobView, ServerState
+from rpsagg_server.store import (
+    Store,
+    StoredSubmission,
+    op_client,
+    op_meta,
+    op_round,
+    op_submission,
+)
+
+log = logging.getLogger("rpsagg.server")
+SPATIAL = ("rand-k-spatial", "rand-proj-spatial")
+CONFIG_KEYS = ("n", "k", "d", "estimator", "transform", "task", "eval")
+
+
+class RoundEngine:
+    """Owns the rounds of one job; every method runs on the server's event loop.
+
+    Parameters
+    ----------
+    config : ServerConfig
+    store : Store
+    state : ServerState
+        Read model for the dashboard; updated on every change.
+    """
+
+    def __init__(self, config: ServerConfig, store: Store, state: ServerState) -> None:
+        self.cfg = config
+        self.store = store
+        self.state = state
+        self.task: Task = make_task(config.task, config.d, config.params)
+        self.m = self.task.m
+        self.tracker = CorrelationTracker() if config.transform == "auto" else None
+        self._base = self._make_estimator(None)
+        self.clients: dict[str, int] = {}
+        self._joining: dict[str, asyncio.Future[int]] = {}
+        self.current: LiveRound | None = None
+        self.results: dict[int, RoundResult] = {}
+        self.steps_done = 0
+        self.job_done = False
+        self._watchers: list[asyncio.Queue[RoundEvent]] = []
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rpsagg-decode")
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.done_event = asyncio.Event()
+
+    # -- set-up ----------------------------------------------------------------------------
+    def _make_estimator(self, prior: float | None) -> Estimator:
+        c = self.cfg
+        if c.estimator not in SPATIAL:
+            return make_estimator(c.estimator, n=c.n, k=c.k, d=c.d)
+        transform: str | float = c.transform
+        if transform not in ("avg", "max", "one", "auto"):
+            transform = float(transform)
+        return make_estimator(c.estimator, n=c.n, k=c.k, d=c.d, transform=transform,
+                              prior_r=prior if transform == "auto" else None)
+
+    def _transform_label(self, est: Estimator) -> str:
+        tr = getattr(est, "transform", None)
+        return "none" if tr is None else str(tr.label())
+
+    async def start(self) -> None:
+        """Recover from the store (or start a fresh job) and open the current round."""
+        saved = self.store.get_meta("config")
+        mine = {k: getattr(self.cfg, k) for k in CONFIG_KEYS}
+        if saved is not None:
+            theirs = json.loads(saved)
+            diff = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}
+            if diff:
+                detail = ", ".join(f"{k}={a!r} (now {b!r})" for k, (a, b) in diff.items())
+                raise ValueError(
+                    f"database {self.cfg.db} belongs to a job with other settings: {detail}")
+        else:
+            self.store.write_sync([op_meta("config", json.dumps(mine))])
+        for cid, idx, joined in self.store.clients():
+            self.clients[cid] = idx
+            self.state._put_client(ClientView(cid, idx, joined))
+        frac = self.store.get_meta("tracker_fraction")
+        if self.tracker is not None and frac is not None:
+            self.tracker.fraction = json.loads(frac)
+        self.job_done = self.store.get_meta("job_done") == "1"
+        last = None
+        for stored in self.store.rounds():
+            live = LiveRound.from_stored(stored, self.cfg, self.m)
+            if live.state == "done":
+                self.steps_done += 1
+            self.results[live.round_id] = self._result(live)
+            self.state._put_round(live.view(self.cfg, self.clients), current=False, emit=False)
+            last = live
+        if last is not None and last.state in ("open", "collecting", "decoding"):
+            await self._resume(last)
+        elif not self.job_done:
+            state = (self.task.initial_state(self.cfg.seed) if last is None
+                     else np.asarray(last.next_state if last.next_state is not None
+                                     else last.global_state))
+            await self._open_round(state, (last.round_id if last else 0) + 1)
+        self._publish_job()
+
+    async def _resume(self, live: LiveRound) -> None:
+        live.estimator = self._make_estimator(live.r_prior)
+        for s in self.store.submissions(live.round_id):
+            live.subs[s.client_id] = serde.decode_submission(s.payload)
+            live.received_at[s.client_id] = s.received_at
+        log.info("[Engine] resuming round %d (%s) with %d committed submissions",
+                 live.round_id, live.state, len(live.subs))
+        self.current = live
+        if live.state == "decoding" or len(live.subs) >= self.cfg.n:
+            live.state = "collecting"
+            self._spawn(self._close(live, "recovered"))
+        elif live.subs:
+            live.deadline = time.time() + self.cfg.round_timeout
+            self._arm_deadline(live)
+        self.state._put_round(live.view(self.cfg, self.clients), current=True)
+
+    # -- joins -----------------------------------------------------------------------------
+    async def join(self, client_id: str) -> JoinReply:
+        """Register ``client_id``; its index is stable across re-joins and restarts."""
+        if client_id in self.clients:
+            idx = self.clients[client_id]
+        elif client_id in self._joining:
+            idx = await self._joining[client_id]
+        else:
+            taken = len(self.clients) + len(self._joining)
+            if taken >= self.cfg.n:
+                raise Rejected("RESOURCE_EXHAUSTED",
+                               f"all n={self.cfg.n} client slots are taken; "
+                               f"client {client_id!r} cannot join")
+            fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            self._joining[client_id] = fut
+            now = time.time()
+            try:
+                await self.store.write([op_client(client_id, taken, now)])
+            except BaseException as exc:
+                fut.set_exception(exc)
+                fut.exception()
+                raise
+            finally:
+                del self._joining[client_id]
+            fut.set_result(taken)
+            idx = taken
+            self.clients[client_id] = idx
+            self.state._put_client(ClientView(client_id, idx, now))
+            log.info("[Engine.Join] client %s -> index %d", client_id, idx)
+            if self.current is not None:
+                self.state._put_round(self.current.view(self.cfg, self.clients), current=True)
+        hint = self.cfg.data if self.cfg.data != "synthetic" else f"synthetic:r={self.cfg.data_r}"
+        return JoinReply(idx, self.cfg.n, self.cfg.task, hint, self.cfg.params)
+
+    # -- rounds ----------------------------------------------------------------------------
+    def round_info(self) -> RoundInfo:
+        """The current round (``job_done`` when there is none)."""
+        live = self.current
+        c = self.cfg
+        if live is None:
+            return RoundInfo(0, 0, c.estimator, c.n, c.k, c.d, "", c.task, self.m, None,
+                             "unspecified", 0, c.eval, self.job_done, self.steps_done)
+        return RoundInfo(
+            live.round_id, live.nonce, c.estimator, c.n, c.k, c.d, live.transform, c.task,
+            self.m, live.global_state, live.state,
+            0 if live.deadline is None else int(live.deadline * 1000), c.eval, False,
+            live.task_step,
+        )
+
+    async def _open_round(self, global_state: np.ndarray, round_id: int) -> None:
+        prior = None if self.tracker is None else self.tracker.prior(self.cfg.n)
+        est = self._make_estimator(prior)
+        live = LiveRound(
+            round_id=round_id, nonce=secrets.randbits(64), task_step=self.steps_done,
+            transform=self._transform_label(est), r_prior=prior,
+            global_state=np.asarray(global_state, dtype=np.float64), opened_at=time.time(),
+        )
+        live.estimator = est
+        self.current = live
+        self.state._put_round(live.view(self.cfg, self.clients), current=True)
+        self._broadcast(RoundEvent(round_id, "open"))
+        log.info("[Engine] round %d open (step %d, transform %s)", round_id, live.task_step,
+                 live.transform)
+
+    async def submit(self, sub: Submission) -> SubmitReply:
+        """Validate, commit durably, then acknowledge; closes the round when all n are in."""
+        live = self.current
+        if sub.client_id not in self.clients:
+            raise Rejected("FAILED_PRECONDITION",
+                           f"client {sub.client_id!r} has not joined; call Join first")
+        if live is None or sub.round_id != live.round_id:
+            self._reject_round(sub.round_id)
+        assert live is not None
+        if live.state not in ("open", "collecting"):
+            raise Rejected("FAILED_PRECONDITION",
+                           f"round {live.round_id} is closed ({live.state}); "
+                           "no more submissions")
+        prior = live.subs.get(sub.client_id)
+        if prior is not None:
+            if prior.digest == sub.digest:
+                self.state._emit("submission", "duplicate")
+                return SubmitReply(live.round_id, len(live.subs), True)
+            raise Rejected("ALREADY_EXISTS",
+                           f"client {sub.client_id!r} already submitted a different "
+                           f"submission in round {live.round_id}")
+        pending = live.pending.get(sub.client_id)
+        if pending is not None:
+            digest, fut = pending
+            if digest != sub.digest:
+                raise Rejected("ALREADY_EXISTS",
+                               f"client {sub.client_id!r} already submitted a different "
+                               f"submission in round {live.round_id}")
+            await asyncio.shield(fut)
+            self.state._emit("submission", "duplicate")
+            return SubmitReply(live.round_id, len(live.subs), True)
+        validate_submission(sub, self.cfg, self.m)
+        fut = asyncio.get_running_loop().create_future()
+        live.pending[sub.client_id] = (sub.digest, fut)
+        now = time.time()
+        ops = [op_submission(StoredSubmission(live.round_id, sub.client_id, sub.client_seed,
+                                              sub.digest, serde.encode_submission(sub), now))]
+        first = live.first_at is None
+        if first:
+            live.first_at = now
+            live.deadline = now + self.cfg.round_timeout
+            live.state = "collecting"
+            ops.append(op_round(live.stored()))
+        try:
+            await self.store.write(ops)
+        except BaseException as exc:
+            del live.pending[sub.client_id]
+            if first:
+                live.first_at = live.deadline = None
+                live.state = "open"
+            fut.set_exception(exc)
+            fut.exception()
+            raise
+        del live.pending[sub.client_id]
+        live.subs[sub.client_id] = sub
+        live.received_at[sub.client_id] = now
+        fut.set_result(None)
+        if first:
+            self._arm_deadline(live)
+        self.state._emit("submission", "ok")
+        self.state._emit("bytes_received", "wire", float(sub.wire_bytes))
+        self.state._emit("bytes_received", "payload", float(sub.payload_bytes))
+        self.state._put_round(live.view(self.cfg, self.clients), current=True)
+        received = len(live.subs)
+        if received >= self.cfg.n and live.state == "collecting":
+            self._spawn(self._close(live, "all clients submitted"))
+        return SubmitReply(live.round_id, received, False)
+
+    def _reject_round(self, round_id: int) -> None:
+        if round_id in self.results:
+            r = self.results[round_id]
+            raise Rejected("FAILED_PRECONDITION",
+                           f"round {round_id} is finished ({r.state}); no more submissions")
+        cur = "none" if self.current is None else str(self.current.round_id)
+        if self.job_done:
+            raise Rejected("FAILED_PRECONDITION", f"round {round_id}: the job is done")
+        raise Rejected("NOT_FOUND", f"unknown round {round_id} (current round: {cur})")
+
+    def _arm_deadline(self, live: LiveRound) -> None:
+        assert live.deadline is not None
+        delay = max(0.0, live.deadline - time.time())
+        loop = asyncio.get_running_loop()
+        live.timer = loop.call_later(delay, lambda: self._spawn(self._close(live, "deadline")))
+
+    def _spawn(self, coro: object) -> None:
+        task = asyncio.ensure_future(coro)  # type: ignore[call-overload]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _close(self, live: LiveRound, why: str) -> None:
+        if live.state != "collecting" or self.current is not live:
+            return
+        live.state = "decoding"
+        if live.timer is not None:
+            live.timer.cancel()
+        live.closed_at = time.time()
+        self.state._put_round(live.view(self.cfg, self.clients), current=True)
+        self._broadcast(RoundEvent(live.round_id, "decoding", why, received=len(live.subs)))
+        if live.pending:  # acked-to-be writes that passed validation before the close
+            await asyncio.gather(*(f for _, f in list(live.pending.values())),
+                                 return_exceptions=True)
+        if len(live.subs) < self.cfg.min_clients:
+            await self._finish(live, None, f"{why}: {len(live.subs)} of the minimum "
+                               f"{self.cfg.min_clients} clients submitted")
+            return
+        subs = sorted(live.subs.values(), key=lambda s: self.clients[s.client_id])
+        assert live.estimator is not None
+        est = live.estimator
+        loop = asyncio.get_running_loop()
+        try:
+            outcome = await loop.run_in_executor(
+                self._executor,
+                lambda: decode_round(est, subs, live.nonce, self.m, tracker=self.tracker,
+                                     evaluate=self.cfg.eval),
+            )
+        except Exception as exc:  # a decode error fails the round, never the server
+            log.exception("[Engine] round %d decode failed", live.round_id)
+            await self._finish(live, None, f"decode error: {exc}")
+            return
+        await self._finish(live, outcome, "")
+
+    async def _finish(self, live: LiveRound, outcome: DecodeOutcome | None, reason: str) -> None:
+        live.finished_at = time.time()
+        ops = []
+        if outcome is None:
+            live.state, live.reason = "failed", reason
+            next_state = live.global_state
+            log.warning("[Engine] round %d failed: %s", live.round_id, reason)
+        else:
+            live.state = "done"
+            live.outcome = outcome
+            next_state = self.task.apply(live.global_state, outcome.estimate)
+            live.next_state = np.asarray(next_state, dtype=np.float64)
+            self.steps_done += 1
+            self.state._emit("decode_seconds", "", outcome.seconds)
+            log.info("[Engine] round %d done: n'=%d decode %.3fs", live.round_id,
+                     outcome.n_prime, outcome.seconds)
+        job_done = self.steps_done >= self.cfg.rounds
+        ops.append(op_round(live.stored()))
+        if self.tracker is not None:
+            ops.append(op_meta("tracker_fraction", json.dumps(self.tracker.fraction)))
+        if job_done:
+            ops.append(op_meta("job_done", "1"))
+        await self.store.write(ops)
+        self.job_done = job_done
+        self.results[live.round_id] = self._result(live)
+        self.state._put_round(live.view(self.cfg, self.clients), current=False)
+        self.current = None
+        live.finished.set()
+        self._broadcast(RoundEvent(live.round_id, live.state, live.reason, job_done,
+                                   len(live.subs)))
+        if job_done:
+            log.info("[Engine] job done after %d steps", self.steps_done)
+            self.done_event.set()
+        else:
+            await self._open_round(next_state, live.round_id + 1)
+        self._publish_job()
+
+    def _publish_job(self) -> None:
+        prior = None if self.tracker is None else self.tracker.prior(self.cfg.n)
+        self.state._set_job(JobView(self.cfg.task, self.steps_done, self.cfg.rounds,
+                                    self.job_done, prior))
+
+    # -- results ---------------------------------------------------------------------------
+    def _result(self, live: LiveRound) -> RoundResult:
+        o = live.outcome
+        nan = math.nan
+        ev = o.eval_errors if o is not None and o.eval_errors is not None else (nan, nan, nan)
+        contributors = tuple(
+            Contributor(s.client_id, s.client_seed)
+            for s in sorted(live.subs.values(), key=lambda s: self.clients.get(s.client_id, 0))
+        ) if live.state == "done" else ()
+        return RoundResult(
+            live.round_id, live.state, live.reason, None if o is None else o.estimate,
+            live.next_state if live.state == "done" else live.global_state,
+            0 if o is None else o.n_prime, nan if o is None else o.beta,
+            nan if o is None else o.c, nan if o is None else o.seconds, contributors,
+            nan if o is None else o.r_hat, ev[0], ev[1], ev[2],
+            self.job_done and live.state in ("done", "failed"), live.nonce, live.transform,
+        )
+
+    async def result(self, round_id: int, wait: bool, timeout: float | None) -> RoundResult:
+        """A round's result; with ``wait``, block (up to ``timeout``) until it finishes."""
+        if round_id == 0:
+            if self.results:
+                return self.results[max(self.results)]
+            if self.current is None:
+                raise Rejected("NOT_FOUND", "no round has finished yet")
+            round_id = self.current.round_id
+        if round_id in self.results and not (
+            self.current is not None and self.current.round_id == round_id
+        ):
+            return self.results[round_id]
+        live = self.current
+        if live is None or live.round_id != round_id:
+            cur = "none" if live is None else str(live.round_id)
+            raise Rejected("NOT_FOUND", f"unknown round {round_id} (current round: {cur})")
+        if wait:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(live.finished.wait(), timeout)
+        if round_id in self.results:
+            return self.results[round_id]
+        return self._result(live)
+
+    async def watch(self) -> AsyncIterator[RoundEvent]:
+        """Round events from now on; ends after the job-done event."""
+        q: asyncio.Queue[RoundEvent] = asyncio.Queue()
+        self._watchers.append(q)
+        try:
+            if self.job_done:
+                yield RoundEvent(0, "done", "job done", True)
+                return
+            while True:
+                ev = await q.get()
+                yield ev
+                if ev.job_done:
+                    return
+        finally:
+            self._watchers.remove(q)
+
+    def _broadcast(self, ev: RoundEvent) -> None:
+        for q in self._watchers:
+            q.put_nowait(ev)
+
+    async def close(self) -> None:
+        """Cancel timers and background work (the store is closed by the caller)."""
+        if self.current is not None and self.current.timer is not None:
+            self.current.timer.cancel()
+        for t in list(self._tasks):
+            t.cancel()
+        self._executor.shutdown(wait=False, cancel_futures=True)
