@@ -207,14 +207,14 @@ def print_tables(enc: list[EncodeRow], dec: list[DecodeRow]) -> None:
         print("\nDecode (rand-proj-spatial; times exclude beta, which is computed first)")
         head = (
             f"{'n':>4} {'k':>4} {'d':>6} {'T':>4} {'solver':>15} {'it':>4} {'beta s':>8} "
-            f"{'beta src':>12} {'decode s':>9} {'dense s':>8} {'speedup':>8} {'rel diff':>9}"
+            f"{'beta src':>13} {'decode s':>9} {'dense s':>8} {'speedup':>8} {'rel diff':>9}"
         )
         print(head)
         for r in dec:
             src = "cache" if r.beta_cached else r.beta_method
             print(
                 f"{r.n:>4} {r.k:>4} {r.d:>6} {r.transform:>4} {r.solve:>15} {r.iterations:>4} "
-                f"{r.beta_seconds:>8.2f} {src:>12} {r.decode_s:>9.4f} {_fmt(r.dense_s, '8.2f'):>8} "
+                f"{r.beta_seconds:>8.2f} {src:>13} {r.decode_s:>9.4f} {_fmt(r.dense_s, '8.2f'):>8} "
                 f"{_fmt(r.speedup, '8.1f'):>8} {_fmt(r.rel_diff, '9.1e'):>9}"
             )
     print("\nTargets")

@@ -9,6 +9,8 @@ pin it down. NumPy ``Generator`` streams are never used for these quantities.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -108,7 +110,10 @@ def sample_distinct(seed: int, tag: int, k: int, bound: int) -> NDArray[np.int64
         raise ValueError(f"k must be in [1, bound]; got k={k}, bound={bound}")
     key = stream_key(seed, tag)
     m = (bound - 1).bit_length()
-    batch = max(64, 2 * k)
+    # First batch: the expected number of words for k distinct accepted values, plus 10%.
+    # (Any batch size gives the same result; this one usually needs a single pass.)
+    expected = (1 << m) * (math.log(bound + 0.5) - math.log(bound - k + 0.5))
+    batch = int(1.1 * expected) + 64
     drawn = np.empty(0, dtype=np.uint64)
     while True:
         words = stream_words(key, drawn.size, batch)
