@@ -759,3 +759,19 @@ def test_spec_rejects_bad_dims() -> None:
         1024,
         2048,
     ]
+
+
+def test_worked_example_of_the_document() -> None:
+    # docs/wire-format.md, section 9: seed 1, d = 5 (d' = 8), k = 3, x = [1, 2, 3, 4, 5]
+    assert _spec.stream_key(1, _spec.TAG_SIGNS) == 0x46CD1D801095F9F8
+    assert _spec.sign_bits(1, 8).tolist() == [0, 1, 1, 0, 0, 1, 0, 0]
+    assert _spec.srht_rows(1, 3, 8).tolist() == [5, 7, 1]
+    assert _spec.randk_indices(1, 3, 5).tolist() == [3, 0, 2]
+    assert _spec.sample_distinct(1, _spec.TAG_INDUCED, 2, 5).tolist() == [1, 2]
+    assert _spec.uniforms(1, _spec.TAG_WANGNI, 1)[0] == 0.5218696010989519
+    est = rpsagg.make_estimator("rand-proj-spatial", n=2, k=3, d=5)
+    y = est.encode([1.0, 2.0, 3.0, 4.0, 5.0], seed=1).values
+    assert y.view(np.uint32).tolist() == [0xC04BA592, 0x3FE24630, 0x3EB504F3]
+    assert _spec.client_id_word("client-0") == 0x16C2885525297D11
+    assert _spec.derive_round_seed(1, 2, "client-0", 0) == 0xDDFC6760C0D058EA
+    assert _spec.derive_round_seed(1, 2, "client-0", 1) == 0xC5E9BBF600EA0398
