@@ -19,6 +19,8 @@ Read API (all methods are cheap, synchronous, and return frozen snapshots):
 - :meth:`ServerState.job` -- :class:`JobView`: task, steps done, rounds planned, done flag,
   smoothed R_hat.
 - :meth:`ServerState.counters` -- cumulative metric counters (see below) as a dict.
+- :meth:`ServerState.readiness` -- readiness checks by name (``database``, ``grpc``) and
+  whether each passes now (registered by the server with ``_add_check``).
 - :meth:`ServerState.add_listener` -- ``fn(event: MetricEvent)`` is called synchronously on
   the event loop for every metric event (keep it fast; for Prometheus, increment there).
 
@@ -202,6 +204,7 @@ class ServerState:
     _job: JobView | None = None
     _counters: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     _listeners: list[Listener] = field(default_factory=list)
+    _checks: dict[str, Callable[[], bool]] = field(default_factory=dict)
 
     # -- read API --------------------------------------------------------------------------
     def config(self) -> dict[str, Any]:
@@ -243,6 +246,16 @@ class ServerState:
         """Call ``fn(event)`` for every future metric event."""
         self._listeners.append(fn)
 
+    def readiness(self) -> dict[str, bool]:
+        """Readiness checks by name (``database``, ``grpc``); a check that raises fails."""
+        out = {}
+        for name, check in self._checks.items():
+            try:
+                out[name] = bool(check())
+            except Exception:
+                out[name] = False
+        return out
+
     # -- written by the engine -------------------------------------------------------------
     def _emit(self, kind: str, label: str = "", value: float = 1.0) -> None:
         if kind == "submission":
@@ -278,3 +291,6 @@ class ServerState:
 
     def _set_job(self, job: JobView) -> None:
         self._job = job
+
+    def _add_check(self, name: str, check: Callable[[], bool]) -> None:
+        self._checks[name] = check
