@@ -1,0 +1,88 @@
+"""The dashboard's ASGI app: JSON API, ``/metrics``, health probes and the page at ``/``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CollectorRegistry, make_asgi_app
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+import rpsagg
+from rpsagg_server.http import routes_health, routes_rounds, routes_status
+from rpsagg_server.http.metrics import ServerMetrics
+from rpsagg_server.state import ServerState
+
+log = logging.getLogger("rpsagg.server")
+STATIC = Path(__file__).resolve().parent / "static"
+
+
+class _Mounted:
+    """An ASGI app as a route endpoint (so ``/metrics`` answers without a redirect)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+
+def create_app(state: ServerState, registry: CollectorRegistry | None = None) -> FastAPI:
+    """Build the HTTP app of a server.
+
+    Parameters
+    ----------
+    state : ServerState
+        The running server's read model (the app never writes to it).
+    registry : CollectorRegistry, optional
+        Where the server's metrics are registered and what ``/metrics`` exposes; a new
+        registry when omitted (never the process-global default one).
+
+    Returns
+    -------
+    FastAPI
+        Routes: ``/`` (dashboard page), ``/static/*``, ``/api/status``, ``/api/rounds``,
+        ``/api/rounds/{id}``, ``/healthz``, ``/readyz``, ``/metrics``, ``/docs``. The
+        lifespan starts counting the state's metric events at start-up and stops at
+        shutdown.
+    """
+    registry = CollectorRegistry() if registry is None else registry
+    metrics = ServerMetrics(state, registry)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        metrics.attach()
+        log.info("[HTTP] dashboard app started")
+        try:
+            yield
+        finally:
+            metrics.detach()
+            log.info("[HTTP] dashboard app stopped")
+
+    app = FastAPI(
+        title="rpsagg server",
+        version=rpsagg.__version__,
+        summary="Round status, bytes and squared errors of a Rand-Proj-Spatial aggregation "
+        "server; Prometheus metrics at /metrics.",
+        lifespan=lifespan,
+    )
+    app.state.server_state = state
+    app.state.metrics = metrics
+    app.include_router(routes_status.router)
+    app.include_router(routes_rounds.router)
+    app.include_router(routes_health.router)
+    app.router.routes.append(
+        Route("/metrics", _Mounted(make_asgi_app(registry)), include_in_schema=False))
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.get("/", include_in_schema=False)
+    def index() -> FileResponse:
+        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+    return app

@@ -1,0 +1,31 @@
+"""``GET /api/status``: configuration, current round, clients, uptime, spec versions."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from rpsagg_server.http import schemas
+from rpsagg_server.http.deps import StateDep
+
+router = APIRouter(prefix="/api", tags=["status"])
+
+
+@router.get("/status", response_model=schemas.Status, summary="What the server is doing now")
+def get_status(state: StateDep) -> schemas.Status:
+    """Configuration (scheme, transform, n, k, d, task, ...), the current round and its
+    state, the clients that joined, the task's progress, uptime and spec versions."""
+    current = state.current_round()
+    newest = state.rounds(limit=1)
+    clients = state.clients()
+    job = state.job()
+    return schemas.Status(
+        config=schemas.from_config(state.config()),
+        current_round=None if current is None else schemas.from_round(current),
+        latest_round=schemas.from_round(newest[0]) if newest else None,
+        clients_joined=len(clients),
+        clients=[schemas.from_client(c) for c in clients],
+        job=None if job is None else schemas.from_job(job),
+        uptime_seconds=state.uptime_seconds(),
+        started_at=state.started_at,
+        versions=schemas.versions(),
+    )

@@ -1,0 +1,162 @@
+// Live dashboard: polls the JSON API and redraws (see /docs for the endpoints).
+"use strict";
+
+const POLL_MS = 1000;
+const ROUNDS_SHOWN = 200;
+const TABLE_ROWS = 15;
+const css = (name) => getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+const $ = (id) => document.getElementById(id);
+
+function fmtBytes(b) {
+  if (b === null || b === undefined) return "–";
+  const units = ["B", "KiB", "MiB", "GiB"];
+  let i = 0;
+  while (b >= 1024 && i < units.length - 1) { b /= 1024; i++; }
+  return (i === 0 ? b : b.toFixed(b < 10 ? 2 : 1)) + " " + units[i];
+}
+function fmtNum(x) {
+  if (x === null || x === undefined) return "–";
+  if (x === 0) return "0";
+  const a = Math.abs(x);
+  return a >= 1e4 || a < 1e-3 ? x.toExponential(2) : String(Number(x.toPrecision(3)));
+}
+function fmtDuration(s) {
+  s = Math.floor(s);
+  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), r = s % 60;
+  return (h ? h + "h " : "") + (h || m ? m + "m " : "") + r + "s";
+}
+
+function renderConfig(st) {
+  const c = st.config;
+  const rows = [
+    ["scheme", c.scheme], ["transform", c.transform], ["n · k · d", `${c.n} · ${c.k} · ${c.d}`],
+    ["task", c.task], ["evaluation", c.evaluation ? "on" : "off (MSE unknown)"],
+    ["clients joined", `${st.clients_joined} of ${c.n}`],
+  ];
+  const dl = $("config");
+  dl.textContent = "";
+  for (const [k, v] of rows) {
+    const dt = document.createElement("dt"); dt.textContent = k;
+    const dd = document.createElement("dd"); dd.textContent = v;
+    dl.append(dt, dd);
+  }
+  $("eval-off").hidden = c.evaluation;
+  const v = st.versions;
+  $("versions").textContent = `${v.protocol} · ${v.seed_spec} · rpsagg ${v.rpsagg}`;
+  $("uptime").textContent = fmtDuration(st.uptime_seconds);
+}
+
+function renderRound(st) {
+  const r = st.current_round || st.latest_round;
+  const job = st.job;
+  if (!r) {
+    $("round-id").textContent = "–";
+    $("round-state").textContent = "waiting";
+    return;
+  }
+  $("round-id").textContent = r.round_id;
+  document.body.dataset.round = r.round_id;
+  const stateEl = $("round-state");
+  stateEl.textContent = st.current_round ? r.state : (job && job.done ? "job done" : r.state);
+  stateEl.className = "state " + r.state;
+  const arrived = r.clients.arrived.length, expected = r.clients.expected;
+  $("progress-bar").style.width = Math.min(100, (100 * arrived) / Math.max(1, expected)) + "%";
+  $("round-progress").textContent = `${arrived} of ${expected} clients arrived`;
+  const dl = r.timestamps.deadline;
+  $("round-deadline").textContent = st.current_round && dl && r.state === "collecting"
+    ? `· deadline in ${Math.max(0, Math.round(dl - Date.now() / 1000))} s` : "";
+  $("job-line").textContent = job
+    ? `task step ${job.steps_done} of ${job.rounds_planned}` + (job.done ? " · job done" : "")
+    : "";
+}
+
+function renderCharts(st, rounds) {
+  const asc = rounds.slice().reverse();
+  const done = asc.filter((r) => r.state === "done");
+  const finished = asc.filter((r) => r.state === "done" || r.state === "failed");
+  const pt = (r, y, what) => ({ x: r.round_id, y, title: `round ${r.round_id}: ${what}` });
+
+  const mseSeries = [
+    { key: "estimate", label: st.config.scheme, color: css("--s0"),
+      points: done.filter((r) => r.squared_error)
+        .map((r) => pt(r, r.squared_error.estimate, fmtNum(r.squared_error.estimate))) },
+    { key: "rand_k", label: "rand-k", color: css("--s1"), dashed: true,
+      points: done.filter((r) => r.squared_error)
+        .map((r) => pt(r, r.squared_error.rand_k, fmtNum(r.squared_error.rand_k))) },
+    { key: "rand_k_spatial", label: "rand-k-spatial", color: css("--s2"), dashed: true,
+      points: done.filter((r) => r.squared_error)
+        .map((r) => pt(r, r.squared_error.rand_k_spatial,
+                       fmtNum(r.squared_error.rand_k_spatial))) },
+  ];
+  drawLegend($("mse-legend"), mseSeries);
+  drawLogChart($("mse-chart"), mseSeries, {
+    empty: st.config.evaluation ? "no finished round yet"
+      : "evaluation mode is off: the squared error is unknown",
+  });
+
+  const bytesSeries = [
+    { key: "wire", label: "received (wire)", color: css("--s0"),
+      points: finished.map((r) => pt(r, r.bytes.wire, fmtBytes(r.bytes.wire))) },
+    { key: "payload", label: "payload", color: css("--s2"),
+      points: finished.map((r) => pt(r, r.bytes.payload, fmtBytes(r.bytes.payload))) },
+    { key: "raw", label: "raw float32 vectors", color: css("--s3"), dashed: true,
+      points: finished.map((r) => pt(r, r.bytes.raw_float32, fmtBytes(r.bytes.raw_float32))) },
+  ];
+  drawLegend($("bytes-legend"), bytesSeries);
+  drawLogChart($("bytes-chart"), bytesSeries, { yFormat: fmtBytes });
+}
+
+function renderTable(rounds) {
+  const body = document.querySelector("#rounds-table tbody");
+  body.textContent = "";
+  for (const r of rounds.slice(0, TABLE_ROWS)) {
+    const tr = document.createElement("tr");
+    tr.dataset.round = r.round_id;
+    const se = r.squared_error;
+    const cells = [
+      r.round_id, r.state + (r.reason ? ` (${r.reason})` : ""),
+      `${r.clients.arrived.length}/${r.clients.expected}`, fmtBytes(r.bytes.wire),
+      r.bytes.wire_fraction_of_raw === null ? "–"
+        : (100 * r.bytes.wire_fraction_of_raw).toFixed(1) + "%",
+      fmtNum(r.decode_seconds), fmtNum(r.beta), fmtNum(r.r_hat),
+      se ? fmtNum(se.estimate) : "unknown",
+    ];
+    cells.forEach((v, i) => {
+      const td = document.createElement("td");
+      td.textContent = v;
+      if (i === 1) td.className = "state " + r.state;
+      tr.appendChild(td);
+    });
+    body.appendChild(tr);
+  }
+}
+
+async function getJSON(path) {
+  const res = await fetch(path, { cache: "no-store" });
+  if (!res.ok) throw new Error(`${path}: HTTP ${res.status}`);
+  return res.json();
+}
+
+async function tick() {
+  const conn = $("conn");
+  try {
+    const [st, page] = await Promise.all([
+      getJSON("/api/status"), getJSON(`/api/rounds?limit=${ROUNDS_SHOWN}`),
+    ]);
+    renderConfig(st);
+    renderRound(st);
+    renderCharts(st, page.rounds);
+    renderTable(page.rounds);
+    conn.textContent = "live";
+    conn.className = "pill live";
+    document.body.dataset.updated = String(Date.now());
+  } catch (err) {
+    conn.textContent = "disconnected";
+    conn.className = "pill down";
+    conn.title = String(err);
+  } finally {
+    setTimeout(tick, POLL_MS);
+  }
+}
+
+tick();
