@@ -222,7 +222,8 @@ class AggregationClient:
                 seen = info.round_id
                 yield info
             elif info.round_id:
-                self.result(info.round_id, wait=True)
+                if self.result(info.round_id, wait=True).job_done:
+                    return
             else:
                 time.sleep(poll)
 

@@ -48,6 +48,7 @@ class ServerConfig:
     lr: float = 0.1
     centroids: int = 10
     linger: float = 2.0
+    port_file: str | None = None
     task_params: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -126,7 +127,8 @@ def _parser() -> argparse.ArgumentParser:
         "seed": "seed of the initial task state and of the synthetic data",
         "lr": "linreg learning rate",
         "centroids": "kmeans: number of centroids (m)",
-        "linger": "seconds to keep serving after the job is done",
+        "linger": "seconds to keep serving after the job is done (negative: until signalled)",
+        "port_file": "write the bound gRPC port to this file once serving (for --grpc-port 0)",
     }
     for f in fields(ServerConfig):
         if f.name == "task_params":

@@ -24,6 +24,7 @@ from grpc_health.v1._async import HealthServicer
 
 from rpsagg.v1 import serde
 from rpsagg_server.config import ServerConfig, load_config
+from rpsagg_server.http import create_app
 from rpsagg_server.rounds import RoundEngine
 from rpsagg_server.servicer import AggregationServicer, TokenBook
 from rpsagg_server.state import ServerState
@@ -55,9 +56,11 @@ class RunningServer:
     store: Store
     health: HealthServicer
     port: int
+    serving: bool = True
 
     async def stop(self, grace: float = 1.0) -> None:
         """Stop serving (in-flight calls get ``grace`` seconds) and close the database."""
+        self.serving = False
         await self.health.enter_graceful_shutdown()
         await self.grpc_server.stop(grace)
         await self.engine.close()
@@ -108,7 +111,10 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("[Server] listening on %s:%d (%s), max request %d bytes", cfg.host, port,
              "TLS" if creds else "insecure", limit)
-    return RunningServer(server, engine, state, store, health, port), port
+    running = RunningServer(server, engine, state, store, health, port)
+    state._add_check("database", lambda: store.get_meta("config") is not None)
+    state._add_check("grpc", lambda: running.serving)
+    return running, port
 
 
 async def serve(
@@ -132,9 +138,13 @@ async def serve(
         import uvicorn  # optional: the dashboard's dependency
 
         app = http_app_factory(running.state)
-        uv = uvicorn.Server(uvicorn.Config(app, host="0.0.0.0", port=cfg.http_port,
+        uv = uvicorn.Server(uvicorn.Config(app, host=cfg.host.strip("[]"), port=cfg.http_port,
                                            log_level="warning", lifespan="on"))
         http_task = asyncio.ensure_future(uv.serve())
+    if cfg.port_file:
+        tmp = Path(cfg.port_file + ".tmp")
+        tmp.write_text(f"{running.port}\n")
+        tmp.replace(cfg.port_file)
     if ready is not None:
         ready(running)
 
@@ -150,7 +160,11 @@ async def serve(
     finally:
         done_task.cancel()
         if http_task is not None:
-            http_task.cancel()
+            uv.should_exit = True  # let the app's lifespan shut down
+            try:
+                await asyncio.wait_for(http_task, 5.0)
+            except (TimeoutError, asyncio.CancelledError):
+                http_task.cancel()
         log.info("[Server] stopping")
         await running.stop()
 
@@ -171,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rpsagg-server: {exc}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(serve(cfg))
+        asyncio.run(serve(cfg, http_app_factory=create_app))
     except ValueError as exc:
         print(f"rpsagg-server: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,191 @@
+"""Helpers for the service tests: certificates, in-process servers, server subprocesses."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import ipaddress
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from rpsagg import make_estimator
+from rpsagg.v1 import serde
+from rpsagg_server.config import ServerConfig
+from rpsagg_server.decoding import messages
+from rpsagg_server.server import RunningServer, create_server
+from rpsagg_server.store import Store
+
+PY = sys.executable
+
+
+@dataclass(frozen=True)
+class Certs:
+    """PEM files of a test CA, a server certificate and a client certificate."""
+
+    ca: str
+    server_cert: str
+    server_key: str
+    client_cert: str
+    client_key: str
+
+
+def make_certs(directory: Path) -> Certs:
+    """A fresh CA with a server cert (localhost, 127.0.0.1, ::1) and a client cert."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = dt.datetime.now(dt.UTC)
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+        return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                 serialization.NoEncryption())
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (x509.CertificateBuilder().subject_name(name("rpsagg test CA"))
+          .issuer_name(name("rpsagg test CA")).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now)
+          .not_valid_after(now + dt.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+
+    def leaf(cn: str, sans: list[x509.GeneralName]) -> tuple[bytes, bytes]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (x509.CertificateBuilder().subject_name(name(cn)).issuer_name(ca.subject)
+                .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                .not_valid_before(now).not_valid_after(now + dt.timedelta(days=1))
+                .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+                .sign(ca_key, hashes.SHA256()))
+        return cert.public_bytes(serialization.Encoding.PEM), key_pem(key)
+
+    server_sans: list[x509.GeneralName] = [
+        x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        x509.IPAddress(ipaddress.ip_address("::1")),
+    ]
+    s_cert, s_key = leaf("rpsagg-server", server_sans)
+    c_cert, c_key = leaf("rpsagg-client", [x509.DNSName("rpsagg-client")])
+    files = {
+        "ca.pem": ca.public_bytes(serialization.Encoding.PEM), "server.pem": s_cert,
+        "server.key": s_key, "client.pem": c_cert, "client.key": c_key,
+    }
+    for fname, data in files.items():
+        (directory / fname).write_bytes(data)
+    p = str(directory)
+    return Certs(f"{p}/ca.pem", f"{p}/server.pem", f"{p}/server.key", f"{p}/client.pem",
+                 f"{p}/client.key")
+
+
+def base_config(**changes: object) -> ServerConfig:
+    """A small insecure in-memory job on loopback, any free port."""
+    cfg = ServerConfig(grpc_port=0, http_port=0, host="127.0.0.1", n=4, k=8, d=128,
+                       task="mean", rounds=3, round_timeout=30.0, db=":memory:", insecure=True,
+                       linger=-1)
+    return replace(cfg, **changes)  # type: ignore[arg-type]
+
+
+class InProcessServer:
+    """A server on its own event loop in a background thread."""
+
+    def __init__(self, cfg: ServerConfig) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.running: RunningServer
+        self.running, self.port = self.call(create_server(cfg))
+
+    def call(self, coro: object) -> object:
+        """Run a coroutine on the server's loop and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(60)  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        """Stop the server and its loop."""
+        try:
+            self.call(self.running.stop(0.2))
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+
+
+@contextmanager
+def in_process_server(cfg: ServerConfig) -> Iterator[InProcessServer]:
+    """Context manager around :class:`InProcessServer`."""
+    srv = InProcessServer(cfg)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def server_command(args: Sequence[str]) -> list[str]:
+    """The argv that runs ``rpsagg-server`` with ``args``."""
+    return [PY, "-m", "rpsagg_server.server", *args]
+
+
+def client_command(args: Sequence[str]) -> list[str]:
+    """The argv that runs ``rpsagg-client`` with ``args``."""
+    return [PY, "-m", "rpsagg_client.cli", *args]
+
+
+def wait_port_file(path: Path, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> int:
+    """Wait until a server subprocess wrote its port; fails if it died."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if path.exists():
+            return int(path.read_text())
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        time.sleep(0.05)
+    raise TimeoutError("server did not report its port")
+
+
+def kill_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGKILL every process still running and reap it."""
+    for p in procs:
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGKILL)
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def check_rounds_against_inprocess(db: str, n: int, k: int, d: int, scheme: str) -> int:
+    """Every done round's stored estimate vs ``Estimator.decode`` in-process; returns count.
+
+    Messages are rebuilt from the committed submissions (client seed, values) with
+    ``derive_round_seed``; the decode runs with a fresh estimator in this process.
+    """
+    store = Store(db)
+    try:
+        clients = {cid: idx for cid, idx, _ in store.clients()}
+        checked = 0
+        for r in store.rounds():
+            if r.state != "done":
+                continue
+            assert r.estimate is not None
+            subs = [serde.decode_submission(s.payload) for s in store.submissions(r.round_id)]
+            subs.sort(key=lambda s: clients[s.client_id])
+            got = np.frombuffer(r.estimate, dtype="<f8").reshape(len(subs[0].vectors), d)
+            est = make_estimator(scheme, n=n, k=k, d=d)
+            for j in range(got.shape[0]):
+                want = est.decode(messages(subs, r.nonce, scheme, k, d, j))
+                assert np.max(np.abs(got[j] - want)) <= 1e-12, (r.round_id, j)
+            checked += 1
+        return checked
+    finally:
+        store.close()
