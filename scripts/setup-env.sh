@@ -11,7 +11,7 @@ cd "$root"
 deb_packages=()
 case "$role" in
   run) ;;
-  test) ;;
+  test) deb_packages+=(chromium chromium-driver) ;;  # the dashboard's real-browser test
   *) echo "usage: $0 run|test" >&2; exit 2 ;;
 esac
 
