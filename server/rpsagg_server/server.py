@@ -35,15 +35,16 @@ HttpAppFactory = Callable[[ServerState], Any]
 
 
 def max_request_bytes(cfg: ServerConfig, m: int) -> int:
-    """Largest legal request: m vectors of values (+ indices) (+ float64 reference) + slack.
-
-    gRPC rejects anything larger with RESOURCE_EXHAUSTED before it reaches the servicer.
+    """Request size limit: m vectors of values (+ indices) (+ float64 reference), plus 25% and
+    4 KiB of slack, so a slightly wrong submission still reaches validation and gets a
+    precise INVALID_ARGUMENT, while anything far larger is refused by gRPC with
+    RESOURCE_EXHAUSTED before it is buffered or parsed.
     """
     values = cfg.d if cfg.estimator in ("full", "rand-k-wangni") else cfg.k
     indices = values if cfg.estimator in ("rand-k-wangni", "induced") else 0
     reference = 8 * cfg.d if cfg.eval else 0
     per_vector = 4 * values + 4 * indices + reference + 32
-    return m * per_vector + 1024
+    return int(1.25 * (m * per_vector + 1024)) + 4096
 
 
 @dataclass

@@ -1,0 +1,91 @@
+"""Acceptance 6: TLS with a CA made in the test, tokens, mTLS; and secure-by-default config."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import pytest
+from service_util import Certs, base_config, in_process_server, make_certs
+
+from rpsagg_client import AggregationClient
+from rpsagg_server.config import ServerConfig, load_config
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Certs, str]]:
+    tmp = tmp_path_factory.mktemp("tls")
+    (tmp / "tokens").write_text("# test tokens\nshared-secret\nc1 tok-c1\n")
+    yield make_certs(tmp), str(tmp / "tokens")
+
+
+def _tls_cfg(certs: Certs, tokens: str, mtls: bool = False) -> ServerConfig:
+    return replace(base_config(), insecure=False, tls_cert=certs.server_cert,
+                   tls_key=certs.server_key, tokens=tokens,
+                   tls_client_ca=certs.ca if mtls else None)
+
+
+def test_tls_with_token_joins_and_without_token_is_unauthenticated(
+    certs: tuple[Certs, str]
+) -> None:
+    c, tokens = certs
+    with in_process_server(_tls_cfg(c, tokens)) as srv:
+        target = f"localhost:{srv.port}"
+        with AggregationClient(target, "c0", token="shared-secret", tls_ca=c.ca) as ok:
+            assert ok.join().client_index == 0
+            assert ok.current_round().round_id == 1
+        for token, code in ((None, grpc.StatusCode.UNAUTHENTICATED),
+                            ("wrong", grpc.StatusCode.UNAUTHENTICATED),
+                            ("tok-c1", grpc.StatusCode.PERMISSION_DENIED)):
+            with AggregationClient(target, "c2", token=token, tls_ca=c.ca,
+                                   retry_budget=0) as bad:
+                with pytest.raises(grpc.RpcError) as info:
+                    bad.join()
+                assert info.value.code() == code
+                if code == grpc.StatusCode.UNAUTHENTICATED:
+                    with pytest.raises(grpc.RpcError) as info:
+                        bad.current_round()
+                    assert info.value.code() == code
+        # a plain-text client cannot talk to the TLS port
+        with AggregationClient(target, "c0", token="shared-secret", insecure=True,
+                               retry_budget=0, timeout=3) as plain:
+            with pytest.raises(grpc.RpcError) as info:
+                plain.join()
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert [cl.client_id for cl in srv.running.state.clients()] == ["c0"]
+
+
+def test_mtls_requires_a_client_certificate(certs: tuple[Certs, str]) -> None:
+    c, tokens = certs
+    with in_process_server(_tls_cfg(c, tokens, mtls=True)) as srv:
+        target = f"localhost:{srv.port}"
+        with AggregationClient(target, "c0", token="shared-secret", tls_ca=c.ca,
+                               retry_budget=0, timeout=3) as nocert:
+            with pytest.raises(grpc.RpcError) as info:
+                nocert.join()
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        with AggregationClient(target, "c0", token="shared-secret", tls_ca=c.ca,
+                               tls_cert=c.client_cert, tls_key=c.client_key) as withcert:
+            assert withcert.join().client_index == 0
+
+
+def test_secure_by_default_configuration(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="TLS is required"):
+        load_config([], env={})
+    with pytest.raises(ValueError, match="--tokens FILE is required"):
+        load_config(["--tls-cert", "a", "--tls-key", "b"], env={})
+    cfg = load_config(["--insecure"], env={})
+    assert cfg.insecure and cfg.grpc_port == 50051 and cfg.http_port == 8000
+
+
+def test_config_precedence_flag_env_file(tmp_path: Path) -> None:
+    conf = tmp_path / "server.toml"
+    conf.write_text('insecure = true\nn = 7\nk = 5\nround-timeout = 9.5\ntask = "kmeans"\n')
+    env = {"RPSAGG_CONFIG": str(conf), "RPSAGG_K": "6", "RPSAGG_EVAL": "true"}
+    cfg = load_config(["--n", "8"], env=env)
+    assert (cfg.n, cfg.k, cfg.round_timeout, cfg.task, cfg.eval) == (8, 6, 9.5, "kmeans", True)
+    conf.write_text("bogus = 1\n")
+    with pytest.raises(ValueError, match="unknown option 'bogus'"):
+        load_config([], env=env)
