@@ -31,7 +31,7 @@ function xTicks(lo, hi, maxTicks) {
  * Every drawn point is a <circle class="pt" data-series=key data-round=x>.
  */
 function drawLogChart(svg, series, opts) {
-  const W = 640, H = 260, L = 58, R = 14, T = 12, B = 30;
+  const W = 640, H = 300, L = 70, R = 14, T = 12, B = 34;
   while (svg.firstChild) svg.removeChild(svg.firstChild);
   const pts = series.flatMap((s) => s.points.filter((p) => p.y > 0 && isFinite(p.y)));
   if (pts.length === 0) {
@@ -46,15 +46,26 @@ function drawLogChart(svg, series, opts) {
   if (e0 === e1) { e0 -= 1; e1 += 1; }
   const px = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
   const py = (v) => T + (1 - (Math.log10(v) - e0) / (e1 - e0)) * (H - T - B);
+  const fmt = (e, m) => {
+    const v = m * Math.pow(10, e);
+    if (opts.yFormat) return opts.yFormat(v);
+    return m === 1 ? decadeLabel(e) : String(Number(v.toPrecision(1)));
+  };
   const stepE = Math.max(1, Math.ceil((e1 - e0) / 6));
   for (let e = e0; e <= e1; e += stepE) {
     const y = py(Math.pow(10, e));
     svg.appendChild(svgEl("line", { x1: L, x2: W - R, y1: y, y2: y, class: "grid" }));
-    svg.appendChild(svgEl("text", { x: L - 6, y: y + 4, "text-anchor": "end" },
-                          opts.yFormat ? opts.yFormat(Math.pow(10, e)) : decadeLabel(e)));
+    svg.appendChild(svgEl("text", { x: L - 6, y: y + 4, "text-anchor": "end" }, fmt(e, 1)));
+    if (e1 - e0 <= 2 && e < e1) {  // few decades: minor lines at 2 and 5
+      for (const m of [2, 5]) {
+        const ym = py(m * Math.pow(10, e));
+        svg.appendChild(svgEl("line", { x1: L, x2: W - R, y1: ym, y2: ym, class: "minor" }));
+        svg.appendChild(svgEl("text", { x: L - 6, y: ym + 4, "text-anchor": "end" }, fmt(e, m)));
+      }
+    }
   }
   for (const x of xTicks(Math.ceil(x0), Math.floor(x1), 8)) {
-    svg.appendChild(svgEl("text", { x: px(x), y: H - B + 16, "text-anchor": "middle" }, x));
+    svg.appendChild(svgEl("text", { x: px(x), y: H - B + 18, "text-anchor": "middle" }, x));
   }
   svg.appendChild(svgEl("line", { x1: L, x2: L, y1: T, y2: H - B, class: "axis" }));
   svg.appendChild(svgEl("line", { x1: L, x2: W - R, y1: H - B, y2: H - B, class: "axis" }));

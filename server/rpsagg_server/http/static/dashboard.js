@@ -7,12 +7,12 @@ const TABLE_ROWS = 15;
 const css = (name) => getComputedStyle(document.documentElement).getPropertyValue(name).trim();
 const $ = (id) => document.getElementById(id);
 
-function fmtBytes(b) {
+function fmtBytes(b) {  // SI units, so the log axis' decades read 1 kB, 10 kB, ...
   if (b === null || b === undefined) return "–";
-  const units = ["B", "KiB", "MiB", "GiB"];
+  const units = ["B", "kB", "MB", "GB"];
   let i = 0;
-  while (b >= 1024 && i < units.length - 1) { b /= 1024; i++; }
-  return (i === 0 ? b : b.toFixed(b < 10 ? 2 : 1)) + " " + units[i];
+  while (b >= 1000 && i < units.length - 1) { b /= 1000; i++; }
+  return String(Number(b.toPrecision(3))) + " " + units[i];
 }
 function fmtNum(x) {
   if (x === null || x === undefined) return "–";
@@ -88,7 +88,7 @@ function renderCharts(st, rounds) {
         .map((r) => pt(r, r.squared_error.rand_k_spatial,
                        fmtNum(r.squared_error.rand_k_spatial))) },
   ];
-  drawLegend($("mse-legend"), mseSeries);
+  drawLegend($("mse-legend"), st.config.evaluation ? mseSeries : []);
   drawLogChart($("mse-chart"), mseSeries, {
     empty: st.config.evaluation ? "no finished round yet"
       : "evaluation mode is off: the squared error is unknown",

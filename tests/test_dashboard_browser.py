@@ -1,0 +1,209 @@
+"""The dashboard page in a real browser while client processes run rounds.
+
+Headless Debian Chromium (``/usr/bin/chromium``) driven by Selenium through the matching
+``/usr/bin/chromedriver`` (``scripts/setup-env.sh test`` installs both) loads ``/`` from a
+live ``rpsagg-server`` subprocess on loopback. Screenshots go to ``test-output/`` at the
+repository root (the README's image is a copy of ``test-output/dashboard.png``).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from service_util import client_command, kill_all, server_command, wait_port_file
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+OUTPUT = Path(__file__).resolve().parents[1] / "test-output"
+N, K, D, ROUNDS = 4, 16, 256, 8
+
+pytestmark = pytest.mark.skipif(
+    not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
+    reason="needs Debian's chromium and chromium-driver (/usr/bin/chromium, "
+    "/usr/bin/chromedriver); scripts/setup-env.sh test installs them as root",
+)
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago (uvicorn needs a fixed --http-port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as res:
+        return json.load(res)
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = str(CHROMIUM)
+    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+                f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1280,900"):
+        opts.add_argument(arg)
+    driver = webdriver.Chrome(options=opts, service=Service(str(CHROMEDRIVER)))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+class LiveServer:
+    """An ``rpsagg-server`` subprocess with the dashboard on a loopback port."""
+
+    def __init__(self, tmp_path: Path, *flags: str) -> None:
+        self.http_port = free_port()
+        port_file = tmp_path / "grpc-port"
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.server = subprocess.Popen(server_command([
+            "--insecure", "--host", "127.0.0.1", "--grpc-port", "0",
+            "--http-port", str(self.http_port), "--n", str(N), "--k", str(K), "--d", str(D),
+            "--task", "mean", "--data-r", "3", "--rounds", str(ROUNDS),
+            "--round-timeout", "120", "--db", str(tmp_path / "server.db"), "--linger", "-1",
+            "--port-file", str(port_file), *flags,
+        ]), stderr=subprocess.PIPE)
+        self.procs.append(self.server)
+        self.grpc_port = wait_port_file(port_file, self.server)
+        self.url = f"http://127.0.0.1:{self.http_port}"
+
+    def start_client(self, i: int) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(client_command([
+            "--server", f"127.0.0.1:{self.grpc_port}", "--client-id", f"client-{i}",
+            "--insecure",
+        ]), stderr=subprocess.PIPE)
+        self.procs.append(proc)
+        return proc
+
+    def api(self, path: str) -> Any:
+        return get_json(self.url + path)
+
+    def close(self) -> None:
+        kill_all(self.procs)
+
+
+def wait_for(driver: Any, what: str, cond: Any, timeout: float = 40.0) -> Any:
+    """Poll ``cond(driver)`` until it is truthy (``timeout`` bounds the wait only)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(driver, timeout, poll_frequency=0.1,
+                         ignored_exceptions=[StaleElementReferenceException])
+    return wait.until(cond, message=what)
+
+
+# The page redraws once a second, so reads go through one script each (no stale elements).
+def text_of(driver: Any, element_id: str) -> str:
+    text: str = driver.execute_script(
+        "return document.getElementById(arguments[0]).textContent.trim()", element_id)
+    return text
+
+
+def points(driver: Any, chart: str, series: str) -> list[int]:
+    """Round ids of the points drawn for ``series`` in the SVG chart ``chart``."""
+    rounds: list[str] = driver.execute_script(
+        "return Array.from(document.querySelectorAll("
+        "`#${arguments[0]} circle.pt[data-series='${arguments[1]}']`), "
+        "(c) => c.getAttribute('data-round'))", chart, series)
+    return sorted(int(r) for r in rounds)
+
+
+def table_rounds(driver: Any) -> list[int]:
+    """Round ids of the rows of the recent-rounds table, top to bottom."""
+    rounds: list[str] = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#rounds-table tbody tr'), "
+        "(r) => r.dataset.round)")
+    return [int(r) for r in rounds]
+
+
+def is_visible(driver: Any, element_id: str) -> bool:
+    shown: bool = driver.execute_script(
+        "const e = document.getElementById(arguments[0]);"
+        "return !e.hidden && e.getClientRects().length > 0", element_id)
+    return shown
+
+
+@pytest.mark.timeout(120)
+def test_page_follows_rounds_live_and_charts_every_finished_round(
+    browser: Any, tmp_path: Path
+) -> None:
+    server = LiveServer(tmp_path, "--eval")
+    try:
+        browser.get(server.url + "/")
+        wait_for(browser, "page connected", lambda d: text_of(d, "conn") == "live")
+        assert text_of(browser, "round-id") == "1"
+        assert text_of(browser, "round-state").lower() == "open"
+        assert not is_visible(browser, "eval-off")
+
+        # All clients but one: round 1 collects and the page shows its progress.
+        first = [server.start_client(i) for i in range(N - 1)]
+        wait_for(browser, "progress of round 1",
+                 lambda d: text_of(d, "round-progress") == f"{N - 1} of {N} clients arrived")
+        assert text_of(browser, "round-id") == "1"
+        assert text_of(browser, "round-state").lower() == "collecting"
+        assert points(browser, "mse-chart", "estimate") == []
+
+        # The last client arrives: the rounds run to the end of the job.
+        last = server.start_client(N - 1)
+        wait_for(browser, "round number advances", lambda d: int(text_of(d, "round-id")) > 1)
+        for proc in [*first, last]:
+            _, err = proc.communicate(timeout=90)
+            assert proc.returncode == 0, err.decode()[-2000:]
+        rounds = server.api(f"/api/rounds?limit={ROUNDS + 5}")["rounds"]
+        done = sorted(r["round_id"] for r in rounds if r["state"] == "done")
+        assert done == list(range(1, ROUNDS + 1))
+        wait_for(browser, "last round shown",
+                 lambda d: text_of(d, "round-id") == str(ROUNDS)
+                 and "job done" in text_of(d, "round-state").lower())
+        wait_for(browser, "a point per finished round",
+                 lambda d: points(d, "mse-chart", "estimate") == done)
+        for series in ("rand_k", "rand_k_spatial"):
+            assert points(browser, "mse-chart", series) == done
+        for series in ("wire", "payload", "raw"):
+            assert points(browser, "bytes-chart", series) == done
+        assert table_rounds(browser) == done[::-1]
+
+        OUTPUT.mkdir(exist_ok=True)
+        browser.save_screenshot(str(OUTPUT / "dashboard.png"))
+        assert (OUTPUT / "dashboard.png").stat().st_size > 10_000
+
+        # A phone-sized window: everything fits the width (no sideways scrolling).
+        browser.set_window_size(390, 844)
+        wait_for(browser, "phone layout", lambda d: d.execute_script(
+            "return document.documentElement.scrollWidth <= window.innerWidth"))
+        browser.save_screenshot(str(OUTPUT / "dashboard-phone.png"))
+    finally:
+        server.close()
+
+
+@pytest.mark.timeout(90)
+def test_page_says_the_mse_is_unknown_without_evaluation_mode(
+    browser: Any, tmp_path: Path
+) -> None:
+    server = LiveServer(tmp_path)
+    try:
+        browser.get(server.url + "/")
+        wait_for(browser, "page connected", lambda d: text_of(d, "conn") == "live")
+        assert is_visible(browser, "eval-off")
+        notice = " ".join(text_of(browser, "eval-off").split())
+        assert "Evaluation mode is off" in notice
+        assert "unknown" in notice
+        assert "unknown" in text_of(browser, "mse-chart")
+        OUTPUT.mkdir(exist_ok=True)
+        browser.save_screenshot(str(OUTPUT / "dashboard-no-eval.png"))
+    finally:
+        server.close()
