@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The main job. Sets up .venv on first use, then runs it.
+# The main job: a local cluster (server + n client processes over gRPC on loopback) running
+# distributed power iteration on Fashion-MNIST with Rand-Proj-Spatial(avg) in evaluation mode.
+# Sets up .venv on first use. Options: ./run.sh --help (e.g. --n 5 --rounds 3 --data synthetic).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 "$root/scripts/setup-env.sh" run
-exec "$root/.venv/bin/python" -m rpsagg.simulate "$@"
+exec "$root/.venv/bin/python" -m rpsagg_server.cluster "$@"

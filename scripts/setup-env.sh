@@ -10,10 +10,12 @@ cd "$root"
 
 deb_packages=()
 case "$role" in
-  run) ;;
+  run) deb_packages+=(dataset-fashion-mnist) ;;  # the main command's data
   test) deb_packages+=(chromium chromium-driver) ;;  # the dashboard's real-browser test
   *) echo "usage: $0 run|test" >&2; exit 2 ;;
 esac
+# the service tests: Fashion-MNIST data, iproute2 for the network-namespace test
+if [ "$role" = test ]; then deb_packages+=(dataset-fashion-mnist iproute2); fi
 
 missing=()
 for pkg in "${deb_packages[@]}"; do

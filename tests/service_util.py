@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -158,10 +158,8 @@ def kill_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
         if p.poll() is None:
             os.kill(p.pid, signal.SIGKILL)
     for p in procs:
-        try:
+        with suppress(subprocess.TimeoutExpired):
             p.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def check_rounds_against_inprocess(db: str, n: int, k: int, d: int, scheme: str) -> int:

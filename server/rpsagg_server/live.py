@@ -109,6 +109,7 @@ class LiveRound:
     subs: dict[str, Submission] = field(default_factory=dict)
     received_at: dict[str, float] = field(default_factory=dict)
     pending: dict[str, tuple[bytes, asyncio.Future[None]]] = field(default_factory=dict)
+    archived: dict[str, Any] = field(default_factory=dict)
     timer: asyncio.TimerHandle | None = None
     finished: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -120,6 +121,12 @@ class LiveRound:
             "first_at": self.first_at, "deadline": self.deadline, "closed_at": self.closed_at,
             "finished_at": self.finished_at,
         }
+        if self.state in ("done", "failed"):
+            info["archived"] = {
+                "contributors": [[c, str(sub.client_seed)] for c, sub in self.subs.items()],
+                "payload_bytes": self.payload_bytes(), "wire_bytes": self.wire_bytes(),
+                "m": self.m(),
+            }
         if o is not None:
             info.update(n_prime=o.n_prime, beta=o.beta, c=_json_float(o.c), seconds=o.seconds,
                         r_hat=_json_float(o.r_hat), eval_errors=o.eval_errors,
@@ -141,6 +148,7 @@ class LiveRound:
         live = cls(r.round_id, r.nonce, r.task_step, r.transform, r.r_prior, gs, r.opened_at,
                    r.state, r.reason, info.get("first_at"), info.get("deadline"),
                    info.get("closed_at"), info.get("finished_at"))
+        live.archived = info.get("archived", {})
         if r.next_state is not None:
             live.next_state = np.frombuffer(r.next_state, dtype="<f8").astype(
                 np.float64).reshape(gs.shape)
@@ -154,14 +162,40 @@ class LiveRound:
             )
         return live
 
+    # -- summaries (live, or archived for rounds finished before a restart) ---------------
+    def contributors(self) -> list[tuple[str, int]]:
+        """``(client_id, client_seed)`` of every committed submission."""
+        if self.subs or not self.archived:
+            return [(c, s.client_seed) for c, s in self.subs.items()]
+        return [(c, int(seed)) for c, seed in self.archived["contributors"]]
+
+    def payload_bytes(self) -> int:
+        """Seeds, values and indices received."""
+        if self.subs or not self.archived:
+            return sum(s.payload_bytes for s in self.subs.values())
+        return int(self.archived["payload_bytes"])
+
+    def wire_bytes(self) -> int:
+        """Serialized Submit requests received (eval references excluded)."""
+        if self.subs or not self.archived:
+            return sum(s.wire_bytes for s in self.subs.values())
+        return int(self.archived["wire_bytes"])
+
+    def m(self) -> int:
+        """Vectors per submission (1 before any arrived)."""
+        if self.subs:
+            return len(next(iter(self.subs.values())).vectors)
+        return int(self.archived.get("m", 1))
+
     # -- dashboard view --------------------------------------------------------------------
     def view(self, cfg: ServerConfig, clients: dict[str, int]) -> RoundView:
         """Snapshot for :class:`~rpsagg_server.state.ServerState`."""
-        arrived = tuple(sorted(self.subs, key=lambda c: clients.get(c, 0)))
+        arrived = tuple(sorted((c for c, _ in self.contributors()),
+                               key=lambda c: clients.get(c, 0)))
         missing = tuple(c for c in sorted(clients, key=clients.__getitem__)
-                        if c not in self.subs)
+                        if c not in arrived)
         o = self.outcome
-        m = max(1, len(next(iter(self.subs.values())).vectors)) if self.subs else 1
+        m = self.m()
         ev = None
         if o is not None and o.eval_errors is not None:
             ev = EvalErrors(*o.eval_errors)
@@ -171,9 +205,8 @@ class LiveRound:
             opened_at=self.opened_at, first_submission_at=self.first_at,
             deadline_at=self.deadline, closed_at=self.closed_at, finished_at=self.finished_at,
             clients_expected=cfg.n, clients_arrived=arrived, clients_missing=missing,
-            payload_bytes=sum(s.payload_bytes for s in self.subs.values()),
-            wire_bytes=sum(s.wire_bytes for s in self.subs.values()),
-            raw_float32_bytes=len(self.subs) * m * cfg.d * 4,
+            payload_bytes=self.payload_bytes(), wire_bytes=self.wire_bytes(),
+            raw_float32_bytes=len(arrived) * m * cfg.d * 4,
             decode_seconds=None if o is None else o.seconds,
             c=None if o is None or math.isnan(o.c) else o.c,
             beta=None if o is None else o.beta,

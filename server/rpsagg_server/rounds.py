@@ -136,6 +136,14 @@ class RoundEngine:
                                      else last.global_state))
             await self._open_round(state, (last.round_id if last else 0) + 1)
         self._publish_job()
+        if not self.job_done:  # warm the beta cache (Monte Carlo on a cold cache) meanwhile
+            asyncio.get_running_loop().run_in_executor(self._executor, self._warm_beta)
+
+    def _warm_beta(self) -> None:
+        try:
+            self._base.beta_for(self.cfg.n)
+        except Exception:  # the decode will report it
+            log.exception("[Engine] beta warm-up failed")
 
     async def _resume(self, live: LiveRound) -> None:
         live.estimator = self._make_estimator(live.r_prior)
@@ -386,8 +394,8 @@ class RoundEngine:
         nan = math.nan
         ev = o.eval_errors if o is not None and o.eval_errors is not None else (nan, nan, nan)
         contributors = tuple(
-            Contributor(s.client_id, s.client_seed)
-            for s in sorted(live.subs.values(), key=lambda s: self.clients.get(s.client_id, 0))
+            Contributor(cid, seed)
+            for cid, seed in sorted(live.contributors(), key=lambda p: self.clients.get(p[0], 0))
         ) if live.state == "done" else ()
         return RoundResult(
             live.round_id, live.state, live.reason, None if o is None else o.estimate,
@@ -396,6 +404,7 @@ class RoundEngine:
             nan if o is None else o.c, nan if o is None else o.seconds, contributors,
             nan if o is None else o.r_hat, ev[0], ev[1], ev[2],
             self.job_done and live.state in ("done", "failed"), live.nonce, live.transform,
+            live.payload_bytes(), live.wire_bytes(),
         )
 
     async def result(self, round_id: int, wait: bool, timeout: float | None) -> RoundResult:

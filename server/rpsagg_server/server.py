@@ -177,6 +177,16 @@ def configure_logging() -> None:
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
 
+def dashboard_factory() -> HttpAppFactory | None:
+    """``rpsagg_server.dashboard.create_app`` when the dashboard is installed, else None."""
+    try:
+        from rpsagg_server import dashboard  # type: ignore[attr-defined, unused-ignore]
+    except ImportError:
+        return None
+    factory: HttpAppFactory | None = getattr(dashboard, "create_app", None)
+    return factory
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``rpsagg-server``."""
     configure_logging()

@@ -144,7 +144,7 @@ class Contributor(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., client_seed: _Optional[int] = ...) -> None: ...
 
 class RoundResult(_message.Message):
-    __slots__ = ("round_id", "state", "reason", "estimate", "global_state", "n_prime", "beta", "c", "decode_seconds", "contributors", "r_hat", "eval_sq_error", "eval_sq_error_rand_k", "eval_sq_error_rand_k_spatial", "job_done", "nonce", "transform")
+    __slots__ = ("round_id", "state", "reason", "estimate", "global_state", "n_prime", "beta", "c", "decode_seconds", "contributors", "r_hat", "eval_sq_error", "eval_sq_error_rand_k", "eval_sq_error_rand_k_spatial", "job_done", "nonce", "transform", "payload_bytes", "wire_bytes")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +162,8 @@ class RoundResult(_message.Message):
     JOB_DONE_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
     TRANSFORM_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     state: RoundState
     reason: str
@@ -179,7 +181,9 @@ class RoundResult(_message.Message):
     job_done: bool
     nonce: int
     transform: str
-    def __init__(self, round_id: _Optional[int] = ..., state: _Optional[_Union[RoundState, str]] = ..., reason: _Optional[str] = ..., estimate: _Optional[_Union[Tensor, _Mapping]] = ..., global_state: _Optional[_Union[Tensor, _Mapping]] = ..., n_prime: _Optional[int] = ..., beta: _Optional[float] = ..., c: _Optional[float] = ..., decode_seconds: _Optional[float] = ..., contributors: _Optional[_Iterable[_Union[Contributor, _Mapping]]] = ..., r_hat: _Optional[float] = ..., eval_sq_error: _Optional[float] = ..., eval_sq_error_rand_k: _Optional[float] = ..., eval_sq_error_rand_k_spatial: _Optional[float] = ..., job_done: _Optional[bool] = ..., nonce: _Optional[int] = ..., transform: _Optional[str] = ...) -> None: ...
+    payload_bytes: int
+    wire_bytes: int
+    def __init__(self, round_id: _Optional[int] = ..., state: _Optional[_Union[RoundState, str]] = ..., reason: _Optional[str] = ..., estimate: _Optional[_Union[Tensor, _Mapping]] = ..., global_state: _Optional[_Union[Tensor, _Mapping]] = ..., n_prime: _Optional[int] = ..., beta: _Optional[float] = ..., c: _Optional[float] = ..., decode_seconds: _Optional[float] = ..., contributors: _Optional[_Iterable[_Union[Contributor, _Mapping]]] = ..., r_hat: _Optional[float] = ..., eval_sq_error: _Optional[float] = ..., eval_sq_error_rand_k: _Optional[float] = ..., eval_sq_error_rand_k_spatial: _Optional[float] = ..., job_done: _Optional[bool] = ..., nonce: _Optional[int] = ..., transform: _Optional[str] = ..., payload_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ()

@@ -165,6 +165,8 @@ class RoundResult:
     job_done: bool
     nonce: int
     transform: str
+    payload_bytes: int = 0
+    wire_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -336,6 +338,7 @@ def _enc_result(r: RoundResult) -> bytes:
         eval_sq_error_rand_k=r.eval_sq_error_rand_k,
         eval_sq_error_rand_k_spatial=r.eval_sq_error_rand_k_spatial,
         job_done=r.job_done, nonce=r.nonce, transform=r.transform,
+        payload_bytes=r.payload_bytes, wire_bytes=r.wire_bytes,
     )
     return bytes(msg.SerializeToString())
 
@@ -347,7 +350,7 @@ def _dec_result(raw: bytes) -> RoundResult:
         _from_tensor(m.global_state, "global_state"), m.n_prime, m.beta, m.c, m.decode_seconds,
         tuple(Contributor(c.client_id, c.client_seed) for c in m.contributors), m.r_hat,
         m.eval_sq_error, m.eval_sq_error_rand_k, m.eval_sq_error_rand_k_spatial, m.job_done,
-        m.nonce, m.transform,
+        m.nonce, m.transform, m.payload_bytes, m.wire_bytes,
     )
 
 

@@ -1,0 +1,183 @@
+"""Local cluster launcher (the README's main command, ``./run.sh``).
+
+Starts ``rpsagg-server`` and ``n`` ``rpsagg-client`` processes on this machine, follows the
+rounds over gRPC and prints one line per round: round, clients, bytes up (vs raw float32),
+squared error next to Rand-k's (evaluation mode), decode time. Ctrl-C stops everything.
+Runs on loopback with ``--insecure`` (no TLS, no tokens), and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+
+from rpsagg.tasks import DataUnavailable
+from rpsagg.tasks.data import load_fashion_mnist
+
+PY = sys.executable
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rpsagg-cluster", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, default=10, help="client processes")
+    p.add_argument("--k", type=int, default=102)
+    p.add_argument("--d", type=int, default=1024)
+    p.add_argument("--task", default="power-iteration")
+    p.add_argument("--data", default="fashion-mnist",
+                   choices=("synthetic", "fashion-mnist", "ujiindoorloc"))
+    p.add_argument("--data-path", default=None)
+    p.add_argument("--data-r", type=float, default=0.0, help="synthetic data correlation R")
+    p.add_argument("--estimator", default="rand-proj-spatial")
+    p.add_argument("--transform", default="avg")
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--round-timeout", type=float, default=60.0)
+    p.add_argument("--no-eval", dest="eval", action="store_false",
+                   help="turn evaluation mode off (no reference vectors, no errors)")
+    p.add_argument("--grpc-port", type=int, default=0, help="0 = any free port")
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--db", default=None, help="SQLite path (default: a fresh temporary file)")
+    return p
+
+
+def _fmt_bytes(b: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if b < 1024 or unit == "GiB":
+            return f"{b:,.0f} {unit}" if unit == "B" else f"{b:,.1f} {unit}"
+        b /= 1024
+    return f"{b}"
+
+
+def _fmt_err(x: float) -> str:
+    return "   n/a  " if math.isnan(x) else f"{x:.3e}"
+
+
+def _stop(procs: Sequence[subprocess.Popen[bytes]], grace: float = 5.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGTERM)
+    end = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the cluster, follow it to the end (or Ctrl-C), stop every process."""
+    from rpsagg_client.client import AggregationClient
+
+    data = args.data
+    if data == "fashion-mnist":
+        try:
+            load_fashion_mnist()
+        except DataUnavailable as exc:
+            print(f"[cluster] {exc}.\n[cluster] Falling back to synthetic data "
+                  f"(R={args.data_r}).", flush=True)
+            data = "synthetic"
+    workdir = Path(tempfile.mkdtemp(prefix="rpsagg-cluster-"))
+    db = args.db or str(workdir / "rpsagg.db")
+    port_file = workdir / "port"
+    server_args = [
+        "--insecure", "--host", "127.0.0.1", "--grpc-port", str(args.grpc_port),
+        "--http-port", str(args.http_port), "--n", str(args.n), "--k", str(args.k),
+        "--d", str(args.d), "--task", args.task, "--data", data, "--data-r", str(args.data_r),
+        "--estimator", args.estimator, "--transform", args.transform,
+        "--rounds", str(args.rounds), "--round-timeout", str(args.round_timeout),
+        "--db", db, "--linger", "1", "--port-file", str(port_file),
+    ] + (["--eval"] if args.eval else [])
+    print("[cluster] note: --insecure on loopback (127.0.0.1): no TLS and no tokens; "
+          "use --tls-cert/--tls-key/--tokens for anything else.", flush=True)
+    procs: list[subprocess.Popen[bytes]] = []
+    env = dict(os.environ, RPSAGG_LOG_LEVEL=os.environ.get("RPSAGG_LOG_LEVEL", "WARNING"))
+    try:
+        server = subprocess.Popen([PY, "-m", "rpsagg_server.server", *server_args], env=env)
+        procs.append(server)
+        end = time.monotonic() + 120
+        while not port_file.exists():
+            if server.poll() is not None:
+                print(f"[cluster] the server exited with {server.returncode}", file=sys.stderr)
+                return 1
+            if time.monotonic() > end:
+                print("[cluster] the server did not start in 120 s", file=sys.stderr)
+                return 1
+            time.sleep(0.05)
+        port = int(port_file.read_text())
+        target = f"127.0.0.1:{port}"
+        dash = (f"http://127.0.0.1:{args.http_port}/" if args.http_port else "disabled")
+        print(f"[cluster] server on {target}; dashboard: {dash}", flush=True)
+        print(f"[cluster] {args.n} clients, task {args.task} on {data}, {args.estimator}"
+              f"({args.transform}), k={args.k}, d={args.d}, {args.rounds} rounds, "
+              f"eval {'on' if args.eval else 'off'}", flush=True)
+        for i in range(args.n):
+            cmd = [PY, "-m", "rpsagg_client.cli", "--server", target, "--client-id",
+                   f"client-{i}", "--insecure", "--data", data]
+            if args.data_path:
+                cmd += ["--data-path", args.data_path]
+            procs.append(subprocess.Popen(cmd, env=env))
+        print(f"{'round':>5} {'clients':>8} {'bytes up':>12} {'raw f32':>12} "
+              f"{'sq.error':>10} {'Rand-k':>10} {'R-k-Spatial':>11} {'decode':>9}", flush=True)
+        total_up = total_raw = 0.0
+        with AggregationClient(target, "cluster-monitor", insecure=True,
+                               retry_budget=10) as mon:
+            for ev in mon.watch():
+                if ev.state in ("done", "failed") and ev.round_id:
+                    res = mon.result(ev.round_id, wait=False)
+                    if res.state == "failed":
+                        print(f"{res.round_id:>5} failed: {res.reason}", flush=True)
+                    else:
+                        raw = res.n_prime * (res.estimate.shape[0] if res.estimate is not None
+                                             else 1) * args.d * 4
+                        total_up += res.payload_bytes
+                        total_raw += raw
+                        print(f"{res.round_id:>5} {res.n_prime:>4}/{args.n:<3} "
+                              f"{_fmt_bytes(res.payload_bytes):>12} {_fmt_bytes(raw):>12} "
+                              f"{_fmt_err(res.eval_sq_error):>10} "
+                              f"{_fmt_err(res.eval_sq_error_rand_k):>10} "
+                              f"{_fmt_err(res.eval_sq_error_rand_k_spatial):>11} "
+                              f"{res.decode_seconds * 1000:>6.0f} ms", flush=True)
+                if ev.job_done:
+                    break
+        if total_raw:
+            print(f"[cluster] done: {_fmt_bytes(total_up)} sent up instead of "
+                  f"{_fmt_bytes(total_raw)} raw float32 ({total_raw / total_up:.1f}x less)",
+                  flush=True)
+        for p in procs[1:]:
+            p.wait(60)
+        server.wait(30)
+        return 0
+    except KeyboardInterrupt:
+        print("\n[cluster] Ctrl-C: stopping the server and the clients", flush=True)
+        return 130
+    except grpc.RpcError as exc:
+        print(f"[cluster] lost the server: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    finally:
+        _stop(procs)
+        if args.db is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``rpsagg-cluster`` (and ``./run.sh``)."""
+    args = _parser().parse_args(argv)
+    return run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
