@@ -288,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         help="transform (repeatable); default: avg and max",
     )
     p.add_argument("--no-encode", action="store_true", help="skip the encode benchmark")
+    p.add_argument("--no-decode", action="store_true", help="skip the decode benchmark")
     p.add_argument("--no-dense", action="store_true", help="skip the dense reference decoder")
     p.add_argument("--seed", type=int, default=7, help="seed of the synthetic data")
     args = p.parse_args(argv)
@@ -303,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             e = enc[-1]
             print(f"# encode d={d}: {e.encode_ms:.3f} ms", file=sys.stderr, flush=True)
     dec: list[DecodeRow] = []
-    for n, k, d in cases:
+    for n, k, d in [] if args.no_decode else cases:
         for t in transforms:
             dec.append(bench_decode(n, k, d, t, args.decode_repeats, not args.no_dense, args.seed))
             r = dec[-1]
