@@ -23,8 +23,7 @@ from pathlib import Path
 
 import grpc
 
-from rpsagg.tasks import DataUnavailable
-from rpsagg.tasks.data import load_fashion_mnist
+from rpsagg.tasks.data import FASHION_DIR, FASHION_IMAGES
 
 PY = sys.executable
 
@@ -83,13 +82,12 @@ def run(args: argparse.Namespace) -> int:
     from rpsagg_client.client import AggregationClient
 
     data = args.data
-    if data == "fashion-mnist":
-        try:
-            load_fashion_mnist()
-        except DataUnavailable as exc:
-            print(f"[cluster] {exc}.\n[cluster] Falling back to synthetic data "
-                  f"(R={args.data_r}).", flush=True)
-            data = "synthetic"
+    fashion = Path(args.data_path or FASHION_DIR) / FASHION_IMAGES
+    if data == "fashion-mnist" and not fashion.exists():
+        print(f"[cluster] Fashion-MNIST not found at {fashion}: install the Debian package "
+              "with 'apt-get install -y dataset-fashion-mnist' (./run.sh does this as root).\n"
+              f"[cluster] Falling back to synthetic data (R={args.data_r}).", flush=True)
+        data = "synthetic"
     workdir = Path(tempfile.mkdtemp(prefix="rpsagg-cluster-"))
     db = args.db or str(workdir / "rpsagg.db")
     port_file = workdir / "port"

@@ -178,13 +178,13 @@ def configure_logging() -> None:
 
 
 def dashboard_factory() -> HttpAppFactory | None:
-    """``rpsagg_server.dashboard.create_app`` when the dashboard is installed, else None."""
+    """The dashboard's ``rpsagg_server.http.create_app``, or None when it cannot be imported."""
     try:
-        from rpsagg_server import dashboard  # type: ignore[attr-defined, unused-ignore]
-    except ImportError:
+        from rpsagg_server.http import create_app
+    except ImportError as exc:
+        log.warning("[Server] no dashboard (%s); --http-port is ignored", exc)
         return None
-    factory: HttpAppFactory | None = getattr(dashboard, "create_app", None)
-    return factory
+    return create_app
 
 
 def main(argv: Sequence[str] | None = None) -> int:
