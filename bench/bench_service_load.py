@@ -1,7 +1,8 @@
 """Load benchmark (acceptance 7; not a test): 200 concurrent clients in one round.
 
-Starts an in-process server (grpc.aio, SQLite WAL on a temporary file, group commit),
-joins 200 clients, pre-encodes one Rand-Proj-Spatial submission each (k=128, d=4096), then
+Starts ``rpsagg-server`` as a separate process (grpc.aio, SQLite WAL on a temporary file,
+group commit), joins 200 clients from this process, pre-encodes one Rand-Proj-Spatial
+submission each (k=128, d=4096), then
 fires all submissions concurrently from an asyncio client and reports submissions/s and
 p50/p99 submit latency. Afterwards it checks that every acked submission is committed in
 the database and that the round decoded with n'=200.
@@ -13,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import secrets
+import subprocess
+import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -25,19 +28,33 @@ import numpy as np
 from rpsagg import make_estimator
 from rpsagg._spec import derive_round_seed
 from rpsagg.v1 import serde
-from rpsagg.v1.serde import JoinRequest, Submission, VectorPayload
-from rpsagg_server.config import ServerConfig
-from rpsagg_server.server import create_server
+from rpsagg.v1.serde import (
+    GetResultRequest,
+    GetRoundRequest,
+    JoinRequest,
+    Submission,
+    VectorPayload,
+)
 from rpsagg_server.store import Store
 
 
 async def main_async(args: argparse.Namespace) -> None:
     n, k, d = args.clients, args.k, args.d
-    db = args.db or str(Path(tempfile.mkdtemp(prefix="rpsagg-load-")) / "load.db")
-    cfg = replace(ServerConfig(insecure=True), grpc_port=0, http_port=0, host="127.0.0.1",
-                  n=n, k=k, d=d, task="mean", rounds=1, round_timeout=600.0, db=db,
-                  transform="one")  # c = 0: beta is exact, so no Monte Carlo in the way
-    running, port = await create_server(cfg)
+    work = Path(tempfile.mkdtemp(prefix="rpsagg-load-"))
+    db = args.db or str(work / "load.db")
+    port_file = work / "port"
+    # transform one: c = 0 and beta is exact, so no Monte Carlo in the way
+    server = subprocess.Popen([
+        sys.executable, "-m", "rpsagg_server.server", "--insecure", "--host", "127.0.0.1",
+        "--grpc-port", "0", "--http-port", "0", "--n", str(n), "--k", str(k), "--d", str(d),
+        "--task", "mean", "--rounds", "1", "--round-timeout", "600", "--db", db,
+        "--transform", "one", "--linger", "-1", "--port-file", str(port_file),
+    ], env=dict(os.environ, RPSAGG_LOG_LEVEL="WARNING"))
+    while not port_file.exists():
+        if server.poll() is not None:
+            raise SystemExit("server failed to start")
+        await asyncio.sleep(0.05)
+    port = int(port_file.read_text())
     try:
         opts = [("grpc.max_receive_message_length", 64 << 20)]
         channels = [grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=opts)
@@ -49,7 +66,13 @@ async def main_async(args: argparse.Namespace) -> None:
         ids = [f"load-{i:04d}" for i in range(n)]
         for i, cid in enumerate(ids):
             await join[i % len(join)](JoinRequest(cid), timeout=30)
-        rnd = running.engine.round_info()
+        get_round = channels[0].unary_unary(serde.method_path("GetRound"),
+                                            serde.serializer("GetRound"),
+                                            serde.deserializer("GetRound"))
+        get_result = channels[0].unary_unary(serde.method_path("GetResult"),
+                                             serde.serializer("GetResult"),
+                                             serde.deserializer("GetResult"))
+        rnd = await get_round(GetRoundRequest(), timeout=30)
         est = make_estimator("rand-proj-spatial", n=n, k=k, d=d)
         xs = np.random.default_rng(0).standard_normal((n, d))
         subs = []
@@ -67,11 +90,12 @@ async def main_async(args: argparse.Namespace) -> None:
         start = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(n)))
         wall = time.perf_counter() - start
-        res = await running.engine.result(rnd.round_id, True, 600)
+        res = await get_result(GetResultRequest(rnd.round_id, True), timeout=600)
         for ch in channels:
             await ch.close()
     finally:
-        await running.stop(0.5)
+        server.terminate()
+        server.wait(30)
     store = Store(db)
     committed = len(store.submissions(rnd.round_id))
     store.close()

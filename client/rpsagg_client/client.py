@@ -228,8 +228,13 @@ class AggregationClient:
                 time.sleep(poll)
 
     def watch(self) -> Iterator[RoundEvent]:
-        """Stream round events (no deadline; ends when the job is done)."""
-        yield from self._watch(WatchRequest(), metadata=self._metadata)
+        """Stream round events (no deadline; ends when the job is done).
+
+        The call starts at once; its first event is the current round's state at the
+        moment of subscription, so every later transition is guaranteed to be seen.
+        """
+        events: Iterator[RoundEvent] = self._watch(WatchRequest(), metadata=self._metadata)
+        return events
 
 
 def with_retries(fn: Callable[[], T], attempts: int = 5) -> T:  # pragma: no cover - helper

@@ -110,6 +110,8 @@ class LiveRound:
     received_at: dict[str, float] = field(default_factory=dict)
     pending: dict[str, tuple[bytes, asyncio.Future[None]]] = field(default_factory=dict)
     archived: dict[str, Any] = field(default_factory=dict)
+    payload_total: int = 0
+    wire_total: int = 0
     timer: asyncio.TimerHandle | None = None
     finished: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -162,6 +164,13 @@ class LiveRound:
             )
         return live
 
+    def add(self, sub: Submission, received_at: float) -> None:
+        """Record a committed submission (keeps the byte totals current)."""
+        self.subs[sub.client_id] = sub
+        self.received_at[sub.client_id] = received_at
+        self.payload_total += sub.payload_bytes
+        self.wire_total += sub.wire_bytes
+
     # -- summaries (live, or archived for rounds finished before a restart) ---------------
     def contributors(self) -> list[tuple[str, int]]:
         """``(client_id, client_seed)`` of every committed submission."""
@@ -172,13 +181,13 @@ class LiveRound:
     def payload_bytes(self) -> int:
         """Seeds, values and indices received."""
         if self.subs or not self.archived:
-            return sum(s.payload_bytes for s in self.subs.values())
+            return self.payload_total
         return int(self.archived["payload_bytes"])
 
     def wire_bytes(self) -> int:
         """Serialized Submit requests received (eval references excluded)."""
         if self.subs or not self.archived:
-            return sum(s.wire_bytes for s in self.subs.values())
+            return self.wire_total
         return int(self.archived["wire_bytes"])
 
     def m(self) -> int:
@@ -192,8 +201,9 @@ class LiveRound:
         """Snapshot for :class:`~rpsagg_server.state.ServerState`."""
         arrived = tuple(sorted((c for c, _ in self.contributors()),
                                key=lambda c: clients.get(c, 0)))
+        arrived_set = set(arrived)
         missing = tuple(c for c in sorted(clients, key=clients.__getitem__)
-                        if c not in arrived)
+                        if c not in arrived_set)
         o = self.outcome
         m = self.m()
         ev = None

@@ -148,8 +148,7 @@ class RoundEngine:
     async def _resume(self, live: LiveRound) -> None:
         live.estimator = self._make_estimator(live.r_prior)
         for s in self.store.submissions(live.round_id):
-            live.subs[s.client_id] = serde.decode_submission(s.payload)
-            live.received_at[s.client_id] = s.received_at
+            live.add(serde.decode_submission(s.payload), s.received_at)
         log.info("[Engine] resuming round %d (%s) with %d committed submissions",
                  live.round_id, live.state, len(live.subs))
         self.current = live
@@ -279,8 +278,7 @@ class RoundEngine:
             fut.exception()
             raise
         del live.pending[sub.client_id]
-        live.subs[sub.client_id] = sub
-        live.received_at[sub.client_id] = now
+        live.add(sub, now)
         fut.set_result(None)
         if first:
             self._arm_deadline(live)
@@ -431,13 +429,16 @@ class RoundEngine:
         return self._result(live)
 
     async def watch(self) -> AsyncIterator[RoundEvent]:
-        """Round events from now on; ends after the job-done event."""
+        """The current round's state, then every transition; ends after the job-done event."""
         q: asyncio.Queue[RoundEvent] = asyncio.Queue()
         self._watchers.append(q)
         try:
             if self.job_done:
                 yield RoundEvent(0, "done", "job done", True)
                 return
+            live = self.current
+            if live is not None:
+                yield RoundEvent(live.round_id, live.state, "", False, len(live.subs))
             while True:
                 ev = await q.get()
                 yield ev

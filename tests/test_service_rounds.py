@@ -1,0 +1,88 @@
+"""Round engine over gRPC in-process: transform=auto with R_hat, eval errors, state API,
+watch stream, and finished results surviving a restart."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from service_util import base_config, in_process_server
+
+from rpsagg import CorrelationTracker, estimate_correlation
+from rpsagg.synthetic import correlated_vectors
+from rpsagg_client import AggregationClient
+from rpsagg_server.decoding import messages
+
+N, K, D, ROUNDS = 4, 8, 128, 3
+
+
+def test_auto_transform_eval_state_and_restart(tmp_path: Path) -> None:
+    cfg = replace(base_config(), n=N, rounds=ROUNDS, transform="auto", eval=True,
+                  db=str(tmp_path / "auto.db"))
+    xs = correlated_vectors(N, D, 3.0, seed=1)  # strongly correlated: R = 3 = n - 1
+    results = []
+    with in_process_server(cfg) as srv:
+        target = f"127.0.0.1:{srv.port}"
+        clients = [AggregationClient(target, f"c{i}", insecure=True) for i in range(N)]
+        events = clients[0].watch()
+        assert next(events).round_id == 1  # subscribed: the snapshot of the current round
+        for c in clients:
+            c.join()
+        subs = []
+        for _ in range(ROUNDS):
+            rnd = clients[0].current_round()
+            subs.append([c.encode(rnd, xs[c.index]) for c in clients])
+            for c, sub in zip(clients, subs[-1], strict=True):
+                c.submit_encoded(sub)
+            results.append(clients[0].result(rnd.round_id, wait=True, timeout=60))
+        seen = []
+        for ev in events:
+            seen.append((ev.round_id, ev.state))
+            if ev.job_done:
+                break
+        state = srv.running.state
+        views = state.rounds()
+        job = state.job()
+        for c in clients:
+            c.close()
+    assert [r.state for r in results] == ["done"] * ROUNDS
+    assert results[-1].job_done
+    assert (ROUNDS, "done") in seen and (2, "open") in seen
+    # round 1 has no prior (avg); later rounds use the smoothed R_hat of the earlier ones
+    assert results[0].transform == "auto"
+    # each round's R_hat is estimate_correlation of its sketches; the next round's prior is
+    # the exponentially smoothed (alpha = 1/2) correlation fraction of the rounds before
+    tracker = CorrelationTracker()
+    for r, round_subs in zip(results, subs, strict=True):
+        msgs = messages(round_subs, r.nonce, "rand-proj-spatial", K, D, 0)
+        assert r.r_hat == pytest.approx(estimate_correlation(msgs), rel=1e-9)
+        if r.round_id > 1:
+            assert r.transform == f"auto({tracker.prior(N):.3g})"
+        tracker.update(msgs)
+    assert job is not None and job.done and job.steps_done == ROUNDS
+    assert job.r_hat_smoothed == pytest.approx(tracker.prior(N))
+    for r in results:
+        assert not math.isnan(r.eval_sq_error) and not math.isnan(r.eval_sq_error_rand_k)
+        assert r.payload_bytes == N * (8 + 4 * K)
+    assert [v.round_id for v in views] == [3, 2, 1]  # newest first
+    v = views[0]
+    assert v.clients_arrived == ("c0", "c1", "c2", "c3") and v.clients_missing == ()
+    assert v.payload_bytes == N * (8 + 4 * K) and v.raw_float32_bytes == N * D * 4
+    assert v.r_prior is not None and v.eval_errors is not None and v.decode_seconds is not None
+
+    # finished results stay queryable after a restart on the same database
+    with in_process_server(replace(cfg, grpc_port=0)) as again:
+        with AggregationClient(f"127.0.0.1:{again.port}", "c0", insecure=True) as c:
+            for before in results:
+                after = c.result(before.round_id, wait=False)
+                assert after.state == "done" and after.payload_bytes == before.payload_bytes
+                assert after.estimate is not None and before.estimate is not None
+                np.testing.assert_array_equal(after.estimate, before.estimate)
+                assert [x.client_seed for x in after.contributors] == [
+                    x.client_seed for x in before.contributors]
+            assert c.current_round().job_done
+        old = again.running.state.round_detail(1)
+        assert old is not None and old.clients_arrived == ("c0", "c1", "c2", "c3")

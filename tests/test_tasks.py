@@ -1,0 +1,105 @@
+"""The tasks shared by client and server, and the data sources."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rpsagg import make_estimator
+from rpsagg.tasks import DataUnavailable, load_shard, make_task, synthetic_shard
+from rpsagg.tasks.data import _resize_bilinear, load_fashion_mnist, load_ujiindoorloc
+
+N, D = 4, 32
+
+
+def _run(task_name: str, params: dict[str, float], rounds: int, est_name: str = "full"):  # type: ignore[no-untyped-def]
+    task = make_task(task_name, D, params)
+    shards = [synthetic_shard(task_name, i, N, D, r=1.0, seed=5, rows=200) for i in range(N)]
+    est = make_estimator(est_name, n=N, k=D, d=D)
+    state = task.initial_state(0)
+    for step in range(rounds):
+        vecs = np.stack([task.client_vectors(state, s, step) for s in shards])  # (N, m, D)
+        mean = np.stack([est.decode([est.encode(vecs[i, j], 100 * i + j) for i in range(N)])
+                         for j in range(task.m)])
+        state = task.apply(state, mean)
+    return task, shards, state
+
+
+def test_power_iteration_finds_the_top_eigenvector() -> None:
+    _, shards, v = _run("power-iteration", {}, 60)
+    cov = sum(s.x.T @ s.x / s.x.shape[0] for s in shards) / N
+    _, vecs = np.linalg.eigh(cov)
+    assert abs(float(vecs[:, -1] @ v)) > 0.999
+    assert np.linalg.norm(v) == pytest.approx(1.0)
+
+
+def test_linreg_sgd_lowers_the_loss() -> None:
+    task, shards, w = _run("linreg", {"lr": 0.5}, 200)
+    before = np.mean([task.metric(np.zeros(D), s) for s in shards])
+    after = np.mean([task.metric(w, s) for s in shards])
+    assert after < 0.2 * before
+
+
+def test_kmeans_sends_m_vectors_and_lowers_the_distortion() -> None:
+    task, shards, cent = _run("kmeans", {"centroids": 3}, 10)
+    assert task.m == 3 and cent.shape == (3, D)
+    start = np.mean([task.metric(task.initial_state(0), s) for s in shards])
+    assert np.mean([task.metric(cent, s) for s in shards]) < start
+
+
+def test_mean_task_vectors_have_the_requested_correlation() -> None:
+    task = make_task("mean", D)
+    xs = np.stack([task.client_vectors(task.initial_state(0),
+                                       synthetic_shard("mean", i, N, D, r=2.0, seed=9), 3)[0]
+                   for i in range(N)])
+    gram = xs @ xs.T
+    r = (gram.sum() - np.trace(gram)) / np.trace(gram)
+    assert r == pytest.approx(2.0)
+
+
+def test_unknown_task_and_bad_shards_fail_early() -> None:
+    with pytest.raises(ValueError, match="unknown task 'nope'"):
+        make_task("nope", D)
+    with pytest.raises(ValueError, match="index must be in"):
+        synthetic_shard("mean", 5, N, D)
+    with pytest.raises(ValueError, match="unknown data source"):
+        load_shard("mnist", "mean", 0, N, D)
+
+
+def test_bilinear_resize_keeps_corners_and_constant_images() -> None:
+    img = np.arange(16, dtype=np.uint8).reshape(1, 4, 4)
+    out = _resize_bilinear(img, 7)
+    assert out[0, 0, 0] == 0 and out[0, -1, -1] == 15 and out[0, 0, -1] == 3
+    assert out[0, 3, 3] == pytest.approx(7.5)
+    np.testing.assert_allclose(_resize_bilinear(np.full((2, 28, 28), 9, np.uint8), 32), 9.0)
+
+
+def test_fashion_mnist_loader_reads_idx_and_reports_a_missing_package(tmp_path: Path) -> None:
+    with pytest.raises(DataUnavailable, match="apt-get install -y dataset-fashion-mnist"):
+        load_fashion_mnist(tmp_path)
+    images = np.random.default_rng(0).integers(0, 256, (3, 28, 28), dtype=np.uint8)
+    header = np.array([2051, 3, 28, 28], dtype=">u4").tobytes()
+    (tmp_path / "t10k-images-idx3-ubyte.gz").write_bytes(gzip.compress(header + images.tobytes()))
+    x = load_fashion_mnist(tmp_path)
+    assert x.shape == (3, 1024) and x.min() >= 0.0 and x.max() <= 1.0
+
+
+def test_ujiindoorloc_loader_checks_the_hash(tmp_path: Path) -> None:
+    with pytest.raises(DataUnavailable, match=r"archive\.ics\.uci\.edu"):
+        load_ujiindoorloc(tmp_path / "missing.zip")
+    fake = tmp_path / "fake.zip"
+    fake.write_bytes(b"not the archive")
+    with pytest.raises(ValueError, match="SHA-256"):
+        load_ujiindoorloc(fake)
+
+
+def test_ujiindoorloc_shard_when_the_archive_is_present() -> None:
+    path = Path(__file__).resolve().parents[2] / "shared" / "data" / "ujiindoorloc.zip"
+    if not path.exists():
+        pytest.skip(f"UJIIndoorLoc archive not present at {path}")
+    shard = load_shard("ujiindoorloc", "linreg", 1, 10, 512, path=str(path))
+    assert shard.x.shape == (1000, 512) and shard.y is not None and shard.y.shape == (1000,)
+    assert shard.x.min() >= 0.0 and shard.x.max() <= 1.0
