@@ -13,7 +13,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rpsagg._fwht import fwht
-from rpsagg._spec import padded_dim, signs, srht_rows
+from rpsagg._spec import padded_dim, sign_bits, signs, srht_rows
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -25,8 +25,10 @@ DEFAULT_MEMORY_BUDGET = 256 * 1024 * 1024
 def srht_encode(x: FloatArray, seed: int, k: int) -> FloatArray:
     """``G x`` in float64 for the SRHT with ``seed`` (x already of length d', padded)."""
     d_pad = x.shape[0]
-    v = signs(seed, d_pad)
-    v *= x  # in place: no second work array of length d'
+    # D's diagonal as int8 +-1: one float64 pass (x * +-1 is exact) and a single work array
+    factors = sign_bits(seed, d_pad).view(np.int8) * np.int8(-2)
+    factors += np.int8(1)
+    v = np.multiply(x, factors, dtype=np.float64)
     fwht(v, inplace=True)
     rows = srht_rows(seed, k, d_pad)
     return np.asarray(v[rows] / np.sqrt(d_pad))
