@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -83,6 +84,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("RPSAGG_LOG_LEVEL", "WARNING").upper(),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     args = _parser().parse_args(argv)
+    # Ctrl-C (or SIGTERM) ends the client at once: everything acked is durable on the server,
+    # and nothing else is worth finishing.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: os._exit(130))
     try:
         return run(args)
     except grpc.RpcError as exc:

@@ -102,6 +102,15 @@ def run(args: argparse.Namespace) -> int:
     print("[cluster] note: --insecure on loopback (127.0.0.1): no TLS and no tokens; "
           "use --tls-cert/--tls-key/--tokens for anything else.", flush=True)
     procs: list[subprocess.Popen[bytes]] = []
+    interrupted = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal interrupted
+        interrupted = True
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
     env = dict(os.environ, RPSAGG_LOG_LEVEL=os.environ.get("RPSAGG_LOG_LEVEL", "WARNING"))
     try:
         server = subprocess.Popen([PY, "-m", "rpsagg_server.server", *server_args], env=env)
@@ -163,6 +172,9 @@ def run(args: argparse.Namespace) -> int:
         print("\n[cluster] Ctrl-C: stopping the server and the clients", flush=True)
         return 130
     except grpc.RpcError as exc:
+        if interrupted:
+            print("\n[cluster] Ctrl-C: stopping the server and the clients", flush=True)
+            return 130
         print(f"[cluster] lost the server: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1
     finally:

@@ -80,7 +80,7 @@ class RoundEngine:
         self.results: dict[int, RoundResult] = {}
         self.steps_done = 0
         self.job_done = False
-        self._watchers: list[asyncio.Queue[RoundEvent]] = []
+        self._watchers: list[asyncio.Queue[RoundEvent | None]] = []
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rpsagg-decode")
         self._tasks: set[asyncio.Task[None]] = set()
         self.done_event = asyncio.Event()
@@ -430,7 +430,7 @@ class RoundEngine:
 
     async def watch(self) -> AsyncIterator[RoundEvent]:
         """The current round's state, then every transition; ends after the job-done event."""
-        q: asyncio.Queue[RoundEvent] = asyncio.Queue()
+        q: asyncio.Queue[RoundEvent | None] = asyncio.Queue()
         self._watchers.append(q)
         try:
             if self.job_done:
@@ -441,6 +441,8 @@ class RoundEngine:
                 yield RoundEvent(live.round_id, live.state, "", False, len(live.subs))
             while True:
                 ev = await q.get()
+                if ev is None:  # the server is shutting down
+                    return
                 yield ev
                 if ev.job_done:
                     return
@@ -450,6 +452,11 @@ class RoundEngine:
     def _broadcast(self, ev: RoundEvent) -> None:
         for q in self._watchers:
             q.put_nowait(ev)
+
+    def end_watches(self) -> None:
+        """End every WatchRounds stream (before the gRPC server stops)."""
+        for q in self._watchers:
+            q.put_nowait(None)
 
     async def close(self) -> None:
         """Cancel timers and background work (the store is closed by the caller)."""

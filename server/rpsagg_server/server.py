@@ -63,6 +63,8 @@ class RunningServer:
         """Stop serving (in-flight calls get ``grace`` seconds) and close the database."""
         self.serving = False
         await self.health.enter_graceful_shutdown()
+        self.engine.end_watches()
+        await asyncio.sleep(0)  # let the streams finish
         await self.grpc_server.stop(grace)
         await self.engine.close()
         self.store.close()
