@@ -1,0 +1,112 @@
+"""``rpsagg-experiments``: regenerate the paper's figures (CSV + PNG under ``results/``).
+
+Examples
+--------
+    rpsagg-experiments all                  # everything (about an hour on two cores)
+    rpsagg-experiments all --quick          # reduced grids, a few minutes
+    rpsagg-experiments rank --out /tmp/r    # one experiment
+    rpsagg-experiments linreg --data-path ../shared/data/ujiindoorloc.zip
+    rpsagg-experiments power-iteration --via-service --runs 1 --iterations 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+EXPERIMENTS = (
+    "full-correlation",
+    "varying-correlation",
+    "rank",
+    "power-iteration",
+    "kmeans",
+    "linreg",
+    "timing",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line parser."""
+    p = argparse.ArgumentParser(prog="rpsagg-experiments", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", choices=(*EXPERIMENTS, "all"), help="experiment to run")
+    p.add_argument("--out", type=Path, default=None,
+                   help="results directory (default results/<name>/; all: results/)")
+    p.add_argument("--quick", action="store_true", help="reduced grids and trials")
+    p.add_argument("--workers", type=int, default=2, help="processes (default 2)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--data-path", default=None,
+                   help="UJIIndoorLoc zip (default $RPSAGG_UJI_ZIP)")
+    p.add_argument("--grid", choices=("main", "appendix", "all"), default=None,
+                   help="task settings: the paper's main figure, the appendix, or both")
+    p.add_argument("--runs", type=int, default=None, help="task runs (default 10; quick 2)")
+    p.add_argument("--via-service", action="store_true",
+                   help="tasks only: run through a real server and client processes (gRPC)")
+    p.add_argument("--iterations", type=int, default=None, help="--via-service: iterations")
+    p.add_argument("--estimator", default="rand-proj-spatial(avg)",
+                   help="--via-service: estimator label")
+    p.add_argument("--n", type=int, default=None, help="--via-service: clients")
+    p.add_argument("--k", type=int, default=None, help="--via-service: budget")
+    return p
+
+
+def run_one(name: str, out: Path, args: argparse.Namespace) -> None:
+    """Run one experiment into ``out``."""
+    common = {"quick": args.quick, "workers": args.workers, "progress": not args.no_progress}
+    if name in ("power-iteration", "kmeans", "linreg"):
+        if args.via_service:
+            from rpsagg.experiments.service import run_via_service
+
+            run_via_service(name, out, estimator=args.estimator, n=args.n, k=args.k,
+                            iterations=args.iterations, runs=args.runs or 1,
+                            data_path=args.data_path)
+            return
+        from rpsagg.experiments import optimization
+
+        optimization.run(name, out, data_path=args.data_path, grid=args.grid, runs=args.runs,
+                         **common)
+        return
+    if args.via_service:
+        raise SystemExit(f"--via-service applies to the tasks only, not {name}")
+    if name == "full-correlation":
+        from rpsagg.experiments import full_correlation as mod
+    elif name == "varying-correlation":
+        from rpsagg.experiments import varying_correlation as mod  # type: ignore[no-redef]
+    elif name == "rank":
+        from rpsagg.experiments import rank as mod  # type: ignore[no-redef]
+    else:
+        from rpsagg.experiments import timing as mod  # type: ignore[no-redef]
+    mod.run(out, **common)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    names = EXPERIMENTS if args.name == "all" else (args.name,)
+    root = args.out if args.out is not None else Path("results")
+    total = time.perf_counter()
+    for name in names:
+        out = root / name if (args.name == "all" or args.out is None) else root
+        start = time.perf_counter()
+        print(f"[rpsagg-experiments] {name} -> {out}", flush=True)
+        try:
+            run_one(name, out, args)
+        except Exception as exc:  # report and go on with the next experiment
+            from rpsagg.tasks import DataUnavailable
+
+            if not isinstance(exc, DataUnavailable):
+                raise
+            print(f"[rpsagg-experiments] {name} skipped: {exc}", file=sys.stderr, flush=True)
+            continue
+        print(f"[rpsagg-experiments] {name} done in {time.perf_counter() - start:.0f} s",
+              flush=True)
+    print(f"[rpsagg-experiments] total {time.perf_counter() - total:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
