@@ -46,7 +46,7 @@ if [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp" ]; then
   echo "[setup] installing Python packages into .venv ($role)"
   export PIP_DISABLE_PIP_VERSION_CHECK=1
   .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-  args=(-e "common[fast]" -e server -e client)
+  args=(-e "common[fast,experiments]" -e server -e client)
   [ "$role" = test ] && args+=(-r requirements-dev.txt)
   .venv/bin/python -m pip install -q "${args[@]}" 2>&1 | grep -v "^WARNING: Location" || true
   .venv/bin/python -c "import rpsagg, rpsagg_server, rpsagg_client" 
