@@ -106,3 +106,17 @@ def test_encoded_is_frozen_and_read_only() -> None:
     with pytest.raises(AttributeError):
         msg.seed = 3  # type: ignore[misc]
     assert msg.payload_bytes == 8 + 4 * 4
+
+
+def test_derive_round_seed_names_the_bad_argument() -> None:
+    from rpsagg._spec import derive_round_seed
+
+    assert derive_round_seed(1, 2, "a", 0) != derive_round_seed(1, 2, "a", 1)
+    with pytest.raises(ValueError, match="client_seed must be in"):
+        derive_round_seed(-1, 2, "a")
+    with pytest.raises(ValueError, match="nonce must be in"):
+        derive_round_seed(1, 2**64, "a")
+    with pytest.raises(ValueError, match="vector_index must be an integer"):
+        derive_round_seed(1, 2, "a", 0.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="client_id must be a str"):
+        derive_round_seed(1, 2, 7)  # type: ignore[arg-type]

@@ -28,12 +28,12 @@ import scipy.linalg
 from scipy.stats import binom
 
 from rpsagg._decode import EXACT_LIMIT, eig_tolerance, solve_krylov
-from rpsagg._spec import SPEC_VERSION, TAG_MCBETA, stream_key, stream_words, uniforms
+from rpsagg._spec import SPEC_VERSION, TAG_MCBETA, TAG_MCPROBE, stream_key, stream_words, uniforms
 from rpsagg._srht import JointSRHT
 
 log = logging.getLogger("rpsagg")
 
-MC_VERSION = "mc-v1"
+MC_VERSION = "mc-v2"
 TARGET_REL_SE = 1e-3
 MIN_SAMPLES = 16
 MAX_SAMPLES = 20000
@@ -149,7 +149,7 @@ def spectral_sample(n: int, k: int, d_pad: int, c: float, sample: int) -> tuple[
         w = w[w > tol]
         return float(np.sum(w / ((1.0 - c) + c * w))), "mc-eig"
     # Hutchinson with a Rademacher probe z: E[z^T M^-1 z] = tr(M^-1).
-    z = np.where(uniforms(sample, TAG_MCBETA, nk) < 0.5, -1.0, 1.0)
+    z = np.where(uniforms(sample, TAG_MCPROBE, nk) < 0.5, -1.0, 1.0)
     sol, _, _ = solve_krylov(op, z, c, rtol=1e-8)
     return (nk - (1.0 - c) * float(z @ sol)) / c, "mc-hutchinson"
 

@@ -308,9 +308,7 @@ class RandProjSpatial(Estimator, _SpatialMixin):
         self.d_pad = padded_dim(self.d)
 
     def _encode(self, x: FloatArray, seed: int) -> tuple[FloatArray, NDArray[np.int64] | None]:
-        padded = np.zeros(self.d_pad)
-        padded[: self.d] = x
-        return srht_encode(padded, seed, self.k), None
+        return srht_encode(x, seed, self.k, self.d_pad), None
 
     def _decode(self, batch: list[Encoded]) -> DecodeResult:
         n_prime = len(batch)

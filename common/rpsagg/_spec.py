@@ -35,6 +35,7 @@ TAG_RANDK = _tag(b"rpsRANDK")  # Rand-k / Rand-k-Spatial coordinates
 TAG_WANGNI = _tag(b"rpsWNGNI")  # Rand-k-Wangni Bernoulli draws
 TAG_INDUCED = _tag(b"rpsINDCD")  # Induced compressor's random part
 TAG_MCBETA = _tag(b"rpsMCBTA")  # Monte Carlo seeds for beta (server side only)
+TAG_MCPROBE = _tag(b"rpsMCPRB")  # Hutchinson probe vectors for beta (server side only)
 TAG_ROUND = _tag(b"rpsROUND")  # service: transform seed of a round submission
 
 
@@ -176,10 +177,12 @@ def derive_round_seed(client_seed: int, nonce: int, client_id: str, vector_index
     the server's round ``nonce`` and the client id are mixed in, so no client can choose its
     projection, and each of the ``m`` vectors of a submission gets its own seed.
     """
-    z = mix64((check_seed(client_seed) ^ TAG_ROUND) & MASK64)
-    z = mix64(z ^ check_seed(nonce))
+    if not isinstance(client_id, str):
+        raise ValueError(f"client_id must be a str; got {type(client_id).__name__}")
+    z = mix64((check_seed(client_seed, "client_seed") ^ TAG_ROUND) & MASK64)
+    z = mix64(z ^ check_seed(nonce, "nonce"))
     z = mix64(z ^ client_id_word(client_id))
-    return mix64(z ^ check_seed(vector_index))
+    return mix64(z ^ check_seed(vector_index, "vector_index"))
 
 
 def padded_dim(d: int) -> int:
@@ -189,11 +192,11 @@ def padded_dim(d: int) -> int:
     return 1 << (int(d) - 1).bit_length()
 
 
-def check_seed(seed: object) -> int:
-    """Validate a seed: an integer in ``[0, 2^64)``."""
+def check_seed(seed: object, name: str = "seed") -> int:
+    """Validate a 64-bit word (a seed by default): an integer in ``[0, 2^64)``."""
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
-        raise ValueError(f"seed must be an integer in [0, 2^64); got {type(seed).__name__}")
+        raise ValueError(f"{name} must be an integer in [0, 2^64); got {type(seed).__name__}")
     value = int(seed)
     if not 0 <= value <= MASK64:
-        raise ValueError(f"seed must be in [0, 2^64); got {value}")
+        raise ValueError(f"{name} must be in [0, 2^64); got {value}")
     return value

@@ -6,6 +6,7 @@ Nothing here forms H or a d' x d' matrix: every product goes through the FWHT.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,16 +23,42 @@ IntArray = NDArray[np.int64]
 DEFAULT_MEMORY_BUDGET = 256 * 1024 * 1024
 
 
-def srht_encode(x: FloatArray, seed: int, k: int) -> FloatArray:
-    """``G x`` in float64 for the SRHT with ``seed`` (x already of length d', padded)."""
-    d_pad = x.shape[0]
-    # D's diagonal as int8 +-1: one float64 pass (x * +-1 is exact) and a single work array
+_workspace = threading.local()
+
+
+def _work_buffer(d_pad: int) -> FloatArray:
+    """A per-thread float64 buffer of length d' (avoids page faults on every encode)."""
+    buf: FloatArray | None = getattr(_workspace, "buf", None)
+    if buf is None or buf.shape[0] != d_pad:
+        buf = np.empty(d_pad)
+        _workspace.buf = buf
+    return buf
+
+
+def srht_encode(x: FloatArray, seed: int, k: int, d_pad: int | None = None) -> FloatArray:
+    """``G x`` in float64 for the SRHT with ``seed``.
+
+    Parameters
+    ----------
+    x : ndarray of float64, shape (d,)
+        The vector; zero-padded to ``d_pad`` here.
+    seed : int
+        Transform seed.
+    k : int
+        Rows kept.
+    d_pad : int, optional
+        ``d'`` (default ``len(x)``, which must then be a power of two).
+    """
+    d = x.shape[0]
+    d_pad = d if d_pad is None else d_pad
+    v = _work_buffer(d_pad)
+    # D as int8 +-1 factors: x * (+-1) is exact, written straight into the work buffer
     factors = sign_bits(seed, d_pad).view(np.int8) * np.int8(-2)
     factors += np.int8(1)
-    v = np.multiply(x, factors, dtype=np.float64)
+    np.multiply(x, factors[:d], out=v[:d])
+    v[d:] = 0.0
     fwht(v, inplace=True)
-    rows = srht_rows(seed, k, d_pad)
-    return np.asarray(v[rows] / np.sqrt(d_pad))
+    return np.asarray(v[srht_rows(seed, k, d_pad)] / np.sqrt(d_pad))
 
 
 def srht_matrix(seed: int, k: int, d: int) -> FloatArray:

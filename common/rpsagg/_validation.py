@@ -35,7 +35,9 @@ def check_vector(x: ArrayLike, d: int) -> NDArray[np.float64]:
     arr = np.asarray(x, dtype=np.float64)
     if arr.shape != (d,):
         raise ValueError(f"x must have shape ({d},); got shape {arr.shape}")
-    if not np.all(np.isfinite(arr)):
+    # One BLAS pass: NaN/Inf propagate into x.x; only a huge but finite x (|x|^2 overflows)
+    # falls through to the exact element-wise check.
+    if not np.isfinite(arr @ arr) and not np.all(np.isfinite(arr)):
         raise ValueError("x must be finite (it contains NaN or Inf)")
     return arr
 
