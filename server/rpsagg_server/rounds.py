@@ -324,6 +324,8 @@ class RoundEngine:
         if live.pending:  # acked-to-be writes that passed validation before the close
             await asyncio.gather(*(f for _, f in list(live.pending.values())),
                                  return_exceptions=True)
+        # the closed set is durable: after a crash the round is decoded from exactly this set
+        await self.store.write([op_round(live.stored())])
         if len(live.subs) < self.cfg.min_clients:
             await self._finish(live, None, f"{why}: {len(live.subs)} of the minimum "
                                f"{self.cfg.min_clients} clients submitted")
