@@ -6,8 +6,10 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import grpc
 
@@ -21,9 +23,12 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rpsagg-client", description=__doc__)
     env = os.environ.get
     p.add_argument("--server", default=env("RPSAGG_SERVER", "127.0.0.1:50051"), help="HOST:PORT")
-    p.add_argument("--client-id", default=env("RPSAGG_CLIENT_ID"), required=not env(
-        "RPSAGG_CLIENT_ID"))
+    p.add_argument("--client-id", default=env("RPSAGG_CLIENT_ID") or env("HOSTNAME")
+                   or socket.gethostname(),
+                   help="default: $RPSAGG_CLIENT_ID, else the host name (a container's id)")
     p.add_argument("--token", default=env("RPSAGG_TOKEN"))
+    p.add_argument("--token-file", default=env("RPSAGG_TOKEN_FILE"),
+                   help="read the token from this file (e.g. a mounted secret)")
     p.add_argument("--tls-ca", default=env("RPSAGG_TLS_CA"), help="CA of the server cert")
     p.add_argument("--tls-cert", default=env("RPSAGG_TLS_CERT"), help="client cert (mTLS)")
     p.add_argument("--tls-key", default=env("RPSAGG_TLS_KEY"), help="client key (mTLS)")
@@ -84,6 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("RPSAGG_LOG_LEVEL", "WARNING").upper(),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     args = _parser().parse_args(argv)
+    if args.token_file and not args.token:
+        args.token = Path(args.token_file).read_text().strip()
     # Ctrl-C (or SIGTERM) ends the client at once: everything acked is durable on the server,
     # and nothing else is worth finishing.
     for sig in (signal.SIGINT, signal.SIGTERM):
