@@ -27,7 +27,7 @@ import numpy as np
 import scipy.linalg
 from scipy.stats import binom
 
-from rpsagg._decode import EXACT_LIMIT, eig_tolerance, solve_krylov
+from rpsagg._decode import EXACT_LIMIT, eig_tolerance, solve_krylov, solve_lsqr
 from rpsagg._spec import SPEC_VERSION, TAG_MCBETA, TAG_MCPROBE, stream_key, stream_words, uniforms
 from rpsagg._srht import JointSRHT
 
@@ -35,7 +35,9 @@ log = logging.getLogger("rpsagg")
 
 MC_VERSION = "mc-v2"
 TARGET_REL_SE = 1e-3
-MIN_SAMPLES = 16
+MIN_SAMPLES = 16  # with the exact spectrum (cheap samples)
+MIN_SAMPLES_HUTCHINSON = 6  # each sample is a full solve; its variance is small
+HUTCHINSON_RTOL = 1e-6
 MAX_SAMPLES = 20000
 DEFAULT_TIME_BUDGET = 900.0
 
@@ -132,7 +134,7 @@ def spectral_sample(n: int, k: int, d_pad: int, c: float, sample: int) -> tuple[
     """One unbiased sample of ``sum_j l_j / T(l_j)`` for the clients of sample ``sample``."""
     op = JointSRHT.from_seeds(mc_seeds(sample, n), k, d_pad)
     nk = n * k
-    if nk <= EXACT_LIMIT or c == 1.0:
+    if nk <= EXACT_LIMIT:
         gram = op.gram()
         if c == 1.0 and nk <= d_pad:
             # full rank iff the Cholesky factorization succeeds and is well conditioned
@@ -148,9 +150,17 @@ def spectral_sample(n: int, k: int, d_pad: int, c: float, sample: int) -> tuple[
         tol = eig_tolerance(float(np.max(w)), nk, d_pad)
         w = w[w > tol]
         return float(np.sum(w / ((1.0 - c) + c * w))), "mc-eig"
-    # Hutchinson with a Rademacher probe z: E[z^T M^-1 z] = tr(M^-1).
     z = np.where(uniforms(sample, TAG_MCPROBE, nk) < 0.5, -1.0, 1.0)
-    sol, _, _ = solve_krylov(op, z, c, rtol=1e-8)
+    if c == 1.0:
+        # rank(K) = tr(P) with P = A A^+ the projection onto range(A): E[z^T P z] = rank,
+        # and z^T P z = ||A A^+ z||^2 with A^+ z from LSQR.
+        x, _, _, _ = solve_lsqr(op, z, rtol=HUTCHINSON_RTOL)
+        projected = op.forward(x).reshape(-1)
+        return float(projected @ projected), "mc-hutchinson"
+    # Hutchinson with a Rademacher probe z: E[z^T M^-1 z] = tr(M^-1), and
+    # tr(K M^-1) = (nk - (1 - c) tr(M^-1)) / c. The solve's relative error rtol moves the
+    # sample by at most cond(M) * rtol relative, far below the 1e-3 target.
+    sol, _, _ = solve_krylov(op, z, c, rtol=HUTCHINSON_RTOL)
     return (nk - (1.0 - c) * float(z @ sol)) / c, "mc-hutchinson"
 
 
@@ -197,7 +207,8 @@ def _monte_carlo(
         value, method = spectral_sample(n, k, d_pad, c, len(values))
         values.append(value)
         count = len(values)
-        if count >= MIN_SAMPLES:
+        minimum = MIN_SAMPLES_HUTCHINSON if method == "mc-hutchinson" else MIN_SAMPLES
+        if count >= minimum:
             arr = np.asarray(values)
             mean = float(arr.mean())
             rel_se = float(arr.std(ddof=1) / math.sqrt(count) / abs(mean))
@@ -207,7 +218,7 @@ def _monte_carlo(
         if now - last_report > 5.0:
             log.info("beta Monte Carlo %s: %d samples, rel. s.e. %.2e", key, count, rel_se)
             last_report = now
-        if now - start > budget and count >= MIN_SAMPLES:
+        if now - start > budget and count >= minimum:
             log.warning(
                 "beta Monte Carlo %s stopped by its time budget at rel. s.e. %.2e", key, rel_se
             )

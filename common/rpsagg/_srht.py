@@ -97,15 +97,21 @@ def srht_matrix(seed: int, k: int, d: int) -> FloatArray:
 class JointSRHT:
     """The stacked operator ``A = [G_1; ...; G_n]`` for a set of client seeds.
 
+    Memory: the signs are held as int8 (n d' bytes) and every product works on chunks of
+    clients whose float64 work arrays fit in ``memory_budget`` bytes, so peak memory is
+    about ``n d' + memory_budget`` bytes whatever n is.
+
     Attributes
     ----------
-    signs : ndarray, shape (n, d')
-        Diagonals of the ``D_i``.
+    signs : ndarray of int8, shape (n, d')
+        Diagonals of the ``D_i`` (+1 or -1).
     rows : ndarray of int64, shape (n, k)
         Rows sampled by each client.
+    memory_budget : int
+        Bytes of float64 work arrays per chunk of clients.
     """
 
-    signs: FloatArray
+    signs: NDArray[np.int8]
     rows: IntArray
     memory_budget: int = DEFAULT_MEMORY_BUDGET
 
@@ -114,10 +120,11 @@ class JointSRHT:
         cls, seeds: Sequence[int], k: int, d_pad: int, memory_budget: int = DEFAULT_MEMORY_BUDGET
     ) -> JointSRHT:
         """Regenerate every client's transform from its seed."""
-        s = np.empty((len(seeds), d_pad), dtype=np.float64)
+        s = np.empty((len(seeds), d_pad), dtype=np.int8)
         r = np.empty((len(seeds), k), dtype=np.int64)
         for i, seed in enumerate(seeds):
-            s[i] = signs(seed, d_pad)
+            np.multiply(sign_bits(seed, d_pad).view(np.int8), np.int8(-2), out=s[i])
+            s[i] += np.int8(1)
             r[i] = srht_rows(seed, k, d_pad)
         return cls(s, r, memory_budget)
 
@@ -140,28 +147,30 @@ class JointSRHT:
         """``A^T z = sum_i G_i^T z_i`` for ``z`` of shape (n, k); returns (d',)."""
         out = np.zeros(self.d_pad)
         step = self._chunk()
-        scale = 1.0 / np.sqrt(self.d_pad)
+        work = np.empty((step, self.d_pad))
         for lo in range(0, self.n, step):
             hi = min(self.n, lo + step)
-            work = np.zeros((hi - lo, self.d_pad))
-            np.put_along_axis(work, self.rows[lo:hi], z[lo:hi], axis=1)
-            fwht(work, inplace=True)
-            work *= self.signs[lo:hi]
-            out += work.sum(axis=0)
-        out *= scale
+            w = work[: hi - lo]
+            w.fill(0.0)
+            np.put_along_axis(w, self.rows[lo:hi], z[lo:hi], axis=1)
+            fwht(w, inplace=True)
+            np.multiply(w, self.signs[lo:hi], out=w)
+            out += w.sum(axis=0)
+        out *= 1.0 / np.sqrt(self.d_pad)
         return out
 
     def forward(self, u: FloatArray) -> FloatArray:
         """``A u`` as an (n, k) array: row ``i`` is ``G_i u``."""
         out = np.empty((self.n, self.k))
         step = self._chunk()
-        scale = 1.0 / np.sqrt(self.d_pad)
+        work = np.empty((step, self.d_pad))
         for lo in range(0, self.n, step):
             hi = min(self.n, lo + step)
-            work = self.signs[lo:hi] * u[None, :]
-            fwht(work, inplace=True)
-            out[lo:hi] = np.take_along_axis(work, self.rows[lo:hi], axis=1)
-        out *= scale
+            w = work[: hi - lo]
+            np.multiply(self.signs[lo:hi], u[None, :], out=w)
+            fwht(w, inplace=True)
+            out[lo:hi] = np.take_along_axis(w, self.rows[lo:hi], axis=1)
+        out *= 1.0 / np.sqrt(self.d_pad)
         return out
 
     def gram(self) -> FloatArray:
@@ -177,7 +186,7 @@ class JointSRHT:
             ri = self.rows[i]
             for lo in range(i, n, step):
                 hi = min(n, lo + step)
-                prod = self.signs[i][None, :] * self.signs[lo:hi]
+                prod = np.multiply(self.signs[i][None, :], self.signs[lo:hi], dtype=np.float64)
                 fwht(prod, inplace=True)
                 idx = ri[None, :, None] ^ self.rows[lo:hi][:, None, :]  # (b, k, k)
                 blocks = np.take_along_axis(prod, idx.reshape(hi - lo, k * k), axis=1)
