@@ -412,6 +412,7 @@ def make_estimator(
     prior_r: float | None = None,
     method: str = "auto",
     rtol: float = DEFAULT_RTOL,
+    block_size: int | None = None,
 ) -> Estimator:
     """Build an estimator by name.
 
@@ -432,11 +433,22 @@ def make_estimator(
         Rand-Proj-Spatial's joint solver.
     rtol : float
         Relative residual target of the matrix-free solver.
+    block_size : int, optional
+        Rand-Proj-Spatial only: a power of two; encode and decode each block of
+        ``block_size`` coordinates independently (for very large d; see
+        ``docs/performance.md``). The message scheme becomes
+        ``rand-proj-spatial:block=<block_size>``.
 
     Returns
     -------
     Estimator
     """
+    if block_size is not None:
+        if name != "rand-proj-spatial":
+            raise ValueError(f"block_size applies to rand-proj-spatial only, not {name!r}")
+        from rpsagg._blockwise import BlockwiseRandProjSpatial
+
+        return BlockwiseRandProjSpatial(n, k, d, block_size, transform, prior_r, method, rtol)
     if name == "rand-proj-spatial":
         return RandProjSpatial(n, k, d, transform, prior_r, method, rtol)
     if name == "rand-k-spatial":

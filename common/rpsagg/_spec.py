@@ -36,6 +36,7 @@ TAG_WANGNI = _tag(b"rpsWNGNI")  # Rand-k-Wangni Bernoulli draws
 TAG_INDUCED = _tag(b"rpsINDCD")  # Induced compressor's random part
 TAG_MCBETA = _tag(b"rpsMCBTA")  # Monte Carlo seeds for beta (server side only)
 TAG_MCPROBE = _tag(b"rpsMCPRB")  # Hutchinson probe vectors for beta (server side only)
+TAG_BLOCK = _tag(b"rpsBLOCK")  # blockwise SRHT: per-block transform seeds
 TAG_ROUND = _tag(b"rpsROUND")  # service: transform seed of a round submission
 
 
