@@ -1,0 +1,31 @@
+# syntax=docker/dockerfile:1
+# rpsagg-server: the gRPC aggregation service and its dashboard (FastAPI under uvicorn).
+# Build from the repository root:  docker build -f docker/server.Dockerfile -t rpsagg-server .
+# Configuration: RPSAGG_<FLAG> environment variables (rpsagg-server --help), see
+# docker-compose.yml and .env.example.
+
+# --- build: a virtual environment with the library and the server ------------------------
+FROM python:3.11.14-slim-bookworm AS build
+ENV VIRTUAL_ENV=/opt/venv PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv "$VIRTUAL_ENV"
+ENV PATH="/opt/venv/bin:$PATH"
+WORKDIR /src
+COPY common/ common/
+COPY server/ server/
+RUN --mount=type=cache,target=/root/.cache/pip pip install "./common[fast]" ./server
+
+# --- runtime: the venv and a non-root user ------------------------------------------------
+FROM python:3.11.14-slim-bookworm
+RUN useradd --system --uid 10001 --user-group --home-dir /data --shell /usr/sbin/nologin rpsagg \
+    && mkdir -p /data/cache && chown -R rpsagg:rpsagg /data
+COPY --from=build /opt/venv /opt/venv
+COPY docker/healthcheck.py /usr/local/bin/rpsagg-healthcheck
+ENV PATH="/opt/venv/bin:$PATH" PYTHONUNBUFFERED=1 \
+    RPSAGG_HOST=0.0.0.0 RPSAGG_GRPC_PORT=50051 RPSAGG_HTTP_PORT=8000 \
+    RPSAGG_DB=/data/rpsagg.db RPSAGG_CACHE_DIR=/data/cache
+WORKDIR /data
+USER 10001:10001
+EXPOSE 50051 8000
+HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 \
+    CMD ["python", "/usr/local/bin/rpsagg-healthcheck", "http"]
+CMD ["rpsagg-server"]
