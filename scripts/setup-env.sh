@@ -14,8 +14,9 @@ case "$role" in
   test) deb_packages+=(chromium chromium-driver) ;;  # the dashboard's real-browser test
   *) echo "usage: $0 run|test" >&2; exit 2 ;;
 esac
-# the service tests: Fashion-MNIST data, iproute2 for the network-namespace test
-if [ "$role" = test ]; then deb_packages+=(dataset-fashion-mnist iproute2); fi
+# the service tests: Fashion-MNIST data, iproute2 for the network-namespace tests,
+# docker-compose (Debian's v1 CLI) to validate and resolve docker-compose*.yml (no engine)
+if [ "$role" = test ]; then deb_packages+=(dataset-fashion-mnist iproute2 docker-compose); fi
 
 missing=()
 for pkg in "${deb_packages[@]}"; do

@@ -6,6 +6,7 @@ import asyncio
 import datetime as dt
 import ipaddress
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from rpsagg import make_estimator
 from rpsagg.v1 import serde
@@ -187,3 +189,59 @@ def check_rounds_against_inprocess(db: str, n: int, k: int, d: int, scheme: str)
         return checked
     finally:
         store.close()
+
+
+def ip(*args: str) -> None:
+    """Run ``ip ARGS...`` (iproute2); raises on failure."""
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+
+@dataclass(frozen=True)
+class Spoke:
+    """A namespace joined to the hub namespace by a veth pair (a /24 of 198.18.0.0/15)."""
+
+    ns: str
+    hub_addr: str
+    addr: str
+
+
+@contextmanager
+def veth_star(prefix: str, spokes: int, tag: str) -> Iterator[tuple[str, list[Spoke]]]:
+    """A hub namespace ``<prefix>srv`` and ``spokes`` namespaces ``<prefix>c<i>``, each joined
+    to the hub by a veth pair (interfaces ``rps<tag>s<i>``/``rps<tag>c<i>``, ``tag`` at most
+    8 characters) addressed from 198.18.0.0/15, the benchmarking range. Everything is
+    deleted on exit, with ``/etc/netns/<ns>/`` (per-namespace ``/etc`` files such as
+    ``hosts``, bind-mounted by ``ip netns exec``). Skips the test, with the reason, where
+    namespaces cannot be created (not root, no ``ip``).
+    """
+    if shutil.which("ip") is None:
+        pytest.skip("network namespaces unavailable: the 'ip' command (iproute2) is missing")
+    hub = prefix + "srv"
+    made: list[str] = []
+    try:
+        try:
+            ip("netns", "add", hub)
+        except subprocess.CalledProcessError as exc:
+            pytest.skip(f"network namespaces unavailable: 'ip netns add' failed: "
+                        f"{exc.stderr.decode().strip()}")
+        made.append(hub)
+        ip("-n", hub, "link", "set", "lo", "up")
+        out = []
+        for i in range(spokes):
+            ns = f"{prefix}c{i}"
+            ip("netns", "add", ns)
+            made.append(ns)
+            hub_if, ns_if = f"rps{tag}s{i}", f"rps{tag}c{i}"
+            ip("link", "add", hub_if, "type", "veth", "peer", "name", ns_if)
+            ip("link", "set", hub_if, "netns", hub)
+            ip("link", "set", ns_if, "netns", ns)
+            ip("-n", hub, "addr", "add", f"198.18.{i}.1/24", "dev", hub_if)
+            ip("-n", ns, "addr", "add", f"198.18.{i}.2/24", "dev", ns_if)
+            for where, dev in ((hub, hub_if), (ns, ns_if), (ns, "lo")):
+                ip("-n", where, "link", "set", dev, "up")
+            out.append(Spoke(ns, f"198.18.{i}.1", f"198.18.{i}.2"))
+        yield hub, out
+    finally:
+        for ns in reversed(made):  # deleting a namespace deletes its veth ends
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+            shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)

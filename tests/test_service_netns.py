@@ -9,7 +9,6 @@ Skipped, with the reason, where network namespaces cannot be created (not root, 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from service_util import (
     client_command,
     kill_all,
     server_command,
+    veth_star,
     wait_port_file,
 )
 
@@ -27,44 +27,11 @@ N, K, D, ROUNDS, CLIENT_NS = 4, 8, 128, 3, 2
 PREFIX = f"rpsagg-test-{os.getpid()}-"
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
-
-
 @pytest.fixture
 def namespaces() -> Iterator[tuple[str, list[tuple[str, str]]]]:
     """The server namespace and ``(client namespace, server address)`` pairs."""
-    if shutil.which("ip") is None:
-        pytest.skip("network namespaces unavailable: the 'ip' command (iproute2) is missing")
-    server_ns = PREFIX + "srv"
-    made: list[str] = []
-    try:
-        try:
-            _ip("netns", "add", server_ns)
-        except subprocess.CalledProcessError as exc:
-            pytest.skip(f"network namespaces unavailable: 'ip netns add' failed: "
-                        f"{exc.stderr.decode().strip()}")
-        made.append(server_ns)
-        _ip("-n", server_ns, "link", "set", "lo", "up")
-        pairs = []
-        tag = os.getpid() % 100000
-        for i in range(CLIENT_NS):
-            ns = f"{PREFIX}c{i}"
-            _ip("netns", "add", ns)
-            made.append(ns)
-            srv_if, cli_if = f"rps{tag}s{i}", f"rps{tag}c{i}"
-            _ip("link", "add", srv_if, "type", "veth", "peer", "name", cli_if)
-            _ip("link", "set", srv_if, "netns", server_ns)
-            _ip("link", "set", cli_if, "netns", ns)
-            _ip("-n", server_ns, "addr", "add", f"198.18.{i}.1/24", "dev", srv_if)
-            _ip("-n", ns, "addr", "add", f"198.18.{i}.2/24", "dev", cli_if)
-            for where, dev in ((server_ns, srv_if), (ns, cli_if), (ns, "lo")):
-                _ip("-n", where, "link", "set", dev, "up")
-            pairs.append((ns, f"198.18.{i}.1"))
-        yield server_ns, pairs
-    finally:
-        for ns in reversed(made):  # deleting a namespace deletes its veth ends
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+    with veth_star(PREFIX, CLIENT_NS, str(os.getpid() % 100000)) as (server_ns, spokes):
+        yield server_ns, [(s.ns, s.hub_addr) for s in spokes]
 
 
 @pytest.mark.timeout(240)
