@@ -24,8 +24,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import scipy.linalg
-from scipy.stats import binom
 
 from rpsagg._decode import EXACT_LIMIT, eig_tolerance, solve_krylov, solve_lsqr
 from rpsagg._spec import SPEC_VERSION, TAG_MCBETA, TAG_MCPROBE, stream_key, stream_words, uniforms
@@ -35,7 +33,7 @@ log = logging.getLogger("rpsagg")
 
 MC_VERSION = "mc-v2"
 TARGET_REL_SE = 1e-3
-MIN_SAMPLES = 16  # with the exact spectrum (cheap samples)
+MIN_SAMPLES = 10  # with the exact spectral sum
 MIN_SAMPLES_HUTCHINSON = 6  # each sample is a full solve; its variance is small
 HUTCHINSON_RTOL = 1e-6
 MAX_SAMPLES = 20000
@@ -72,6 +70,8 @@ class BetaEstimate:
 
 def spatial_beta(n: int, k: int, d: int, c: float) -> float:
     """Exact beta of Rand-k-Spatial: ``d / (n k E[1 / T(1 + B)])``, ``B ~ Bin(n-1, k/d)``."""
+    from scipy.stats import binom
+
     b = np.arange(n)
     pmf = binom.pmf(b, n - 1, k / d)
     expect = float(np.sum(pmf / ((1.0 - c) + c * (1.0 + b))))
@@ -132,6 +132,8 @@ def mc_seeds(sample: int, n: int) -> list[int]:
 
 def spectral_sample(n: int, k: int, d_pad: int, c: float, sample: int) -> tuple[float, str]:
     """One unbiased sample of ``sum_j l_j / T(l_j)`` for the clients of sample ``sample``."""
+    import scipy.linalg
+
     op = JointSRHT.from_seeds(mc_seeds(sample, n), k, d_pad)
     nk = n * k
     if nk <= EXACT_LIMIT:
@@ -144,6 +146,19 @@ def spectral_sample(n: int, k: int, d_pad: int, c: float, sample: int) -> tuple[
                 rcond, info = scipy.linalg.lapack.dpocon(factor, anorm, uplo="L")
                 if info == 0 and rcond > 1e-12:
                     return float(nk), "mc-eig"
+            except np.linalg.LinAlgError:
+                pass
+        if c < 1.0:
+            # M = (1-c) I + c K is positive definite: tr(K M^-1) = (nk - (1-c) tr(M^-1)) / c
+            # with tr(M^-1) = ||L^-1||_F^2 from its Cholesky factor L (exact, and about ten
+            # times cheaper than an eigendecomposition).
+            m = c * gram
+            m[np.diag_indices(nk)] += 1.0 - c
+            try:
+                factor = scipy.linalg.cholesky(m, lower=True, check_finite=False)
+                inv, info = scipy.linalg.lapack.dtrtri(factor, lower=1)
+                if info == 0:
+                    return (nk - (1.0 - c) * float(np.sum(inv * inv))) / c, "mc-eig"
             except np.linalg.LinAlgError:
                 pass
         w = scipy.linalg.eigvalsh(gram, check_finite=False)

@@ -22,13 +22,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.linalg
 from numpy.typing import NDArray
-from scipy.sparse.linalg import LinearOperator, cg, lsqr
 
 from rpsagg._srht import JointSRHT
+
+if TYPE_CHECKING:  # scipy is imported lazily: encoding clients never load it
+    from scipy.sparse.linalg import LinearOperator
 
 FloatArray = NDArray[np.float64]
 log = logging.getLogger("rpsagg")
@@ -86,6 +88,8 @@ def eig_tolerance(w_max: float, nk: int, d_pad: int) -> float:
 def _spectral_apply(
     gram: FloatArray, y: FloatArray, c: float, d_pad: int
 ) -> tuple[FloatArray, str]:
+    import scipy.linalg
+
     nk = gram.shape[0]
     try:
         w, v = scipy.linalg.eigh(gram, check_finite=False)
@@ -102,6 +106,8 @@ def _spectral_apply(
 
 def solve_exact(gram: FloatArray, y: FloatArray, c: float, d_pad: int) -> tuple[FloatArray, str]:
     """``f(K) y`` from the explicit Gram matrix; never raises on a singular K."""
+    import scipy.linalg
+
     nk = gram.shape[0]
     m = c * gram
     m[np.diag_indices(nk)] += 1.0 - c
@@ -118,6 +124,8 @@ def solve_exact(gram: FloatArray, y: FloatArray, c: float, d_pad: int) -> tuple[
 
 def system_operator(op: JointSRHT, c: float) -> LinearOperator:
     """``M = (1 - c) I + c K`` as a matrix-free operator on vectors of length nk."""
+    from scipy.sparse.linalg import LinearOperator
+
     n, k = op.n, op.k
 
     def matvec(v: FloatArray) -> FloatArray:
@@ -141,6 +149,8 @@ def solve_krylov(
 
     Returns the solution, the iteration count and whether the tolerance was reached.
     """
+    from scipy.sparse.linalg import cg
+
     if not c < 1.0:
         raise ValueError("conjugate gradients need c < 1; use solve_lsqr for c = 1")
     iters = 0
@@ -162,6 +172,8 @@ def solve_lsqr(
 
     Returns the solution, iterations, convergence flag and the stopping residual.
     """
+    from scipy.sparse.linalg import LinearOperator, lsqr
+
     n, k, d_pad = op.n, op.k, op.d_pad
     a_op = LinearOperator(
         (n * k, d_pad),
