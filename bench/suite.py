@@ -169,6 +169,47 @@ def blockwise_mse(trials: int) -> list[dict[str, Any]]:
     return rows
 
 
+def loop_lag_during_decode(n: int, k: int, d: int) -> dict[str, Any]:
+    """Event-loop lag while a decode runs in a worker thread, as the server runs it.
+
+    The server decodes in a ``ThreadPoolExecutor`` off its asyncio loop; this measures how
+    late a 5 ms ``asyncio.sleep`` wakes up while such a decode is running (the GIL is the only
+    thing the two share), i.e. the extra latency a Submit or status call would see.
+    """
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    est = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d)
+    msgs = [est.encode(x, 7_000 + i) for i, x in enumerate(client_data(n, d))]
+    _ = est.beta_bar  # computed (and cached) before the timed part
+
+    async def run() -> tuple[list[float], float]:
+        loop = asyncio.get_running_loop()
+        with ThreadPoolExecutor(1) as pool:
+            t0 = time.perf_counter()
+            fut = loop.run_in_executor(pool, est.decode, msgs)
+            lags = []
+            while not fut.done():
+                start = time.perf_counter()
+                await asyncio.sleep(0.005)
+                lags.append(time.perf_counter() - start - 0.005)
+            await fut
+            return lags, time.perf_counter() - t0
+
+    lags, seconds = asyncio.run(run())
+    arr = np.asarray(lags) * 1e3
+    return {
+        "n": n,
+        "k": k,
+        "d": d,
+        "decode_seconds": seconds,
+        "wakeups": int(arr.size),
+        "lag_p50_ms": float(np.median(arr)),
+        "lag_p99_ms": float(np.percentile(arr, 99)),
+        "lag_max_ms": float(arr.max()),
+    }
+
+
 def slope(xs: list[float], ys: list[float]) -> float:
     """Least-squares slope of log y against log x (the growth exponent)."""
     return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
@@ -220,14 +261,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--quick", action="store_true", help="small grid only")
-    p.add_argument("--only", choices=["targets", "grid", "encode", "blockwise"], action="append")
+    p.add_argument(
+        "--only", choices=["targets", "grid", "encode", "blockwise", "lag"], action="append"
+    )
     p.add_argument("--json", metavar="PATH", help="write all results as JSON")
     p.add_argument("--trials", type=int, default=20, help="trials per blockwise MSE point")
     args = p.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return 0
-    parts = set(args.only or ["encode", "targets", "grid", "blockwise"])
+    parts = set(args.only or ["encode", "targets", "grid", "blockwise", "lag"])
     report: dict[str, Any] = {
         "machine": {
             "cpus": os.cpu_count(),
@@ -271,6 +314,17 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         report["blockwise_mse"] = blockwise_mse(3 if args.quick else args.trials)
+    if "lag" in parts:
+        print("\nEvent-loop lag while a decode runs in the server's worker thread", flush=True)
+        shape = (10, 32, 4096) if args.quick else (100, 64, 1 << 16)
+        lag = loop_lag_during_decode(*shape)
+        report["loop_lag"] = lag
+        print(
+            f"  (n, k, d) = {shape}: decode {lag['decode_seconds']:.2f} s, "
+            f"{lag['wakeups']} wake-ups, lag p50 {lag['lag_p50_ms']:.1f} ms, "
+            f"p99 {lag['lag_p99_ms']:.1f} ms, max {lag['lag_max_ms']:.1f} ms",
+            flush=True,
+        )
     report["machine"]["load_avg_end"] = os.getloadavg()
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))

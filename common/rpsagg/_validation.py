@@ -35,9 +35,10 @@ def check_vector(x: ArrayLike, d: int) -> NDArray[np.float64]:
     arr = np.asarray(x, dtype=np.float64)
     if arr.shape != (d,):
         raise ValueError(f"x must have shape ({d},); got shape {arr.shape}")
-    # One BLAS pass: NaN/Inf propagate into x.x; only a huge but finite x (|x|^2 overflows)
-    # falls through to the exact element-wise check.
-    if not np.isfinite(arr @ arr) and not np.all(np.isfinite(arr)):
+    # One pass, no temporaries: NaN/Inf propagate into the sum; only a huge but finite x whose
+    # sum overflows falls through to the exact element-wise check. (Not x @ x: a BLAS dot
+    # wakes OpenBLAS's threads, which costs milliseconds on a loaded machine.)
+    if not np.isfinite(np.add.reduce(arr)) and not np.all(np.isfinite(arr)):
         raise ValueError("x must be finite (it contains NaN or Inf)")
     return arr
 
