@@ -42,11 +42,15 @@ N_GRID = [(n, 64, 1 << 16, None) for n in (10, 20, 50, 100)]
 QUICK = [(10, 32, 1024, None), (20, 100, 4096, None), (50, 32, 1 << 14, None)]
 
 
-def client_data(n: int, d: int, seed: int = 3) -> np.ndarray:
-    """Correlated client vectors (R = (n-1)/2) without a d x (n+1) QR at large d."""
+def client_messages(est: rpsagg.Estimator, n: int, d: int, seed: int = 3) -> list[rpsagg.Encoded]:
+    """Encoded correlated client vectors (a shared component plus noise, R ~ (n-1)/2).
+
+    Vectors are generated and encoded one at a time, so the process never holds n x d of
+    client data and its peak memory is the decoder's.
+    """
     rng = np.random.default_rng(seed)
     common = rng.standard_normal(d)
-    return np.asarray(common[None, :] + rng.standard_normal((n, d)))
+    return [est.encode(common + rng.standard_normal(d), 1_000 + i) for i in range(n)]
 
 
 def worker(spec: dict[str, Any]) -> dict[str, Any]:
@@ -56,9 +60,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     est = rpsagg.make_estimator(
         "rand-proj-spatial", n=n, k=k, d=d, transform=transform, block_size=block
     )
-    xs = client_data(n, d)
-    msgs = [est.encode(x, 1_000 + i) for i, x in enumerate(xs)]
-    del xs
+    msgs = client_messages(est, n, d)
     t0 = time.perf_counter()
     beta = est.beta_bar
     beta_s = time.perf_counter() - t0
@@ -180,7 +182,7 @@ def loop_lag_during_decode(n: int, k: int, d: int) -> dict[str, Any]:
     from concurrent.futures import ThreadPoolExecutor
 
     est = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d)
-    msgs = [est.encode(x, 7_000 + i) for i, x in enumerate(client_data(n, d))]
+    msgs = client_messages(est, n, d)
     _ = est.beta_bar  # computed (and cached) before the timed part
 
     async def run() -> tuple[list[float], float]:
