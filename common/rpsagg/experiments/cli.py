@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -82,9 +83,25 @@ def run_one(name: str, out: Path, args: argparse.Namespace) -> None:
     mod.run(out, **common)
 
 
+def single_blas_thread() -> None:
+    """One BLAS thread in this process and (through the environment) in the workers.
+
+    Parallelism comes from the worker processes; a multi-threaded BLAS on a shared two-core
+    machine spins and slows small products several-fold.
+    """
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - threadpoolctl is in the experiments extra
+        return
+    threadpool_limits(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     args = build_parser().parse_args(argv)
+    single_blas_thread()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     names = EXPERIMENTS if args.name == "all" else (args.name,)
     root = args.out if args.out is not None else Path("results")
