@@ -12,9 +12,9 @@ spectrum of K. For the affine ``T(l) = (1 - c) + c l`` this is ``A^T ((1-c) I + 
   ``A x = y``, which LSQR on A finds directly; it handles a singular K and is better
   conditioned than any Krylov method on K itself.
 
-``method="auto"`` picks the exact solver when nk is small or when nk is close to d' (where
-Krylov methods stall), and the matrix-free one otherwise. Neither raises on a singular
-system.
+``method="auto"`` (:func:`choose_method`) picks the exact solver when nk is small, and for
+``c = 1`` when nk is close to d' (where LSQR stalls); the matrix-free one otherwise. Neither
+raises on a singular system.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # scipy is imported lazily: encoding clients never load it
 FloatArray = NDArray[np.float64]
 log = logging.getLogger("rpsagg")
 
-EXACT_ALWAYS = 1536  # nk at or below which the exact solver is always used
+EXACT_ALWAYS = 512  # nk at or below which the exact solver is always used
 EXACT_LIMIT = 4096  # largest nk for which the exact solver is chosen automatically
 # Krylov stopping rule. The solver's relative error in A^T z is at most about cond(M) * rtol
 # (cond(M) < 10 where the matrix-free path is chosen, nk <= d'/4), i.e. <= 1e-5 relative,
@@ -71,10 +71,20 @@ class SolveInfo:
     seconds: float
 
 
-def choose_method(nk: int, d_pad: int) -> str:
-    """Solver picked by ``method="auto"`` for a system of size nk in dimension d'."""
+def choose_method(nk: int, d_pad: int, c: float = 1.0) -> str:
+    """Solver picked by ``method="auto"`` for a system of size nk in dimension d'.
+
+    For ``c < 1`` the system matrix ``M = (1-c) I + c K`` has eigenvalues in
+    ``[1 - c, 1 - c + c lambda_max(K)]`` whatever nk/d' is, so conjugate gradients converge
+    in tens of iterations (21 to rtol 1e-10 at n, k, d = 20, 100, 4096) and beat a Cholesky
+    factorization from nk ~ 500 on. For ``c = 1`` (max) K itself must be inverted; its
+    smallest eigenvalues approach 0 as nk approaches d', where LSQR stalls and the exact
+    solver is used.
+    """
     if nk <= EXACT_ALWAYS:
         return "exact"
+    if c < 1.0:
+        return "cg"
     if nk <= EXACT_LIMIT and 4 * nk > d_pad:
         return "exact"
     return "cg"
@@ -224,7 +234,7 @@ def joint_solve(
         )
     if method not in ("auto", "exact", "cg"):
         raise ValueError(f"method must be 'auto', 'exact' or 'cg'; got {method!r}")
-    chosen = choose_method(nk, op.d_pad) if method == "auto" else method
+    chosen = choose_method(nk, op.d_pad, c) if method == "auto" else method
     if chosen == "cg" and c == 1.0:
         xt, iterations, converged, residual = solve_lsqr(op, flat, rtol=rtol)
         if converged or nk > 2 * EXACT_LIMIT:
