@@ -34,9 +34,10 @@ fi
 
 python=${PYTHON:-python3.11}
 command -v "$python" >/dev/null 2>&1 || python=python3
-if [ ! -x .venv/bin/python ]; then
+if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+  # missing, or left half-made by an interrupted run: (re)create it
   echo "[setup] creating .venv with $($python --version)"
-  "$python" -m venv .venv
+  "$python" -m venv --clear .venv
 fi
 
 inputs=(common/pyproject.toml server/pyproject.toml client/pyproject.toml)
