@@ -61,6 +61,9 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         "rand-proj-spatial", n=n, k=k, d=d, transform=transform, block_size=block
     )
     msgs = client_messages(est, n, d)
+    import scipy.linalg
+    import scipy.sparse.linalg  # noqa: F401  (imported lazily by rpsagg; not part of a decode)
+
     t0 = time.perf_counter()
     beta = est.beta_bar
     beta_s = time.perf_counter() - t0
