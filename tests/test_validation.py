@@ -120,3 +120,18 @@ def test_derive_round_seed_names_the_bad_argument() -> None:
         derive_round_seed(1, 2, "a", 0.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="client_id must be a str"):
         derive_round_seed(1, 2, 7)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("block_size", [None, 8])
+def test_srht_encoders_catch_non_finite_input_through_the_output(block_size: int | None) -> None:
+    # The SRHT encoders skip the input scan: every sent value mixes every coordinate (of its
+    # block), so a NaN/Inf anywhere in x must still be reported, and an overflow named.
+    e = rpsagg.make_estimator("rand-proj-spatial", n=2, k=4, d=20, block_size=block_size)
+    for pos in (0, 7, 19):
+        for bad in (np.nan, np.inf, -np.inf):
+            x = np.ones(20)
+            x[pos] = bad
+            with pytest.raises(ValueError, match="x must be finite"):
+                e.encode(x, 3)
+    with pytest.raises(ValueError, match="too large"):
+        e.encode(np.full(20, 1e308), 3)

@@ -50,6 +50,8 @@ class BlockwiseRandProjSpatial(Estimator):
         As for :class:`~rpsagg._estimators.RandProjSpatial`, applied in every block.
     """
 
+    _mixes_all_inputs = True  # every block sends >= 1 value mixing all its coordinates
+
     def __init__(
         self,
         n: int,

@@ -76,6 +76,9 @@ class Estimator(ABC):
     """
 
     name: str = ""
+    # True where every sent value depends on every coordinate of x (so a NaN/Inf in x shows
+    # in the output and the input need not be scanned separately).
+    _mixes_all_inputs: bool = False
 
     def __init__(self, n: int, k: int, d: int) -> None:
         self.n, self.k, self.d = check_dims(n, k, d)
@@ -95,9 +98,12 @@ class Estimator(ABC):
         -------
         Encoded
         """
-        vec = check_vector(x, self.d)
+        vec = check_vector(x, self.d, finite=not self._mixes_all_inputs)
         seed = check_seed(seed)
         values, indices = self._encode(vec, seed)
+        if self._mixes_all_inputs and not np.all(np.isfinite(values)):
+            check_vector(vec, self.d)  # raises the usual message for NaN/Inf in x
+            raise ValueError("x is too large: its transform overflows float64")
         return Encoded(self.name, seed, self.k, self.d, values.astype(np.float32), indices)
 
     def decode(self, encoded: Sequence[Encoded]) -> FloatArray:
@@ -286,6 +292,7 @@ class RandProjSpatial(Estimator, _SpatialMixin):
     """
 
     name = "rand-proj-spatial"
+    _mixes_all_inputs = True
 
     def __init__(
         self,

@@ -30,15 +30,23 @@ def check_dims(n: object, k: object, d: object) -> tuple[int, int, int]:
     return n_, k_, d_
 
 
-def check_vector(x: ArrayLike, d: int) -> NDArray[np.float64]:
-    """A finite float64 vector of shape (d,)."""
+def check_vector(x: ArrayLike, d: int, *, finite: bool = True) -> NDArray[np.float64]:
+    """A float64 vector of shape (d,), finite unless ``finite=False`` skips that check.
+
+    Encoders whose every output mixes every input (the SRHT) pass ``finite=False`` and check
+    their output instead: a NaN or Inf anywhere in x makes every output non-finite.
+    """
     arr = np.asarray(x, dtype=np.float64)
     if arr.shape != (d,):
         raise ValueError(f"x must have shape ({d},); got shape {arr.shape}")
+    if not finite:
+        return arr
     # One pass, no temporaries: NaN/Inf propagate into the sum; only a huge but finite x whose
     # sum overflows falls through to the exact element-wise check. (Not x @ x: a BLAS dot
     # wakes OpenBLAS's threads, which costs milliseconds on a loaded machine.)
-    if not np.isfinite(np.add.reduce(arr)) and not np.all(np.isfinite(arr)):
+    with np.errstate(over="ignore"):
+        total = np.add.reduce(arr)
+    if not np.isfinite(total) and not np.all(np.isfinite(arr)):
         raise ValueError("x must be finite (it contains NaN or Inf)")
     return arr
 
