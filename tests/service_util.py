@@ -164,6 +164,17 @@ def kill_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
             p.wait(10)
 
 
+def wait_all_exit_cleanly(
+    server: subprocess.Popen[bytes], clients: Sequence[subprocess.Popen[bytes]]
+) -> None:
+    """Wait for every client, then the server, and assert each exited with status 0."""
+    for p in clients:
+        _, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err.decode()
+    _, err = server.communicate(timeout=60)
+    assert server.returncode == 0, err.decode()[-2000:]
+
+
 def check_rounds_against_inprocess(db: str, n: int, k: int, d: int, scheme: str) -> int:
     """Every done round's stored estimate vs ``Estimator.decode`` in-process; returns count.
 
