@@ -543,6 +543,58 @@ def test_sample_distinct_matches_reference() -> None:
     np.testing.assert_array_equal(_spec.randk_indices(9, 123, 1000), full[:123])
 
 
+@pytest.mark.parametrize("path", ["scatter", "sort"])
+def test_both_first_accepted_paths_match_reference(
+    path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # sample_distinct picks the scatter path for large draws and the sort path otherwise;
+    # force each in turn on draws big enough to hold duplicates and (for bounds that are
+    # not powers of two) rejections, and compare with the plain-Python reference.
+    if path == "scatter":
+        monkeypatch.setattr(_spec, "_SCATTER_MIN_DRAWN", 0)
+    else:
+        monkeypatch.setattr(_spec, "_SCATTER_MAX_BOUND", 0)
+    cases = [(5000, 1 << 14), (3000, 5000), (4097, 4097), (1, 1), (7, 9), (20000, 1 << 16)]
+    for i, (k, bound) in enumerate(cases):
+        seed = _random_seeds(len(cases), 11)[i]
+        got = _spec.sample_distinct(seed, _spec.TAG_ROWS, k, bound)
+        assert got.dtype == np.int64
+        assert got.tolist() == ref_sample_distinct(seed, "rpsROWS_", k, bound), (k, bound)
+
+
+def test_first_accepted_paths_agree_on_duplicates() -> None:
+    # Many duplicates and rejections (values drawn from [0, 300) with bound 200), including
+    # repeated values at the first and last positions.
+    rng = np.random.default_rng(12)
+    drawn = rng.integers(0, 300, size=5000).astype(np.uint64)
+    drawn[-1] = drawn[0]
+    scatter = _spec._first_accepted_scatter(drawn, 200)
+    sort = _spec._first_accepted_sort(drawn, 200, 9)
+    seen: set[int] = set()
+    expected = []
+    for pos, value in enumerate(drawn.tolist()):
+        if value < 200 and value not in seen:
+            seen.add(value)
+            expected.append(pos)
+    assert scatter.tolist() == expected
+    assert sort.tolist() == expected
+
+
+def test_sign_factors_equal_one_minus_twice_the_bits() -> None:
+    buf = np.empty(2048, dtype=np.int8)
+    idx = np.empty(256, dtype=np.intp)
+    for seed, d_pad in zip(_random_seeds(8, 13), [1, 2, 7, 8, 64, 100, 1024, 2048], strict=True):
+        expected = 1 - 2 * np.array(ref_sign_bits(seed, d_pad), dtype=np.int8)
+        fresh = _spec.sign_factors(seed, d_pad)
+        reused = _spec.sign_factors(seed, d_pad, out=buf, index_buffer=idx)
+        assert fresh.dtype == np.int8 and fresh.tolist() == expected.tolist()
+        assert reused.tolist() == expected.tolist()
+    with pytest.raises(ValueError, match="int8"):
+        _spec.sign_factors(1, 64, out=np.empty(64, dtype=np.float64))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="int8"):
+        _spec.sign_factors(1, 64, out=np.empty(8, dtype=np.int8))
+
+
 def test_uniforms_match_reference() -> None:
     for seed in _random_seeds(10, 5):
         u = _spec.uniforms(seed, _spec.TAG_WANGNI, 40)

@@ -10,6 +10,8 @@ pin it down. NumPy ``Generator`` streams are never used for these quantities.
 from __future__ import annotations
 
 import math
+import threading
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -48,10 +50,21 @@ def mix64(z: int) -> int:
     return z ^ (z >> 31)
 
 
-def _mix64_array(z: NDArray[np.uint64]) -> NDArray[np.uint64]:
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(_MUL1)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(_MUL2)
-    return z ^ (z >> np.uint64(31))
+def _mix64_array(
+    z: NDArray[np.uint64], tmp: NDArray[np.uint64] | None = None
+) -> NDArray[np.uint64]:
+    """SplitMix64 output function applied in place to ``z`` (returned); ``tmp`` is scratch."""
+    if tmp is None:
+        tmp = np.empty_like(z)
+    np.right_shift(z, np.uint64(30), out=tmp)
+    z ^= tmp
+    z *= np.uint64(_MUL1)
+    np.right_shift(z, np.uint64(27), out=tmp)
+    z ^= tmp
+    z *= np.uint64(_MUL2)
+    np.right_shift(z, np.uint64(31), out=tmp)
+    z ^= tmp
+    return z
 
 
 def stream_key(seed: int, tag: int) -> int:
@@ -69,10 +82,42 @@ def stream_words(key: int, start: int, count: int) -> NDArray[np.uint64]:
     Word ``t`` is ``mix64(key + (t + 1) * GAMMA mod 2^64)``: the ``t``-th output of a
     SplitMix64 generator seeded with ``key``.
     """
-    t = np.arange(start + 1, start + count + 1, dtype=np.uint64)
+    return _stream_words_into(key, start, np.empty(count, dtype=np.uint64))
+
+
+def _stream_words_into(key: int, start: int, out: NDArray[np.uint64]) -> NDArray[np.uint64]:
+    """``stream_words(key, start, out.size)`` written into ``out`` with per-thread scratch.
+
+    Every step is in place: at the sizes of an encode (10^4-10^5 words) a fresh temporary
+    costs more in page faults than the arithmetic.
+    """
+    count = out.size
     with np.errstate(over="ignore"):
-        z = np.uint64(key) + t * np.uint64(GAMMA)
-        return _mix64_array(z)
+        np.add(_scratch("counter", np.uint64, count, fill_counter=True), np.uint64(start), out=out)
+        out *= np.uint64(GAMMA)
+        out += np.uint64(key)
+        return _mix64_array(out, _scratch("mix", np.uint64, count))
+
+
+_scratch_local = threading.local()
+_SCRATCH_MAX = 1 << 22  # entries; larger requests get a fresh array
+
+
+def _scratch(name: str, dtype: type, size: int, *, fill_counter: bool = False) -> NDArray[Any]:
+    """A per-thread array of ``size`` entries kept between calls (contents undefined unless
+    ``fill_counter``, which makes it ``1, 2, ..., size``)."""
+    if size > _SCRATCH_MAX:  # not worth keeping per thread
+        arr = np.empty(size, dtype=dtype)
+        if fill_counter:
+            arr[:] = np.arange(1, size + 1, dtype=dtype)
+        return arr
+    arr: NDArray[Any] | None = getattr(_scratch_local, name, None)
+    if arr is None or arr.size < size:
+        arr = np.empty(max(size, 1024), dtype=dtype)
+        if fill_counter:
+            arr[:] = np.arange(1, arr.size + 1, dtype=dtype)
+        setattr(_scratch_local, name, arr)
+    return arr[:size]
 
 
 def sign_bits(seed: int, d_pad: int) -> NDArray[np.uint8]:
@@ -87,6 +132,64 @@ def sign_bits(seed: int, d_pad: int) -> NDArray[np.uint8]:
     words = stream_words(stream_key(seed, TAG_SIGNS), 0, nwords)
     as_bytes = words.astype("<u8", copy=False).view(np.uint8)
     return np.unpackbits(as_bytes, bitorder="little")[:d_pad]
+
+
+# Entry b of this table: the 8 int8 factors 1 - 2 bit_j (j = 0..7, least significant
+# first) of the byte b, packed in one 8-byte word so that one 1-D take expands 8 signs.
+_BYTE_FACTORS = (
+    (1 - 2 * np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little"))
+    .astype(np.int8)
+    .view(np.uint64)
+    .reshape(256)
+)
+
+
+def sign_factors(
+    seed: int,
+    d_pad: int,
+    out: NDArray[np.int8] | None = None,
+    index_buffer: NDArray[np.intp] | None = None,
+) -> NDArray[np.int8]:
+    """The diagonal of D as int8 ``1 - 2 b_j``, optionally written into ``out``.
+
+    Parameters
+    ----------
+    seed : int
+        Transform seed.
+    d_pad : int
+        ``d'``.
+    out : ndarray of int8, optional
+        C-contiguous with at least ``8 ceil(d'/8)`` entries and 8-byte aligned; the first
+        ``d'`` are returned. With ``index_buffer`` (intp, at least ``ceil(d'/8)`` entries)
+        it lets a caller reuse its buffers instead of faulting in new pages on every call.
+    index_buffer : ndarray of intp, optional
+        Scratch space, see ``out``.
+
+    Returns
+    -------
+    ndarray of int8, shape (d',)
+    """
+    if d_pad < 1:
+        raise ValueError(f"d_pad must be >= 1; got {d_pad}")
+    nbytes = (d_pad + 7) // 8
+    nwords = (d_pad + 63) // 64
+    words = _stream_words_into(stream_key(seed, TAG_SIGNS), 0, _scratch("words", np.uint64, nwords))
+    as_bytes = words.astype("<u8", copy=False).view(np.uint8)[:nbytes]
+    if out is None:
+        out = np.empty(8 * nbytes, dtype=np.int8)
+    elif (
+        out.dtype != np.int8
+        or not out.flags.c_contiguous
+        or out.size < 8 * nbytes
+        or out.ctypes.data % 8
+    ):
+        raise ValueError(f"out must be an aligned C-contiguous int8 array of >= {8 * nbytes}")
+    if index_buffer is None or index_buffer.size < nbytes or index_buffer.dtype != np.intp:
+        index_buffer = np.empty(nbytes, dtype=np.intp)
+    idx = index_buffer[:nbytes]
+    np.copyto(idx, as_bytes)
+    np.take(_BYTE_FACTORS, idx, out=out[: 8 * nbytes].view(np.uint64))
+    return out[:d_pad]
 
 
 def signs(seed: int, d_pad: int) -> NDArray[np.float64]:
@@ -118,17 +221,63 @@ def sample_distinct(seed: int, tag: int, k: int, bound: int) -> NDArray[np.int64
     batch = int(1.1 * expected) + 64
     drawn = np.empty(0, dtype=np.uint64)
     while True:
-        words = stream_words(key, drawn.size, batch)
-        cand = words >> np.uint64(64 - m) if m else np.zeros(batch, dtype=np.uint64)
-        drawn = np.concatenate([drawn, cand])
+        # The first batch lives in scratch space (it is consumed before the next call).
+        cand = (
+            _stream_words_into(key, 0, _scratch("words", np.uint64, batch))
+            if not drawn.size
+            else stream_words(key, drawn.size, batch)
+        )
+        if m:
+            cand >>= np.uint64(64 - m)
+        else:
+            cand[:] = 0
+        drawn = np.concatenate([drawn, cand]) if drawn.size else cand
         first = _first_accepted(drawn, bound, m)
         if first.size >= k:
             return drawn[first[:k]].astype(np.int64)
         batch = drawn.size  # double the prefix and try again
 
 
+# The scatter path of _first_accepted keeps one int32 "first position" table of length
+# ``bound`` per thread; above this bound (16 MiB of table) the sort path is used instead.
+_SCATTER_MAX_BOUND = 1 << 22
+# Below this many candidates one small sort is as fast as touching the table.
+_SCATTER_MIN_DRAWN = 2048
+_INT32_MAX = np.int32(2**31 - 1)
+
+
 def _first_accepted(drawn: NDArray[np.uint64], bound: int, m: int) -> NDArray[np.int64]:
-    """Sorted positions of the first occurrence of each distinct candidate ``< bound``."""
+    """Sorted positions of the first occurrence of each distinct candidate ``< bound``.
+
+    Two implementations with identical results (``tests/test_spec.py`` checks both against
+    the plain-Python reference): a scatter into a per-thread table indexed by value, linear
+    in ``drawn.size`` (used for large draws), and one sort of packed (value, position) keys.
+    """
+    if drawn.size >= _SCATTER_MIN_DRAWN and bound <= _SCATTER_MAX_BOUND:
+        return _first_accepted_scatter(drawn, bound)
+    return _first_accepted_sort(drawn, bound, m)
+
+
+def _first_accepted_scatter(drawn: NDArray[np.uint64], bound: int) -> NDArray[np.int64]:
+    """Scatter version: ``table[v]`` becomes the least position holding value ``v``."""
+    if drawn.size >= 2**31 - 1:  # positions must fit the int32 table
+        raise ValueError("too many candidates for the scatter path")
+    table = _scratch("table", np.int32, bound)
+    positions = np.arange(drawn.size, dtype=np.int32)
+    values = drawn.view(np.int64)  # candidates are < 2^m <= 2^63
+    if bound & (bound - 1):  # not a power of two: drop the rejected candidates
+        keep = drawn < np.uint64(bound)
+        positions = positions[keep]
+        values = values[keep]
+    # Only the entries of values present are read below, so only those are reset.
+    table[values] = _INT32_MAX
+    np.minimum.at(table, values, positions)  # unbuffered: duplicates keep the minimum
+    first = positions[table[values] == positions]  # increasing, as positions is
+    return first.astype(np.int64)
+
+
+def _first_accepted_sort(drawn: NDArray[np.uint64], bound: int, m: int) -> NDArray[np.int64]:
+    """Sort version: one sort of (value, position) keys, then the first of each run."""
     valid = np.flatnonzero(drawn < np.uint64(bound))
     pbits = max(1, (drawn.size - 1).bit_length())
     if m + pbits > 64:  # keys do not fit in 64 bits (not reachable for realistic d')

@@ -14,7 +14,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rpsagg._fwht import fwht
-from rpsagg._spec import padded_dim, sign_bits, signs, srht_rows
+from rpsagg._spec import padded_dim, sign_bits, sign_factors, signs, srht_rows
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -26,13 +26,24 @@ DEFAULT_MEMORY_BUDGET = 256 * 1024 * 1024
 _workspace = threading.local()
 
 
-def _work_buffer(d_pad: int) -> FloatArray:
-    """A per-thread float64 buffer of length d' (avoids page faults on every encode)."""
-    buf: FloatArray | None = getattr(_workspace, "buf", None)
-    if buf is None or buf.shape[0] != d_pad:
-        buf = np.empty(d_pad)
-        _workspace.buf = buf
-    return buf
+def _work_buffers(d_pad: int) -> tuple[FloatArray, NDArray[np.int8], NDArray[np.intp]]:
+    """Per-thread buffers reused by encodes: float64 and int8 of ``8 ceil(d'/8)`` entries
+    and intp of ``ceil(d'/8)`` (sign-table indices).
+
+    Fresh arrays of this size cost a page fault per 4 KiB on every encode, which is more
+    than the arithmetic at d' = 2^20.
+    """
+    nbytes = (d_pad + 7) // 8
+    bufs: tuple[FloatArray, NDArray[np.int8], NDArray[np.intp]] | None
+    bufs = getattr(_workspace, "bufs", None)
+    if bufs is None or bufs[2].shape[0] != nbytes:
+        bufs = (
+            np.empty(8 * nbytes),
+            np.empty(8 * nbytes, dtype=np.int8),
+            np.empty(nbytes, np.intp),
+        )
+        _workspace.bufs = bufs
+    return bufs
 
 
 def srht_encode(x: FloatArray, seed: int, k: int, d_pad: int | None = None) -> FloatArray:
@@ -48,17 +59,23 @@ def srht_encode(x: FloatArray, seed: int, k: int, d_pad: int | None = None) -> F
         Rows kept.
     d_pad : int, optional
         ``d'`` (default ``len(x)``, which must then be a power of two).
+
+    Returns
+    -------
+    ndarray of float64, shape (k,)
     """
     d = x.shape[0]
     d_pad = d if d_pad is None else d_pad
-    v = _work_buffer(d_pad)
+    work, factor_buf, index_buf = _work_buffers(d_pad)
+    v = work[:d_pad]
     # D as int8 +-1 factors: x * (+-1) is exact, written straight into the work buffer
-    factors = sign_bits(seed, d_pad).view(np.int8) * np.int8(-2)
-    factors += np.int8(1)
+    factors = sign_factors(seed, d_pad, out=factor_buf, index_buffer=index_buf)
     np.multiply(x, factors[:d], out=v[:d])
     v[d:] = 0.0
     fwht(v, inplace=True)
-    return np.asarray(v[srht_rows(seed, k, d_pad)] / np.sqrt(d_pad))
+    out = np.take(v, srht_rows(seed, k, d_pad))
+    out /= np.sqrt(d_pad)
+    return out
 
 
 def srht_matrix(seed: int, k: int, d: int) -> FloatArray:
