@@ -89,3 +89,10 @@ def test_config_precedence_flag_env_file(tmp_path: Path) -> None:
     conf.write_text("bogus = 1\n")
     with pytest.raises(ValueError, match="unknown option 'bogus'"):
         load_config([], env=env)
+
+
+def test_kmeans_mode_reaches_the_task_parameters() -> None:
+    assert load_config(["--insecure"], env={}).params["updates"] == 1.0
+    assert load_config(["--insecure", "--kmeans-updates", "0"], env={}).params["updates"] == 0.0
+    with pytest.raises(ValueError, match="--kmeans-updates must be 0 or 1; got 2"):
+        load_config(["--insecure"], env={"RPSAGG_KMEANS_UPDATES": "2"})

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 
 from rpsagg import make_estimator
 from rpsagg.tasks import DataUnavailable, load_shard, make_task, synthetic_shard
+from rpsagg.tasks.base import Shard
 from rpsagg.tasks.data import _resize_bilinear, load_fashion_mnist, load_ujiindoorloc
 
 N, D = 4, 32
@@ -22,8 +24,12 @@ def _run(task_name: str, params: dict[str, float], rounds: int, est_name: str = 
     state = task.initial_state(0)
     for step in range(rounds):
         vecs = np.stack([task.client_vectors(state, s, step) for s in shards])  # (N, m, D)
-        mean = np.stack([est.decode([est.encode(vecs[i, j], 100 * i + j) for i in range(N)])
-                         for j in range(task.m)])
+        mean = np.stack(
+            [
+                est.decode([est.encode(vecs[i, j], 100 * i + j) for i in range(N)])
+                for j in range(task.m)
+            ]
+        )
         state = task.apply(state, mean)
     return task, shards, state
 
@@ -50,11 +56,86 @@ def test_kmeans_sends_m_vectors_and_lowers_the_distortion() -> None:
     assert np.mean([task.metric(cent, s) for s in shards]) < start
 
 
+def test_kmeans_modes_agree_without_compression_and_updates_are_zero_for_empty_clusters() -> None:
+    # Both modes describe the same Lloyd step: with the exact mean, one round from the same
+    # state gives the same centroids. A centroid far from every point gets no point; in
+    # update mode its row is exactly zero (so compression adds no error there), in centroid
+    # mode it is the centroid itself.
+    upd, lit = (
+        make_task("kmeans", D, {"centroids": 3}),
+        make_task("kmeans", D, {"centroids": 3, "updates": 0}),
+    )
+    shards = [synthetic_shard("kmeans", i, N, D, r=1.0, seed=5, rows=200) for i in range(N)]
+    state = upd.initial_state(0)
+    state[2] = 1e6  # no point is nearest to this one
+    v_upd = np.stack([upd.client_vectors(state, s, 0) for s in shards])
+    v_lit = np.stack([lit.client_vectors(state, s, 0) for s in shards])
+    assert np.all(v_upd[:, 2] == 0.0) and np.all(v_lit[:, 2] == 1e6)
+    np.testing.assert_allclose(v_upd + state[None], v_lit, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(
+        upd.apply(state, v_upd.mean(0)), lit.apply(state, v_lit.mean(0)), rtol=0, atol=1e-9
+    )
+    with pytest.raises(ValueError, match="'updates' must be 0 or 1"):
+        make_task("kmeans", D, {"updates": 0.5})
+    with pytest.raises(ValueError, match="'centroids' must be >= 1"):
+        make_task("kmeans", D, {"centroids": 0})
+
+
+def test_kmeans_under_compression_converges_in_update_mode_only() -> None:
+    # Three well-separated blobs (centres N(0, 4 I), noise 0.5 per coordinate: exact Lloyd's
+    # distortion is about d * 0.25 = 8) split IID over n = 4 clients; four centroids, one of
+    # them parked at 5x the data's largest entry so that no point is ever nearest to it.
+    # Rand-k at k = d/2: the error variance of a mean of n vectors is (1/n)(d/k - 1) = 1/4 of
+    # their mean square norm. Sending updates, an error e in a centroid comes back in the next
+    # update as -e (plus the clients' fresh local means) and is re-estimated with relative
+    # variance 1/4, so it shrinks by about 2x per round: after 30 rounds the distortion is
+    # within 2% of exact Lloyd's, and the parked centroid's updates are exact zeros. Sending
+    # whole centroids, the parked centroid is re-estimated from copies of itself every round
+    # and some coordinates are zeroed for good (probability (1 - k/d)^n = 1/16 each), so it
+    # drifts into the data and the distortion stays far above Lloyd's.
+    rng = np.random.default_rng(7)
+    centres = 2.0 * rng.standard_normal((3, D))
+    shards = []
+    for _ in range(N):
+        shards.append(Shard(centres[rng.integers(0, 3, 200)] + 0.5 * rng.standard_normal((200, D))))
+    far = 5 * max(float(np.abs(s.x).max()) for s in shards)
+
+    def run(est_name: str, k: int, updates: float) -> tuple[float, NDArray[np.float64]]:
+        task = make_task("kmeans", D, {"centroids": 4, "updates": updates})
+        est = make_estimator(est_name, n=N, k=k, d=D)
+        state = task.initial_state(1)
+        state[3] = far
+        for step in range(30):
+            vecs = np.stack([task.client_vectors(state, s, step) for s in shards])
+            mean = np.stack(
+                [
+                    est.decode([est.encode(vecs[i, j], 1000 * step + 10 * i + j) for i in range(N)])
+                    for j in range(task.m)
+                ]
+            )
+            state = task.apply(state, mean)
+        return float(np.mean([task.metric(state, s) for s in shards])), state
+
+    lloyd, _ = run("full", D, 1.0)
+    assert 7.0 < lloyd < 9.0
+    compressed, state = run("rand-k", D // 2, 1.0)
+    assert compressed <= 1.02 * lloyd
+    assert np.all(state[3] == far)  # the empty cluster's centroid never moved
+    literal, state_literal = run("rand-k", D // 2, 0.0)
+    assert literal > 2.0 * lloyd
+    assert not np.allclose(state_literal[3], far)
+
+
 def test_mean_task_vectors_have_the_requested_correlation() -> None:
     task = make_task("mean", D)
-    xs = np.stack([task.client_vectors(task.initial_state(0),
-                                       synthetic_shard("mean", i, N, D, r=2.0, seed=9), 3)[0]
-                   for i in range(N)])
+    xs = np.stack(
+        [
+            task.client_vectors(
+                task.initial_state(0), synthetic_shard("mean", i, N, D, r=2.0, seed=9), 3
+            )[0]
+            for i in range(N)
+        ]
+    )
     gram = xs @ xs.T
     r = (gram.sum() - np.trace(gram)) / np.trace(gram)
     assert r == pytest.approx(2.0)

@@ -47,6 +47,7 @@ class ServerConfig:
     seed: int = 0
     lr: float = 0.1
     centroids: int = 10
+    kmeans_updates: int = 1
     linger: float = 2.0
     port_file: str | None = None
     task_params: dict[str, float] = field(default_factory=dict)
@@ -76,6 +77,8 @@ class ServerConfig:
                 raise ValueError("--tokens FILE is required unless --insecure is given")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("--tls-cert and --tls-key go together")
+        if self.kmeans_updates not in (0, 1):
+            raise ValueError(f"--kmeans-updates must be 0 or 1; got {self.kmeans_updates}")
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError("--tls-client-ca (mTLS) needs --tls-cert and --tls-key")
 
@@ -83,7 +86,7 @@ class ServerConfig:
     def params(self) -> dict[str, float]:
         """Task parameters sent to clients at join."""
         out = {"lr": self.lr, "centroids": float(self.centroids), "data_r": self.data_r,
-               "seed": float(self.seed)}
+               "seed": float(self.seed), "updates": float(self.kmeans_updates)}
         out.update(self.task_params)
         return out
 
@@ -127,6 +130,7 @@ def _parser() -> argparse.ArgumentParser:
         "seed": "seed of the initial task state and of the synthetic data",
         "lr": "linreg learning rate",
         "centroids": "kmeans: number of centroids (m)",
+        "kmeans_updates": "kmeans: 1 (default) clients send centroid updates, 0 whole centroids",
         "linger": "seconds to keep serving after the job is done (negative: until signalled)",
         "port_file": "write the bound gRPC port to this file once serving (for --grpc-port 0)",
     }

@@ -45,7 +45,7 @@ DIM = {"power-iteration": 1024, "kmeans": 1024, "linreg": 512}
 ITERATIONS = {"power-iteration": 30, "kmeans": 30, "linreg": 50}
 PARAMS: dict[str, dict[str, float]] = {
     "power-iteration": {},
-    "kmeans": {"centroids": 10},
+    "kmeans": {"centroids": 10, "updates": 1},
     "linreg": {"lr": 0.001},
 }
 #: label -> (estimator name, transform)

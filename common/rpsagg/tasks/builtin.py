@@ -73,15 +73,43 @@ class PowerIterationTask(Task):
 class KMeansTask(Task):
     """Distributed Lloyd's k-means; ``m = params["centroids"]`` vectors per submission.
 
-    Client i sends, for each centroid, the mean of its points assigned to it (the current
-    centroid when none are); the server's new centroids are the estimated means.
+    Each round, client i assigns its points to the nearest current centroid and computes
+    its local centroids (the mean of its points in each cluster); the server's new
+    centroids are the estimated mean of the clients' local centroids.
+
+    What is sent depends on ``params["updates"]``:
+
+    * ``1`` (default): the *update* ``local centroid - current centroid`` per cluster, zero
+      for a cluster the client has no point in; the server adds the estimated mean update
+      to the current centroids. The mean is the same as below, but the compressed vectors
+      shrink as Lloyd's algorithm converges, and an empty cluster adds no error.
+    * ``0``: the local centroids themselves (the paper's description), the current
+      centroid for an empty cluster. Under heavy compression this diverges: an empty
+      cluster's centroid is re-estimated from copies of itself with an error proportional
+      to its own norm, round after round (``docs/reproduction.md``, k-means).
+
+    The initial centroids are ``init_scale * N(0, I / d)`` from the seed (the server has no
+    data); the first assignment then splits the data by random directions.
     """
 
     name = "kmeans"
 
+    def __post_init__(self) -> None:
+        if self.m < 1:
+            raise ValueError(f"kmeans parameter 'centroids' must be >= 1; got {self.m}")
+        _ = self.sends_updates  # validates params["updates"]
+
     @property
     def m(self) -> int:
         return int(self.params.get("centroids", 10))
+
+    @property
+    def sends_updates(self) -> bool:
+        """Whether clients send centroid updates (``params["updates"]``, default 1)."""
+        flag = float(self.params.get("updates", 1.0))
+        if flag not in (0.0, 1.0):
+            raise ValueError(f"kmeans parameter 'updates' must be 0 or 1; got {flag}")
+        return flag == 1.0
 
     def initial_state(self, seed: int) -> FloatArray:
         rng = np.random.default_rng(seed)
@@ -89,7 +117,10 @@ class KMeansTask(Task):
         return np.asarray(scale * rng.standard_normal((self.m, self.d)) / np.sqrt(self.d))
 
     def apply(self, state: FloatArray, estimate: FloatArray) -> FloatArray:
-        return np.asarray(estimate.reshape(self.m, self.d))
+        est = estimate.reshape(self.m, self.d)
+        if self.sends_updates:
+            return np.asarray(state.reshape(self.m, self.d) + est)
+        return np.asarray(est)
 
     def client_vectors(self, state: FloatArray, shard: Shard, step: int) -> FloatArray:
         cent = state.reshape(self.m, self.d)
@@ -101,6 +132,8 @@ class KMeansTask(Task):
             members = x[assign == j]
             if members.shape[0]:
                 out[j] = members.mean(axis=0)
+        if self.sends_updates:
+            out -= cent  # exactly zero for the empty clusters
         return out
 
     def metric(self, state: FloatArray, shard: Shard) -> float | None:
