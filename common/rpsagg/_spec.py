@@ -106,18 +106,16 @@ _SCRATCH_MAX = 1 << 22  # entries; larger requests get a fresh array
 def _scratch(name: str, dtype: type, size: int, *, fill_counter: bool = False) -> NDArray[Any]:
     """A per-thread array of ``size`` entries kept between calls (contents undefined unless
     ``fill_counter``, which makes it ``1, 2, ..., size``)."""
-    if size > _SCRATCH_MAX:  # not worth keeping per thread
-        arr = np.empty(size, dtype=dtype)
+    kept: NDArray[Any] | None = None if size > _SCRATCH_MAX else getattr(_scratch_local, name, None)
+    if kept is None or kept.size < size:
+        fresh: NDArray[Any] = np.empty(size if size > _SCRATCH_MAX else max(size, 1024), dtype)
         if fill_counter:
-            arr[:] = np.arange(1, size + 1, dtype=dtype)
-        return arr
-    arr: NDArray[Any] | None = getattr(_scratch_local, name, None)
-    if arr is None or arr.size < size:
-        arr = np.empty(max(size, 1024), dtype=dtype)
-        if fill_counter:
-            arr[:] = np.arange(1, arr.size + 1, dtype=dtype)
-        setattr(_scratch_local, name, arr)
-    return arr[:size]
+            fresh[:] = np.arange(1, fresh.size + 1, dtype=dtype)
+        if size > _SCRATCH_MAX:  # not worth keeping per thread
+            return fresh
+        kept = fresh
+        setattr(_scratch_local, name, kept)
+    return kept[:size]
 
 
 def sign_bits(seed: int, d_pad: int) -> NDArray[np.uint8]:
