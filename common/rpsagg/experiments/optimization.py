@@ -309,7 +309,8 @@ def run(
     grid: str | None = None,
     runs: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Run a task's experiments; write ``<task>.csv``, ``<task>-runs.csv`` and figures."""
+    """Run a task's experiments; write ``<task>.csv`` (per iteration), ``<task>-runs.csv``
+    (per run), ``<task>-verdict.csv`` (the paper's claim per setting) and figures."""
     if quick:
         jobs = make_jobs(task, grid=grid or "main", runs=runs or 2,
                          iterations=max(5, ITERATIONS[task] // 3), data_path=data_path)
@@ -324,6 +325,12 @@ def run(
     rows = summarize(traces)
     write_csv(out / f"{task}.csv", rows)
     write_csv(out / f"{task}-runs.csv", trace_rows(traces))
+    from rpsagg.experiments.verdict import markdown, verdicts
+
+    checked = verdicts(rows)
+    write_csv(out / f"{task}-verdict.csv", checked)
+    print(f"[{task}] the paper's claim, setting by setting ({task}-verdict.csv):\n"
+          + markdown(checked, list(LINEUP)), flush=True)
     from rpsagg.experiments.plotting import plot_task
 
     plot_task(rows, out, task)
