@@ -110,7 +110,13 @@ def plot_rank(rows: Sequence[dict[str, Any]], path: Path) -> Path:
 
 
 def plot_task(rows: Sequence[dict[str, Any]], out: Path, task: str) -> list[Path]:
-    """Per split: squared error and task loss against the iteration, a column per (n, k)."""
+    """Per split: squared error and task loss against the iteration, a column per (n, k).
+
+    Lines are means over runs, bands one standard deviation. The error panels are
+    logarithmic, and so is a loss panel whose means span more than a factor of 20 (a
+    diverging estimator would flatten the others). On a log axis ``m - s`` may be <= 0, so
+    the band there is ``[m^2 / (m + s), m + s]``: the upper deviation mirrored in log space.
+    """
     paths = []
     for split in sorted({r["split"] for r in rows}):
         sub = [r for r in rows if r["split"] == split]
@@ -118,23 +124,33 @@ def plot_task(rows: Sequence[dict[str, Any]], out: Path, task: str) -> list[Path
         fig, axes = plt.subplots(2, len(panels), figsize=(3.6 * len(panels), 5.6),
                                  squeeze=False)
         for col, (n, k) in enumerate(panels):
-            for label, color in COLORS.items():
+            series = {}
+            for label in COLORS:
                 pts = sorted((r for r in sub if (int(r["n"]), int(r["k"])) == (n, k)
                               and r["estimator"] == label), key=lambda r: int(r["iteration"]))
-                if not pts:
-                    continue
+                if pts:
+                    series[label] = pts
+            losses = [_f(r, "loss_mean") for pts in series.values() for r in pts]
+            positive = [v for v in losses if v > 0]
+            log_loss = bool(positive) and len(positive) == len(losses) and (
+                max(positive) > 20 * min(positive))
+            for label, pts in series.items():
                 it = [int(r["iteration"]) for r in pts]
                 for row, key in enumerate(("sq_err", "loss")):
                     ax = axes[row][col]
+                    log = row == 0 or log_loss
                     m = [_f(r, f"{key}_mean") for r in pts]
                     s = [_f(r, f"{key}_std") for r in pts]
                     style = "--" if label.endswith("(auto)") else "-"
-                    ax.plot(it, m, style, color=color, lw=1.2, label=label)
-                    ax.fill_between(it, [a - b for a, b in zip(m, s, strict=True)],
-                                    [a + b for a, b in zip(m, s, strict=True)],
-                                    color=color, alpha=0.15)
+                    ax.plot(it, m, style, color=COLORS[label], lw=1.2, label=label)
+                    lo = [a * a / (a + b) if log and a > 0 else a - b
+                          for a, b in zip(m, s, strict=True)]
+                    ax.fill_between(it, lo, [a + b for a, b in zip(m, s, strict=True)],
+                                    color=COLORS[label], alpha=0.15)
             axes[0][col].set_title(f"{task} {split}: n = {n}, k = {k}", fontsize=9)
             axes[0][col].set_yscale("log")
+            if log_loss:
+                axes[1][col].set_yscale("log")
             axes[1][col].set_xlabel("iteration")
         axes[0][0].set_ylabel("squared error of the mean")
         axes[1][0].set_ylabel({"power-iteration": "||v_t - v_top||", "kmeans": "k-means objective",
