@@ -617,8 +617,21 @@ def test_derive_round_seed_matches_reference() -> None:
     assert _spec.derive_round_seed(1, 2, "c") != _spec.derive_round_seed(1, 3, "c")
 
 
+@pytest.fixture(params=["one-fwht", "two-halves"])
+def encode_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test with each of srht_encode's two paths (whole FWHT; halves on two cores)."""
+    import rpsagg._srht as srht_module
+
+    if request.param == "two-halves":
+        monkeypatch.setattr(srht_module, "_SPLIT_MIN", 2)
+        monkeypatch.setattr(srht_module, "_CORES", 2)
+    else:
+        monkeypatch.setattr(srht_module, "_SPLIT_MIN", 1 << 62)
+    return str(request.param)
+
+
 @pytest.mark.parametrize("d", [1, 2, 3, 7, 64, 100, 128, 300])
-def test_encode_matches_reference_exactly_on_integer_input(d: int) -> None:
+def test_encode_matches_reference_exactly_on_integer_input(d: int, encode_path: str) -> None:
     x = golden_x(d)
     for seed in _random_seeds(3, 100 + d):
         k = max(1, min(d, 9))
@@ -632,13 +645,32 @@ def test_encode_matches_reference_exactly_on_integer_input(d: int) -> None:
         assert srht_encode(padded, seed, k).tolist() == ref  # float64, bit for bit
 
 
-def test_encode_matches_reference_on_float_input() -> None:
+def test_encode_matches_reference_on_float_input(encode_path: str) -> None:
     rng = np.random.default_rng(8)
     x = rng.standard_normal(200)
     ref = ref_encode(x.tolist(), 77, 20)  # float sums in a different order: not bit-exact
     padded = np.zeros(256)
     padded[:200] = x
     np.testing.assert_allclose(srht_encode(padded, 77, 20), ref, rtol=1e-12, atol=1e-12)
+
+
+def test_both_encode_paths_agree_at_full_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    # d' = 2^18 takes the two-halves path by default on a multi-core machine; compare it
+    # with one whole-vector FWHT: bit for bit on integers (every sum exact), 1e-12 on floats.
+    import rpsagg._srht as srht_module
+
+    d = 1 << 18
+    rng = np.random.default_rng(21)
+    for x in (rng.integers(-50, 50, d).astype(np.float64), rng.standard_normal(d)):
+        monkeypatch.setattr(srht_module, "_SPLIT_MIN", 2)
+        monkeypatch.setattr(srht_module, "_CORES", 2)
+        halves = srht_encode(x, 31, d // 32)
+        monkeypatch.setattr(srht_module, "_SPLIT_MIN", 1 << 62)
+        whole = srht_encode(x, 31, d // 32)
+        if np.all(x == np.round(x)):
+            assert halves.tolist() == whole.tolist()
+        else:
+            np.testing.assert_allclose(halves, whole, rtol=1e-12, atol=1e-12 * np.abs(whole).max())
 
 
 # --------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ Nothing here forms H or a d' x d' matrix: every product goes through the FWHT.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -72,9 +73,36 @@ def srht_encode(x: FloatArray, seed: int, k: int, d_pad: int | None = None) -> F
     factors = sign_factors(seed, d_pad, out=factor_buf, index_buffer=index_buf)
     np.multiply(x, factors[:d], out=v[:d])
     v[d:] = 0.0
-    fwht(v, inplace=True)
-    out = np.take(v, srht_rows(seed, k, d_pad))
+    if d_pad < _SPLIT_MIN or _CORES < 2:
+        fwht(v, inplace=True)
+        out = np.take(v, srht_rows(seed, k, d_pad))
+    else:
+        out = _halves_then_rows(v, srht_rows(seed, k, d_pad))
     out /= np.sqrt(d_pad)
+    return out
+
+
+# From this d' on, an encode transforms the two halves of its vector on two cores.
+_SPLIT_MIN = 1 << 18
+_CORES = os.cpu_count() or 1
+
+
+def _halves_then_rows(v: FloatArray, rows: IntArray) -> FloatArray:
+    """Rows ``rows`` of ``H v`` from the FWHTs of v's two halves (transformed in place).
+
+    In Sylvester order ``H_2h = [[H_h, H_h], [H_h, -H_h]]``, so with ``a = H_h v[:h]`` and
+    ``b = H_h v[h:]`` row ``r`` is ``a[r] + b[r]`` for ``r < h`` and ``a[r-h] - b[r-h]``
+    otherwise: the last butterfly stage, evaluated only at the k rows kept. The two
+    half-length FWHTs run as one batch of two, on two threads.
+    """
+    half = v.shape[0] // 2
+    pair = v.reshape(2, half)
+    fwht(pair, inplace=True)
+    low = rows & (half - 1)
+    out = np.take(pair[0], low)
+    other = np.take(pair[1], low)
+    np.negative(other, out=other, where=rows >= half)
+    out += other
     return out
 
 
