@@ -66,3 +66,18 @@ def test_simulation_command_prints_every_estimator() -> None:
         timeout=60,
     )
     assert bad.returncode == 2 and "k must be in [1, d]" in bad.stderr
+
+
+def test_every_local_link_and_image_in_the_docs_exists() -> None:
+    # Markdown links and images ](path) in README.md and docs/*.md that are not URLs or
+    # anchors must name files of the repository (relative to the document).
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    missing = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if target.startswith(("http://", "https://", "#", "mailto:")):
+                continue
+            path = (page.parent / target.split("#")[0]).resolve()
+            if not path.exists():
+                missing.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not missing, missing
