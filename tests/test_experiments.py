@@ -186,3 +186,29 @@ def test_via_service_matches_in_process(tmp_path: Path) -> None:
     assert res.service.sq_err[0] > 0
     assert compare(res) <= 1e-12, (res.service, res.replay)
     assert os.path.exists(tmp_path / "server.log")
+
+
+@pytest.mark.skipif(not FASHION.exists(), reason="dataset-fashion-mnist not installed")
+def test_kmeans_via_service_in_both_modes(tmp_path: Path) -> None:
+    # The k-means mode reaches the server (--kmeans-updates) and, through the join, the
+    # clients. The in-process replay uses the job's mode, so an exact match in each mode
+    # shows that server and clients used it too (the two modes' numbers differ: the server
+    # adds the estimate to the centroids in one and replaces them in the other).
+    pytest.importorskip("rpsagg_server")
+    from rpsagg.experiments.optimization import Job
+    from rpsagg.experiments.service import compare, server_flags, service_job
+
+    assert server_flags({"centroids": 10, "updates": 0.0, "lr": 0.001}) == [
+        "--centroids", "10", "--kmeans-updates", "0", "--lr", "0.001"]
+    with pytest.raises(ValueError, match="no rpsagg-server flag for task parameter 'x'"):
+        server_flags({"x": 1.0})
+    losses = []
+    for updates in (1.0, 0.0):
+        job = Job("kmeans", "iid", 2, 64, "rand-k", 0, 2, task_params=(("updates", updates),))
+        workdir = tmp_path / f"updates-{updates:g}"
+        workdir.mkdir()
+        res = service_job(job, workdir, timeout=120.0)
+        assert len(res.service.loss) == 2 and res.service.sq_err[0] > 0
+        assert compare(res) <= 1e-12, (res.service, res.replay)
+        losses.append(res.service.loss)
+    assert losses[0] != losses[1]

@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--via-service: estimator label")
     p.add_argument("--n", type=int, default=None, help="--via-service: clients")
     p.add_argument("--k", type=int, default=None, help="--via-service: budget")
+    p.add_argument("--kmeans-updates", type=int, choices=(0, 1), default=None,
+                   help="kmeans: 1 (default) clients send centroid updates, 0 whole centroids "
+                        "(the paper's wording; diverges under its budgets)")
     return p
 
 
@@ -58,17 +61,20 @@ def run_one(name: str, out: Path, args: argparse.Namespace) -> None:
     """Run one experiment into ``out``."""
     common = {"quick": args.quick, "workers": args.workers, "progress": not args.no_progress}
     if name in ("power-iteration", "kmeans", "linreg"):
+        task_params: tuple[tuple[str, float], ...] = ()
+        if name == "kmeans" and args.kmeans_updates is not None:
+            task_params = (("updates", float(args.kmeans_updates)),)
         if args.via_service:
             from rpsagg.experiments.service import run_via_service
 
             run_via_service(name, out, estimator=args.estimator, n=args.n, k=args.k,
                             iterations=args.iterations, runs=args.runs or 1,
-                            data_path=args.data_path)
+                            data_path=args.data_path, task_params=task_params)
             return
         from rpsagg.experiments import optimization
 
         optimization.run(name, out, data_path=args.data_path, grid=args.grid, runs=args.runs,
-                         **common)
+                         task_params=task_params, **common)
         return
     if args.via_service:
         raise SystemExit(f"--via-service applies to the tasks only, not {name}")

@@ -22,7 +22,7 @@ service's recorded nonce) and ``client_id = client_name(i)``.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,6 +97,7 @@ class Job:
     data_path: str | None = None
     nonces: tuple[int, ...] | None = None
     client_ids: tuple[str, ...] | None = None
+    task_params: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass
@@ -118,9 +119,9 @@ def load_dataset(task: str, data_path: str | None = None) -> Dataset:
     return ujiindoorloc(data_path)
 
 
-def build_task(task: str) -> Task:
-    """The :mod:`rpsagg.tasks` task with the paper's parameters."""
-    return make_task(task, DIM[task], PARAMS[task])
+def build_task(task: str, overrides: Iterable[tuple[str, float]] = ()) -> Task:
+    """The :mod:`rpsagg.tasks` task with the paper's parameters, then ``overrides``."""
+    return make_task(task, DIM[task], {**PARAMS[task], **dict(overrides)})
 
 
 def run_shards(job: Job, data: Dataset) -> list[Shard]:
@@ -186,7 +187,7 @@ def reference(task: Task, job: Job, data: Dataset) -> Reference:
 def run_job(job: Job) -> Trace:
     """Run one job: ``job.iterations`` rounds, recording error and loss each round."""
     data = load_dataset(job.task, job.data_path)
-    task = build_task(job.task)
+    task = build_task(job.task, job.task_params)
     ref = reference(task, job, data)
     client_shards = run_shards(job, data)
     ids = job.client_ids or tuple(client_name(i) for i in range(job.n))
@@ -286,11 +287,12 @@ def make_jobs(
     iterations: int | None = None,
     estimators: Sequence[str] = tuple(LINEUP),
     data_path: str | None = None,
+    task_params: tuple[tuple[str, float], ...] = (),
 ) -> list[Job]:
     """Every (split, n, k, estimator, run) job of a task."""
     iters = iterations or ITERATIONS[task]
     return [
-        Job(task, split, n, k, est, run, iters, data_path)
+        Job(task, split, n, k, est, run, iters, data_path, task_params=task_params)
         for split in splits
         for n, k in settings(task, split, grid)
         for est in estimators
@@ -308,16 +310,21 @@ def run(
     data_path: str | None = None,
     grid: str | None = None,
     runs: int | None = None,
+    task_params: tuple[tuple[str, float], ...] = (),
 ) -> list[dict[str, Any]]:
-    """Run a task's experiments; write ``<task>.csv`` (per iteration), ``<task>-runs.csv``
-    (per run), ``<task>-verdict.csv`` (the paper's claim per setting) and figures."""
+    """Run a task's experiments (task parameters: the paper's, then ``task_params``).
+
+    Writes ``<task>.csv`` (per iteration), ``<task>-runs.csv`` (per run),
+    ``<task>-verdict.csv`` (the paper's claim per setting) and the figures.
+    """
     if quick:
         jobs = make_jobs(task, grid=grid or "main", runs=runs or 2,
-                         iterations=max(5, ITERATIONS[task] // 3), data_path=data_path)
+                         iterations=max(5, ITERATIONS[task] // 3), data_path=data_path,
+                         task_params=task_params)
         jobs = [j for j in jobs if (j.n, j.k) == MAIN[task][0]]
     else:
         jobs = make_jobs(task, grid=grid or DEFAULT_GRID[task], runs=runs or 10,
-                         data_path=data_path)
+                         data_path=data_path, task_params=task_params)
     prewarm_betas(jobs, workers, progress)
     # longest jobs first (decode cost grows with nk and with m) for a balanced pool
     jobs.sort(key=lambda j: -(j.n * j.k) ** 2 * (10 if j.task == "kmeans" else 1))

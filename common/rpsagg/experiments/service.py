@@ -61,6 +61,25 @@ def _wait_for(path: Path, proc: subprocess.Popen[bytes], timeout: float) -> str:
     raise TimeoutError(f"rpsagg-server did not write {path} within {timeout} s")
 
 
+#: Task parameter -> ``rpsagg-server`` flag (integers where the server wants them).
+SERVER_FLAGS: dict[str, tuple[str, type]] = {
+    "lr": ("--lr", float),
+    "centroids": ("--centroids", int),
+    "updates": ("--kmeans-updates", int),
+}
+
+
+def server_flags(params: dict[str, float]) -> list[str]:
+    """The ``rpsagg-server`` flags that set the task parameters ``params``."""
+    flags: list[str] = []
+    for key, value in params.items():
+        if key not in SERVER_FLAGS:
+            raise ValueError(f"no rpsagg-server flag for task parameter {key!r}")
+        flag, kind = SERVER_FLAGS[key]
+        flags += [flag, str(kind(value))]
+    return flags
+
+
 def service_job(job: Job, workdir: Path, timeout: float = 600.0) -> ServiceRun:
     """Run ``job`` through the service and replay it in-process."""
     name, transform = LINEUP[job.estimator]
@@ -73,8 +92,7 @@ def service_job(job: Job, workdir: Path, timeout: float = 600.0) -> ServiceRun:
         "--rounds", str(job.iterations), "--seed", str(initial_seed(job.run)),
         "--round-timeout", str(timeout), "--min-clients", str(job.n), "--linger", "5",
     ]
-    for key, value in PARAMS[job.task].items():
-        server_cmd += [f"--{key}", str(value)]
+    server_cmd += server_flags({**PARAMS[job.task], **dict(job.task_params)})
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     start = time.perf_counter()
     logs = (workdir / "server.log").open("wb")
@@ -116,7 +134,7 @@ def service_job(job: Job, workdir: Path, timeout: float = 600.0) -> ServiceRun:
     nonces = tuple(int(e["nonce"]) for e in steps)
     estimates = [np.asarray(e["estimate"], dtype=np.float64) for e in steps]
     replay_job = Job(job.task, job.split, job.n, job.k, job.estimator, job.run,
-                     len(nonces), job.data_path, nonces, tuple(ids))
+                     len(nonces), job.data_path, nonces, tuple(ids), job.task_params)
     service = _trace_from_estimates(replay_job, estimates)
     replay = run_job(replay_job)
     return ServiceRun(service, replay, seconds)
@@ -125,7 +143,7 @@ def service_job(job: Job, workdir: Path, timeout: float = 600.0) -> ServiceRun:
 def _trace_from_estimates(job: Job, estimates: list[np.ndarray]) -> Trace:
     """Error and loss of the server's estimates along the service's own trajectory."""
     data = load_dataset(job.task, job.data_path)
-    task = build_task(job.task)
+    task = build_task(job.task, job.task_params)
     ref = reference(task, job, data)
     shards = run_shards(job, data)
     state = task.initial_state(initial_seed(job.run))
@@ -157,6 +175,7 @@ def run_via_service(
     iterations: int | None = None,
     runs: int = 1,
     data_path: str | None = None,
+    task_params: tuple[tuple[str, float], ...] = (),
 ) -> list[dict[str, Any]]:
     """Run ``runs`` runs of a task through the service; write ``<task>-service.csv`` with the
     service's and the in-process replay's numbers side by side."""
@@ -164,7 +183,7 @@ def run_via_service(
     rows = []
     for r in range(runs):
         job = Job(task, split, n or n0, k or k0, estimator, r, iterations or ITERATIONS[task],
-                  data_path)
+                  data_path, task_params=task_params)
         with tempfile.TemporaryDirectory(prefix="rpsagg-svc-") as tmp:
             res = service_job(job, Path(tmp))
         diff = compare(res)

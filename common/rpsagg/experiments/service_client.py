@@ -40,13 +40,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rpsagg_client.client import AggregationClient
 
     job = Job(args.task, args.split, args.n, args.k, "rand-k", args.run, 0, args.data_path)
-    task = build_task(args.task)
     data = load_dataset(args.task, args.data_path)
     record: dict[str, object] = {"client_id": args.client_id, "rounds": []}
     rounds: list[dict[str, object]] = []
     with AggregationClient(args.server, args.client_id, insecure=True, timeout=60.0,
                            wait_timeout=600.0) as client:
         joined = client.join()
+        task = build_task(args.task, tuple(joined.task_params.items()))  # the server's params
         index = joined.client_index
         record["index"] = index
         shard = run_shards(job, data)[index]
