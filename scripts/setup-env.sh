@@ -40,7 +40,7 @@ if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
   "$python" -m venv --clear .venv
 fi
 
-inputs=(common/pyproject.toml server/pyproject.toml client/pyproject.toml)
+inputs=(common/pyproject.toml common/rpsagg/_fast.c server/pyproject.toml client/pyproject.toml)
 [ "$role" = test ] && inputs+=(requirements-dev.txt)
 stamp_file=.venv/.setup-stamp-$role
 stamp=$(cat "${inputs[@]}" scripts/setup-env.sh | sha256sum | cut -d' ' -f1)

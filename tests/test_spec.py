@@ -528,7 +528,26 @@ def test_sign_bits_match_reference() -> None:
         np.testing.assert_array_equal(_spec.signs(seed, d_pad), 1.0 - 2.0 * bits)
 
 
-def test_sample_distinct_matches_reference() -> None:
+@pytest.fixture(params=["native", "numpy"])
+def kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test with the compiled kernels (rpsagg._fast) and with the numpy code."""
+    if request.param == "numpy":
+        monkeypatch.setattr(_spec, "NATIVE", None)
+    elif _spec.NATIVE is None:
+        pytest.fail("rpsagg._fast is not built (pip install compiles it; needs a C compiler)")
+    return str(request.param)
+
+
+def test_native_kernels_are_built_unless_disabled() -> None:
+    # The install compiles rpsagg/_fast.c on this kind of machine; a silent fallback to the
+    # numpy code would hide a broken build (RPSAGG_NATIVE=0 disables it on purpose).
+    if os.environ.get("RPSAGG_NATIVE") == "0":
+        assert _spec.NATIVE is None
+    else:
+        assert _spec.NATIVE is not None
+
+
+def test_sample_distinct_matches_reference(kernels: str) -> None:
     rng = np.random.default_rng(3)
     bounds = [1, 2, 3, 5, 8, 13, 64, 100, 127, 128, 129, 1000, 1024]
     for i, seed in enumerate(_random_seeds(120, 4)):
@@ -547,6 +566,7 @@ def test_sample_distinct_matches_reference() -> None:
 def test_both_first_accepted_paths_match_reference(
     path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(_spec, "NATIVE", None)  # the numpy paths, not the compiled one
     # sample_distinct picks the scatter path for large draws and the sort path otherwise;
     # force each in turn on draws big enough to hold duplicates and (for bounds that are
     # not powers of two) rejections, and compare with the plain-Python reference.
@@ -560,6 +580,19 @@ def test_both_first_accepted_paths_match_reference(
         got = _spec.sample_distinct(seed, _spec.TAG_ROWS, k, bound)
         assert got.dtype == np.int64
         assert got.tolist() == ref_sample_distinct(seed, "rpsROWS_", k, bound), (k, bound)
+
+
+def test_native_sampler_equals_numpy_at_scale(monkeypatch: pytest.MonkeyPatch) -> None:
+    if _spec.NATIVE is None:
+        pytest.skip("rpsagg._fast not built (test_native_kernels_are_built_unless_disabled)")
+    cases = [(1 << 15, 1 << 20), (1 << 12, 1 << 12), (50_000, 1_000_003), (3, (1 << 28) - 5)]
+    for i, (k, bound) in enumerate(cases):
+        seed = _random_seeds(len(cases), 14)[i]
+        native = _spec.sample_distinct(seed, _spec.TAG_RANDK, k, bound)
+        with monkeypatch.context() as m:
+            m.setattr(_spec, "NATIVE", None)
+            numpy_rows = _spec.sample_distinct(seed, _spec.TAG_RANDK, k, bound)
+        assert native.dtype == np.int64 and native.tolist() == numpy_rows.tolist(), (k, bound)
 
 
 def test_first_accepted_paths_agree_on_duplicates() -> None:
@@ -618,8 +651,11 @@ def test_derive_round_seed_matches_reference() -> None:
 
 
 @pytest.fixture(params=["one-fwht", "two-halves"])
-def encode_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run a test with each of srht_encode's two paths (whole FWHT; halves on two cores)."""
+def encode_path(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, kernels: str
+) -> str:
+    """Run a test with each of srht_encode's paths: whole FWHT or halves on two cores, each
+    with the compiled kernels and with numpy (the ``kernels`` fixture)."""
     import rpsagg._srht as srht_module
 
     if request.param == "two-halves":
@@ -627,7 +663,7 @@ def encode_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
         monkeypatch.setattr(srht_module, "_CORES", 2)
     else:
         monkeypatch.setattr(srht_module, "_SPLIT_MIN", 1 << 62)
-    return str(request.param)
+    return f"{request.param}-{kernels}"
 
 
 @pytest.mark.parametrize("d", [1, 2, 3, 7, 64, 100, 128, 300])
@@ -659,18 +695,28 @@ def test_both_encode_paths_agree_at_full_size(monkeypatch: pytest.MonkeyPatch) -
     # with one whole-vector FWHT: bit for bit on integers (every sum exact), 1e-12 on floats.
     import rpsagg._srht as srht_module
 
+    # The compiled kernels give the numpy code's bits on both paths.
     d = 1 << 18
     rng = np.random.default_rng(21)
+    native = _spec.NATIVE
     for x in (rng.integers(-50, 50, d).astype(np.float64), rng.standard_normal(d)):
         monkeypatch.setattr(srht_module, "_SPLIT_MIN", 2)
         monkeypatch.setattr(srht_module, "_CORES", 2)
         halves = srht_encode(x, 31, d // 32)
+        monkeypatch.setattr(_spec, "NATIVE", None)
+        assert srht_encode(x, 31, d // 32).tolist() == halves.tolist()
         monkeypatch.setattr(srht_module, "_SPLIT_MIN", 1 << 62)
         whole = srht_encode(x, 31, d // 32)
+        monkeypatch.setattr(_spec, "NATIVE", native)
+        assert srht_encode(x, 31, d // 32).tolist() == whole.tolist()
         if np.all(x == np.round(x)):
             assert halves.tolist() == whole.tolist()
         else:
             np.testing.assert_allclose(halves, whole, rtol=1e-12, atol=1e-12 * np.abs(whole).max())
+    # a strided (non-contiguous) x is accepted, as on the numpy path
+    wide = np.zeros((2 * d,))
+    wide[::2] = rng.standard_normal(d)
+    assert srht_encode(wide[::2], 5, 64).tolist() == srht_encode(wide[::2].copy(), 5, 64).tolist()
 
 
 # --------------------------------------------------------------------------------------

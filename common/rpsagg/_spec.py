@@ -9,12 +9,30 @@ pin it down. NumPy ``Generator`` streams are never used for these quantities.
 
 from __future__ import annotations
 
+import importlib
 import math
+import os
 import threading
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+
+
+def _load_native() -> ModuleType | None:
+    """The compiled kernels (``rpsagg._fast``), unless absent or ``RPSAGG_NATIVE=0``."""
+    if os.environ.get("RPSAGG_NATIVE", "1") == "0":
+        return None
+    try:
+        return importlib.import_module("rpsagg._fast")
+    except ImportError:
+        return None
+
+
+#: ``rpsagg._fast`` when built (``pip install`` compiles it where a C compiler exists), else
+#: None: then every quantity comes from the numpy code below, with identical bits.
+NATIVE: ModuleType | None = _load_native()
 
 SPEC_VERSION = "rpsagg-seed-v1"
 
@@ -198,6 +216,10 @@ def signs(seed: int, d_pad: int) -> NDArray[np.float64]:
     return out
 
 
+# The native sampler keeps a bitmap of bound bits (32 MiB at this bound).
+_NATIVE_MAX_BOUND = 1 << 28
+
+
 def sample_distinct(seed: int, tag: int, k: int, bound: int) -> NDArray[np.int64]:
     """``k`` distinct integers from ``[0, bound)``, in order of acceptance.
 
@@ -212,6 +234,11 @@ def sample_distinct(seed: int, tag: int, k: int, bound: int) -> NDArray[np.int64
     if not 1 <= k <= bound:
         raise ValueError(f"k must be in [1, bound]; got k={k}, bound={bound}")
     key = stream_key(seed, tag)
+    if NATIVE is not None and bound <= _NATIVE_MAX_BOUND:
+        # sequential rejection sampling with a bitmap of seen values: no sort, no table
+        out = np.empty(k, dtype=np.int64)
+        NATIVE.sample_distinct(key, k, bound, out)
+        return out
     m = (bound - 1).bit_length()
     # First batch: the expected number of words for k distinct accepted values, plus 10%.
     # (Any batch size gives the same result; this one usually needs a single pass.)

@@ -14,8 +14,17 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from rpsagg import _spec
 from rpsagg._fwht import fwht
-from rpsagg._spec import padded_dim, sign_bits, sign_factors, signs, srht_rows
+from rpsagg._spec import (
+    TAG_SIGNS,
+    padded_dim,
+    sign_bits,
+    sign_factors,
+    signs,
+    srht_rows,
+    stream_key,
+)
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -69,16 +78,26 @@ def srht_encode(x: FloatArray, seed: int, k: int, d_pad: int | None = None) -> F
     d_pad = d if d_pad is None else d_pad
     work, factor_buf, index_buf = _work_buffers(d_pad)
     v = work[:d_pad]
-    # D as int8 +-1 factors: x * (+-1) is exact, written straight into the work buffer
-    factors = sign_factors(seed, d_pad, out=factor_buf, index_buffer=index_buf)
-    np.multiply(x, factors[:d], out=v[:d])
-    v[d:] = 0.0
+    native = _spec.NATIVE
+    if native is not None:  # the same bits from compiled loops (one pass, no temporaries)
+        native.sign_multiply(np.ascontiguousarray(x, dtype=np.float64),
+                             stream_key(seed, TAG_SIGNS), v)
+    else:
+        # D as int8 +-1 factors: x * (+-1) is exact, written straight into the work buffer
+        factors = sign_factors(seed, d_pad, out=factor_buf, index_buffer=index_buf)
+        np.multiply(x, factors[:d], out=v[:d])
+        v[d:] = 0.0
     if d_pad < _SPLIT_MIN or _CORES < 2:
         fwht(v, inplace=True)
         out = np.take(v, srht_rows(seed, k, d_pad))
+        out /= np.sqrt(d_pad)
+    elif native is not None:
+        fwht(v.reshape(2, d_pad // 2), inplace=True)
+        out = np.empty(k)
+        native.last_stage(v, srht_rows(seed, k, d_pad), float(np.sqrt(d_pad)), out)
     else:
         out = _halves_then_rows(v, srht_rows(seed, k, d_pad))
-    out /= np.sqrt(d_pad)
+        out /= np.sqrt(d_pad)
     return out
 
 
