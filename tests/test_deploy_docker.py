@@ -97,7 +97,7 @@ def _replay_build_stage(role: str, root: Path) -> Path:
             assert not src.startswith("--"), args
             copy_context(src, workdir / dest)
             stale = [q for q in (workdir / dest).rglob("*")
-                     if q.name.endswith(".egg-info") or q.name == "__pycache__"]
+                     if q.name.endswith((".egg-info", ".so")) or q.name == "__pycache__"]
             assert not stale, f".dockerignore let build leftovers into the context: {stale}"
         elif instr == "RUN":
             flags, cmd = run_flags(args)
