@@ -36,23 +36,27 @@ DEFAULT_MEMORY_BUDGET = 256 * 1024 * 1024
 _workspace = threading.local()
 
 
-def _work_buffers(d_pad: int) -> tuple[FloatArray, NDArray[np.int8], NDArray[np.intp]]:
-    """Per-thread buffers reused by encodes: float64 and int8 of ``8 ceil(d'/8)`` entries
-    and intp of ``ceil(d'/8)`` (sign-table indices).
+def _work_buffer(d_pad: int) -> FloatArray:
+    """A per-thread float64 buffer of length d', reused by encodes.
 
-    Fresh arrays of this size cost a page fault per 4 KiB on every encode, which is more
+    A fresh array of this size costs a page fault per 4 KiB on every encode, which is more
     than the arithmetic at d' = 2^20.
     """
+    buf: FloatArray | None = getattr(_workspace, "buf", None)
+    if buf is None or buf.shape[0] != d_pad:
+        buf = np.empty(d_pad)
+        _workspace.buf = buf
+    return buf
+
+
+def _sign_buffers(d_pad: int) -> tuple[NDArray[np.int8], NDArray[np.intp]]:
+    """Per-thread buffers of :func:`sign_factors` for the numpy sign multiply: int8 of
+    ``8 ceil(d'/8)`` entries and intp of ``ceil(d'/8)`` (sign-table indices)."""
     nbytes = (d_pad + 7) // 8
-    bufs: tuple[FloatArray, NDArray[np.int8], NDArray[np.intp]] | None
-    bufs = getattr(_workspace, "bufs", None)
-    if bufs is None or bufs[2].shape[0] != nbytes:
-        bufs = (
-            np.empty(8 * nbytes),
-            np.empty(8 * nbytes, dtype=np.int8),
-            np.empty(nbytes, np.intp),
-        )
-        _workspace.bufs = bufs
+    bufs: tuple[NDArray[np.int8], NDArray[np.intp]] | None = getattr(_workspace, "signs", None)
+    if bufs is None or bufs[1].shape[0] != nbytes:
+        bufs = (np.empty(8 * nbytes, dtype=np.int8), np.empty(nbytes, np.intp))
+        _workspace.signs = bufs
     return bufs
 
 
@@ -76,29 +80,24 @@ def srht_encode(x: FloatArray, seed: int, k: int, d_pad: int | None = None) -> F
     """
     d = x.shape[0]
     d_pad = d if d_pad is None else d_pad
-    work, factor_buf, index_buf = _work_buffers(d_pad)
-    v = work[:d_pad]
+    v = _work_buffer(d_pad)
     native = _spec.NATIVE
     if native is not None:  # the same bits from compiled loops (one pass, no temporaries)
         native.sign_multiply(np.ascontiguousarray(x, dtype=np.float64),
                              stream_key(seed, TAG_SIGNS), v)
     else:
         # D as int8 +-1 factors: x * (+-1) is exact, written straight into the work buffer
-        factors = sign_factors(seed, d_pad, out=factor_buf, index_buffer=index_buf)
+        factors = sign_factors(seed, d_pad, *_sign_buffers(d_pad))
         np.multiply(x, factors[:d], out=v[:d])
         v[d:] = 0.0
+    rows = srht_rows(seed, k, d_pad)
     if d_pad < _SPLIT_MIN or _CORES < 2:
         fwht(v, inplace=True)
-        out = np.take(v, srht_rows(seed, k, d_pad))
+        out = np.take(v, rows)
         out /= np.sqrt(d_pad)
-    elif native is not None:
-        fwht(v.reshape(2, d_pad // 2), inplace=True)
-        out = np.empty(k)
-        native.last_stage(v, srht_rows(seed, k, d_pad), float(np.sqrt(d_pad)), out)
-    else:
-        out = _halves_then_rows(v, srht_rows(seed, k, d_pad))
-        out /= np.sqrt(d_pad)
-    return out
+        return out
+    fwht(v.reshape(2, d_pad // 2), inplace=True)  # the halves, as one batch on two cores
+    return _last_stage(v, rows)
 
 
 # From this d' on, an encode transforms the two halves of its vector on two cores.
@@ -106,22 +105,26 @@ _SPLIT_MIN = 1 << 18
 _CORES = os.cpu_count() or 1
 
 
-def _halves_then_rows(v: FloatArray, rows: IntArray) -> FloatArray:
-    """Rows ``rows`` of ``H v`` from the FWHTs of v's two halves (transformed in place).
+def _last_stage(v: FloatArray, rows: IntArray) -> FloatArray:
+    """Rows ``rows`` of ``H v / sqrt(d')`` from v holding the FWHTs of its two halves.
 
     In Sylvester order ``H_2h = [[H_h, H_h], [H_h, -H_h]]``, so with ``a = H_h v[:h]`` and
     ``b = H_h v[h:]`` row ``r`` is ``a[r] + b[r]`` for ``r < h`` and ``a[r-h] - b[r-h]``
-    otherwise: the last butterfly stage, evaluated only at the k rows kept. The two
-    half-length FWHTs run as one batch of two, on two threads.
+    otherwise: the last butterfly stage, evaluated only at the k rows kept.
     """
+    scale = float(np.sqrt(v.shape[0]))
+    native = _spec.NATIVE
+    if native is not None:
+        out = np.empty(rows.shape[0])
+        native.last_stage(v, rows, scale, out)
+        return out
     half = v.shape[0] // 2
-    pair = v.reshape(2, half)
-    fwht(pair, inplace=True)
     low = rows & (half - 1)
-    out = np.take(pair[0], low)
-    other = np.take(pair[1], low)
+    out = np.take(v[:half], low)
+    other = np.take(v[half:], low)
     np.negative(other, out=other, where=rows >= half)
     out += other
+    out /= scale
     return out
 
 
