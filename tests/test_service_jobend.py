@@ -80,13 +80,12 @@ def test_late_pollers_get_job_done_and_the_server_waits_for_them(tmp_path: Path)
                 time.sleep(1.5)  # the injected fault: this client polls late
                 assert server.poll() is None, "the server stopped before 'late' was told"
         assert late.job_failure == ""
-        told_at = time.monotonic()
         for p in procs[1:]:
             _, err = p.communicate(timeout=120)
             assert p.returncode == 0, err.decode()
         _, err = server.communicate(timeout=60)
         assert server.returncode == 0, err.decode()[-2000:]
-        assert time.monotonic() - told_at < 30, "the server waited for its drain bound"
+        # it stopped because all were told, not at its 90 s drain bound
         assert f"all {n} joined clients were told" in err.decode()
         late.close()
         observer.close()
@@ -237,7 +236,8 @@ def test_max_failed_rounds_ends_the_job_as_failed_with_the_reason(tmp_path: Path
                 submitted.append(rnd.round_id)
             assert submitted == [1, 2]
             assert c.job_failure is not None
-            assert c.job_failure.startswith("deadline: 1 of the minimum 2 clients submitted")
+            assert c.job_failure == ("its last round failed: deadline: 1 of the minimum 2 "
+                                     "clients submitted")
             last = [ev for ev in events][-1]
             assert last.job_done and last.state == "failed" and last.round_id == 2
             want = ("2 consecutive rounds failed (--max-failed-rounds 2); the last: "

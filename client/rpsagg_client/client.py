@@ -225,7 +225,8 @@ class AggregationClient:
                 timeout=min(left, 30.0))
             if res.job_done:
                 # a job ends on a failed round only when it failed as a whole
-                self.job_failure = "" if res.state == "done" else res.reason
+                self.job_failure = ("" if res.state == "done"
+                                    else f"its last round failed: {res.reason}")
             if not wait or res.state in ("done", "failed") or time.monotonic() >= deadline:
                 return res
 
