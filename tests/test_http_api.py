@@ -8,6 +8,7 @@ Prometheus registry.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -127,7 +128,8 @@ def test_status_reports_config_round_clients_uptime_and_versions(harness: Harnes
     assert st["versions"] == {"seed_spec": rpsagg.SPEC_VERSION, "protocol": "rpsagg.v1",
                               "rpsagg": rpsagg.__version__}
     assert st["job"] == {"task": cfg.task, "steps_done": 0, "rounds_planned": 2,
-                         "done": False, "r_hat_smoothed": None}
+                         "done": False, "r_hat_smoothed": None, "state": "running",
+                         "failure": ""}
 
 
 def test_status_after_the_job_has_no_current_round(harness: Harness) -> None:
@@ -243,14 +245,19 @@ def test_without_evaluation_mode_the_squared_error_is_null(harness_no_eval: Harn
 # -- health ----------------------------------------------------------------------------------
 def test_healthz_and_readyz(harness: Harness) -> None:
     assert harness.http.get("/healthz").json() == {"status": "ok"}
+    end = time.monotonic() + 120  # beta for n = 3 (cached or a short Monte Carlo)
+    while harness.http.get("/api/status").json()["beta"]["state"] == "computing":
+        assert time.monotonic() < end, "beta was not computed within 120 s"
+        time.sleep(0.05)
     res = harness.http.get("/readyz")
     assert res.status_code == 200
-    assert res.json() == {"ready": True, "checks": {"database": True, "grpc": True}}
+    assert res.json() == {"ready": True,
+                          "checks": {"database": True, "grpc": True, "beta": True}}
     harness.server.call(harness.server.running.stop(0.1))
     res = harness.http.get("/readyz")
     assert res.status_code == 503
     assert res.json()["ready"] is False
-    assert res.json()["checks"] == {"database": False, "grpc": False}
+    assert res.json()["checks"] == {"database": False, "grpc": False, "beta": True}
 
 
 def test_docs_and_openapi_list_the_endpoints(harness: Harness) -> None:

@@ -161,6 +161,10 @@ CASES: list[Case] = [
      grpc.StatusCode.RESOURCE_EXHAUSTED, "all n=3 client slots are taken"),
     ("result of unknown round", lambda e: e.clients["c0"].result(42, wait=False),
      grpc.StatusCode.NOT_FOUND, "unknown round 42"),
+    ("read naming another client", lambda e: e.client("c1", "tok-c2").current_round(),
+     grpc.StatusCode.PERMISSION_DENIED, "this token belongs to client 'c2', not 'c1'"),
+    ("bad client id on a read", lambda e: e.client("bad id!", "tok-stranger").result(1),
+     grpc.StatusCode.INVALID_ARGUMENT, "client_id must be 1..128 characters"),
 ]
 
 

@@ -81,6 +81,10 @@ def run(args: argparse.Namespace) -> int:
                     continue
                 raise
             log.debug("[Client] round %d acked (%d received)", rnd.round_id, ack.received)
+    if client.job_failure:  # the job is over either way: exit 0 (a restart cannot help)
+        print(f"rpsagg-client: the job failed: {client.job_failure}", file=sys.stderr)
+    else:
+        log.info("[Client] %s: the job is done", args.client_id)
     return 0
 
 

@@ -1,9 +1,12 @@
 """``AggregationClient``: join, follow rounds, encode and submit locally, fetch results.
 
-Every call has a deadline; UNAVAILABLE (and, for the idempotent calls, DEADLINE_EXCEEDED)
-is retried with exponential backoff and full jitter until ``retry_budget`` seconds have
-passed. A retried Submit sends byte-identical bytes, which the server acknowledges again
-instead of treating as a second submission.
+Every call has a deadline; UNAVAILABLE and DEADLINE_EXCEEDED are retried with exponential
+backoff and full jitter until ``retry_budget`` seconds have passed, and so is CANCELLED on
+the idempotent reads (GetRound, GetResult; a WatchRounds stream is re-opened): a server
+that stops with a call accepted but not yet handled cancels it. A retried Submit sends
+byte-identical bytes, which the server acknowledges again instead of treating as a second
+submission. Reads carry this client's id, so the server knows who has been told that the
+job is done (its drained job end).
 
 Examples
 --------
@@ -48,6 +51,8 @@ from rpsagg.v1.serde import (
 log = logging.getLogger("rpsagg.client")
 T = TypeVar("T")
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
+READ_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                  grpc.StatusCode.CANCELLED)
 
 
 class AggregationClient:
@@ -72,6 +77,14 @@ class AggregationClient:
         Deadline of each call in seconds (``result(wait=True)`` uses ``wait_timeout``).
     retry_budget : float
         Seconds to keep retrying UNAVAILABLE before giving up.
+
+    Attributes
+    ----------
+    job_failure : str or None
+        None until a reply said the job is over; then ``""`` when it finished its rounds,
+        else why it failed (``--max-failed-rounds`` on the server). Once it is set,
+        :meth:`rounds` asks the server nothing more: a server whose job has ended stops
+        as soon as every joined client has been told.
     """
 
     def __init__(
@@ -98,6 +111,7 @@ class AggregationClient:
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.index: int | None = None
+        self.job_failure: str | None = None
         self._metadata = () if token is None else (("authorization", f"Bearer {token}"),)
         options = [("grpc.max_receive_message_length", 256 * 1024 * 1024),
                    ("grpc.max_send_message_length", 256 * 1024 * 1024)]
@@ -127,6 +141,8 @@ class AggregationClient:
         give_up = time.monotonic() + self.retry_budget
         attempt = 0
         retry_on = RETRYABLE + ((grpc.StatusCode.DEADLINE_EXCEEDED,) if retry_deadline else ())
+        if name in ("GetRound", "GetResult"):
+            retry_on = READ_RETRYABLE
         while True:
             try:
                 return self._calls[name](request, timeout=timeout or self.timeout,
@@ -159,7 +175,9 @@ class AggregationClient:
 
     def current_round(self) -> RoundInfo:
         """The server's current round."""
-        info: RoundInfo = self._call("GetRound", GetRoundRequest())
+        info: RoundInfo = self._call("GetRound", GetRoundRequest(self.client_id))
+        if info.job_done:
+            self.job_failure = info.job_failure
         return info
 
     def encode(
@@ -202,8 +220,13 @@ class AggregationClient:
         deadline = time.monotonic() + (timeout or self.wait_timeout)
         while True:
             left = max(0.5, deadline - time.monotonic())
-            res: RoundResult = self._call("GetResult", GetResultRequest(round_id, wait),
-                                          timeout=min(left, 30.0))
+            res: RoundResult = self._call(
+                "GetResult", GetResultRequest(round_id, wait, self.client_id),
+                timeout=min(left, 30.0))
+            if res.job_done:
+                # a job ends on a failed round only when it failed as a whole
+                self.job_failure = ("" if res.state == "done"
+                                    else f"its last round failed: {res.reason}")
             if not wait or res.state in ("done", "failed") or time.monotonic() >= deadline:
                 return res
 
@@ -211,10 +234,11 @@ class AggregationClient:
         """Yield each new round this client has not seen, until the server's job is done.
 
         After a yielded round, the next call waits for that round to finish (the caller
-        is expected to submit in between).
+        is expected to submit in between). When it ends, :attr:`job_failure` says whether
+        the job finished its rounds.
         """
         seen = 0
-        while True:
+        while self.job_failure is None:
             info = self.current_round()
             if info.job_done:
                 return
@@ -222,19 +246,49 @@ class AggregationClient:
                 seen = info.round_id
                 yield info
             elif info.round_id:
-                if self.result(info.round_id, wait=True).job_done:
-                    return
+                self.result(info.round_id, wait=True)  # sets job_failure at the job's end
             else:
                 time.sleep(poll)
 
     def watch(self) -> Iterator[RoundEvent]:
-        """Stream round events (no deadline; ends when the job is done).
+        """Stream round events (no deadline; ends after the event with ``job_done``).
 
         The call starts at once; its first event is the current round's state at the
-        moment of subscription, so every later transition is guaranteed to be seen.
+        moment of subscription, so every later transition is guaranteed to be seen. A
+        stream broken by UNAVAILABLE or CANCELLED, or ended by the server before the job
+        is done, is re-opened (backoff as for calls, ``retry_budget`` seconds per outage);
+        the re-opened stream starts again with the current state, so an event may repeat.
         """
-        events: Iterator[RoundEvent] = self._watch(WatchRequest(), metadata=self._metadata)
-        return events
+        first = self._watch(WatchRequest(self.client_id), metadata=self._metadata)
+        return self._watch_events(first)
+
+    def _watch_events(self, stream: Iterator[RoundEvent]) -> Iterator[RoundEvent]:
+        give_up: float | None = None  # end of the retry budget of the current outage
+        attempt = 0
+        while True:
+            err: grpc.RpcError | None = None
+            try:
+                for ev in stream:
+                    give_up, attempt = None, 0
+                    yield ev
+                    if ev.job_done:
+                        return
+            except grpc.RpcError as exc:
+                if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                    raise
+                err = exc
+            now = time.monotonic()
+            give_up = now + self.retry_budget if give_up is None else give_up
+            if now >= give_up:
+                if err is not None:
+                    raise err
+                return
+            pause = random.uniform(0.0, min(self.max_backoff, self.backoff * 2**attempt))
+            attempt += 1
+            log.debug("[Client.WatchRounds] %s; re-open %d in %.2fs",
+                      "ended" if err is None else err.code().name, attempt, pause)
+            time.sleep(pause)
+            stream = self._watch(WatchRequest(self.client_id), metadata=self._metadata)
 
 
 def with_retries(fn: Callable[[], T], attempts: int = 5) -> T:  # pragma: no cover - helper

@@ -35,6 +35,7 @@ class ServerConfig:
     rounds: int = 10
     round_timeout: float = 30.0
     min_clients: int = 1
+    max_failed_rounds: int = 10
     db: str = "rpsagg.db"
     eval: bool = False
     tls_cert: str | None = None
@@ -48,6 +49,7 @@ class ServerConfig:
     lr: float = 0.1
     centroids: int = 10
     kmeans_updates: int = 1
+    drain: float = 10.0
     linger: float = 2.0
     port_file: str | None = None
     task_params: dict[str, float] = field(default_factory=dict)
@@ -65,6 +67,11 @@ class ServerConfig:
             raise ValueError(f"--min-clients must be in [1, n]; got {self.min_clients}")
         if self.rounds < 1:
             raise ValueError(f"--rounds must be >= 1; got {self.rounds}")
+        if self.max_failed_rounds < 0:
+            raise ValueError(f"--max-failed-rounds must be >= 0 (0: no limit); "
+                             f"got {self.max_failed_rounds}")
+        if self.drain < 0:
+            raise ValueError(f"--drain must be >= 0; got {self.drain}")
         if self.round_timeout <= 0:
             raise ValueError(f"--round-timeout must be > 0; got {self.round_timeout}")
         if not self.insecure:
@@ -118,6 +125,8 @@ def _parser() -> argparse.ArgumentParser:
         "rounds": "rounds (task steps) to run",
         "round_timeout": "seconds from a round's first submission to its deadline",
         "min_clients": "minimum arrivals to decode at the deadline",
+        "max_failed_rounds": "end the job as failed after this many consecutive failed rounds "
+        "(0: no limit)",
         "db": "SQLite database path (':memory:' keeps nothing)",
         "eval": "evaluation mode: clients also send raw vectors; record squared errors",
         "tls_cert": "PEM server certificate",
@@ -131,7 +140,9 @@ def _parser() -> argparse.ArgumentParser:
         "lr": "linreg learning rate",
         "centroids": "kmeans: number of centroids (m)",
         "kmeans_updates": "kmeans: 1 (default) clients send centroid updates, 0 whole centroids",
-        "linger": "seconds to keep serving after the job is done (negative: until signalled)",
+        "drain": "after the job is done, wait at most this many seconds for every joined "
+        "client to be told so",
+        "linger": "seconds to keep serving after the drain (negative: until signalled)",
         "port_file": "write the bound gRPC port to this file once serving (for --grpc-port 0)",
     }
     for f in fields(ServerConfig):

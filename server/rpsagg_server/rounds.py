@@ -4,7 +4,16 @@ Lifecycle of a round: ``open`` (no submission yet) -> ``collecting`` (first subm
 committed; the deadline ``--round-timeout`` seconds later starts running) -> ``decoding``
 (all n submitted, or the deadline passed with at least ``--min-clients``) -> ``done``, or
 ``failed`` with a reason (too few arrivals at the deadline, or a decode error). A failed
-round is followed by a new round on the same task state.
+round is followed by a new round on the same task state, unless ``--max-failed-rounds``
+consecutive rounds have failed: then the job ends as failed, with the reason.
+
+The job's end is drained: once it is done (or failed), every read answers ``job_done`` and
+the engine records which joined clients have been told (:meth:`RoundEngine.drain`), so the
+server stops only after each of them has seen it, or after a bounded wait.
+
+beta for n is computed at start-up in the decode thread, visibly
+(:mod:`rpsagg_server.betawarm`); joins and submissions are served meanwhile, and the first
+decode waits for it.
 
 Every state change is committed to the :class:`~rpsagg_server.store.Store` before it is
 acknowledged. After a crash the last round resumes with every committed submission (a
@@ -37,6 +46,7 @@ from rpsagg.v1.serde import (
     Submission,
     SubmitReply,
 )
+from rpsagg_server.betawarm import BetaWarmup
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.decoding import DecodeOutcome, decode_round
 from rpsagg_server.live import LiveRound, Rejected, validate_submission
@@ -80,6 +90,11 @@ class RoundEngine:
         self.results: dict[int, RoundResult] = {}
         self.steps_done = 0
         self.job_done = False
+        self.job_failure = ""  # why the job ended without finishing its rounds
+        self.failed_streak = 0  # consecutive failed rounds (--max-failed-rounds)
+        self.seen_done: set[str] = set()  # joined clients that were told job_done
+        self._all_seen = asyncio.Event()
+        self.beta = BetaWarmup(state, config.n)
         self._watchers: list[asyncio.Queue[RoundEvent | None]] = []
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rpsagg-decode")
         self._tasks: set[asyncio.Task[None]] = set()
@@ -120,11 +135,14 @@ class RoundEngine:
         if self.tracker is not None and frac is not None:
             self.tracker.fraction = json.loads(frac)
         self.job_done = self.store.get_meta("job_done") == "1"
+        self.job_failure = self.store.get_meta("job_failure") or ""
         last = None
         for stored in self.store.rounds():
             live = LiveRound.from_stored(stored, self.cfg, self.m)
             if live.state == "done":
                 self.steps_done += 1
+            if live.state in ("done", "failed"):
+                self.failed_streak = self.failed_streak + 1 if live.state == "failed" else 0
             self.results[live.round_id] = self._result(live)
             self.state._put_round(live.view(self.cfg, self.clients), current=False, emit=False)
             last = live
@@ -136,14 +154,18 @@ class RoundEngine:
                                      else last.global_state))
             await self._open_round(state, (last.round_id if last else 0) + 1)
         self._publish_job()
-        if not self.job_done:  # warm the beta cache (Monte Carlo on a cold cache) meanwhile
-            asyncio.get_running_loop().run_in_executor(self._executor, self._warm_beta)
+        if self.job_done:
+            self.beta.not_needed()
+            self.done_event.set()
+        else:
+            task = self.beta.start(self._executor, self._compute_beta)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
-    def _warm_beta(self) -> None:
-        try:
-            self._base.beta_for(self.cfg.n)
-        except Exception:  # the decode will report it
-            log.exception("[Engine] beta warm-up failed")
+    # -- beta ------------------------------------------------------------------------------
+    def _compute_beta(self) -> float:
+        """beta for n (runs in the decode thread; a Monte Carlo on a cold cache)."""
+        return float(self._base.beta_for(self.cfg.n))
 
     async def _resume(self, live: LiveRound) -> None:
         live.estimator = self._make_estimator(live.r_prior)
@@ -195,19 +217,48 @@ class RoundEngine:
         return JoinReply(idx, self.cfg.n, self.cfg.task, hint, self.cfg.params)
 
     # -- rounds ----------------------------------------------------------------------------
-    def round_info(self) -> RoundInfo:
-        """The current round (``job_done`` when there is none)."""
+    def round_info(self, client_id: str = "") -> RoundInfo:
+        """The current round (``job_done`` when there is none).
+
+        ``client_id`` names the asking client: told ``job_done``, it counts as drained.
+        """
         live = self.current
         c = self.cfg
         if live is None:
+            if self.job_done:
+                self._seen(client_id)
             return RoundInfo(0, 0, c.estimator, c.n, c.k, c.d, "", c.task, self.m, None,
-                             "unspecified", 0, c.eval, self.job_done, self.steps_done)
+                             "unspecified", 0, c.eval, self.job_done, self.steps_done,
+                             c.rounds, self.job_failure)
         return RoundInfo(
             live.round_id, live.nonce, c.estimator, c.n, c.k, c.d, live.transform, c.task,
             self.m, live.global_state, live.state,
             0 if live.deadline is None else int(live.deadline * 1000), c.eval, False,
-            live.task_step,
+            live.task_step, c.rounds,
         )
+
+    # -- the drained job end ---------------------------------------------------------------
+    def _seen(self, client_id: str) -> None:
+        """``client_id`` was told ``job_done``; set :meth:`drain`'s event once all were."""
+        if client_id in self.clients:
+            self.seen_done.add(client_id)
+        if self.job_done and self.seen_done.issuperset(self.clients):
+            self._all_seen.set()
+
+    def undrained(self) -> list[str]:
+        """Joined clients that have not been told ``job_done`` yet."""
+        return sorted(set(self.clients) - self.seen_done)
+
+    async def drain(self, timeout: float) -> bool:
+        """After the job is done, wait until every joined client has been told so, at most
+        ``timeout`` seconds; True when all were."""
+        await self.done_event.wait()
+        self._seen("")
+        try:
+            await asyncio.wait_for(self._all_seen.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
 
     async def _open_round(self, global_state: np.ndarray, round_id: int) -> None:
         prior = None if self.tracker is None else self.tracker.prior(self.cfg.n)
@@ -352,8 +403,10 @@ class RoundEngine:
         if outcome is None:
             live.state, live.reason = "failed", reason
             next_state = live.global_state
+            self.failed_streak += 1
             log.warning("[Engine] round %d failed: %s", live.round_id, reason)
         else:
+            self.failed_streak = 0
             live.state = "done"
             live.outcome = outcome
             next_state = self.task.apply(live.global_state, outcome.estimate)
@@ -363,20 +416,32 @@ class RoundEngine:
             log.info("[Engine] round %d done: n'=%d decode %.3fs", live.round_id,
                      outcome.n_prime, outcome.seconds)
         job_done = self.steps_done >= self.cfg.rounds
+        failure = ""
+        limit = self.cfg.max_failed_rounds
+        if not job_done and limit and self.failed_streak >= limit:
+            job_done = True
+            failure = (f"{self.failed_streak} consecutive rounds failed (--max-failed-rounds "
+                       f"{limit}); the last: {reason}")
         ops.append(op_round(live.stored()))
         if self.tracker is not None:
             ops.append(op_meta("tracker_fraction", json.dumps(self.tracker.fraction)))
         if job_done:
             ops.append(op_meta("job_done", "1"))
+        if failure:
+            ops.append(op_meta("job_failure", failure))
         await self.store.write(ops)
         self.job_done = job_done
+        self.job_failure = failure
         self.results[live.round_id] = self._result(live)
         self.state._put_round(live.view(self.cfg, self.clients), current=False)
         self.current = None
         live.finished.set()
-        self._broadcast(RoundEvent(live.round_id, live.state, live.reason, job_done,
+        self._broadcast(RoundEvent(live.round_id, live.state, failure or live.reason, job_done,
                                    len(live.subs)))
-        if job_done:
+        if failure:
+            log.error("[Engine] job failed after %d steps: %s", self.steps_done, failure)
+            self.done_event.set()
+        elif job_done:
             log.info("[Engine] job done after %d steps", self.steps_done)
             self.done_event.set()
         else:
@@ -386,7 +451,7 @@ class RoundEngine:
     def _publish_job(self) -> None:
         prior = None if self.tracker is None else self.tracker.prior(self.cfg.n)
         self.state._set_job(JobView(self.cfg.task, self.steps_done, self.cfg.rounds,
-                                    self.job_done, prior))
+                                    self.job_done, prior, self.job_failure))
 
     # -- results ---------------------------------------------------------------------------
     def _result(self, live: LiveRound) -> RoundResult:
@@ -407,8 +472,19 @@ class RoundEngine:
             live.payload_bytes(), live.wire_bytes(),
         )
 
-    async def result(self, round_id: int, wait: bool, timeout: float | None) -> RoundResult:
-        """A round's result; with ``wait``, block (up to ``timeout``) until it finishes."""
+    async def result(self, round_id: int, wait: bool, timeout: float | None,
+                     client_id: str = "") -> RoundResult:
+        """A round's result; with ``wait``, block (up to ``timeout``) until it finishes.
+
+        ``client_id`` names the asking client: told ``job_done``, it counts as drained.
+        """
+        res = await self._result_for(round_id, wait, timeout)
+        if res.job_done:
+            self._seen(client_id)
+        return res
+
+    async def _result_for(self, round_id: int, wait: bool, timeout: float | None
+                          ) -> RoundResult:
         if round_id == 0:
             if self.results:
                 return self.results[max(self.results)]
@@ -430,13 +506,17 @@ class RoundEngine:
             return self.results[round_id]
         return self._result(live)
 
-    async def watch(self) -> AsyncIterator[RoundEvent]:
-        """The current round's state, then every transition; ends after the job-done event."""
+    async def watch(self, client_id: str = "") -> AsyncIterator[RoundEvent]:
+        """The current round's state, then every transition; ends after the job-done event
+        (``client_id``, the asking client, then counts as drained)."""
         q: asyncio.Queue[RoundEvent | None] = asyncio.Queue()
         self._watchers.append(q)
         try:
             if self.job_done:
-                yield RoundEvent(0, "done", "job done", True)
+                failed = bool(self.job_failure)
+                yield RoundEvent(0, "failed" if failed else "done",
+                                 self.job_failure if failed else "job done", True)
+                self._seen(client_id)
                 return
             live = self.current
             if live is not None:
@@ -447,6 +527,7 @@ class RoundEngine:
                     return
                 yield ev
                 if ev.job_done:
+                    self._seen(client_id)
                     return
         finally:
             self._watchers.remove(q)

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from rpsagg_server.store import Store
 
 log = logging.getLogger("rpsagg.server")
 HttpAppFactory = Callable[[ServerState], Any]
+STOP_GRACE = 2.0  # seconds calls in flight get to finish when the server stops
 
 
 def max_request_bytes(cfg: ServerConfig, m: int) -> int:
@@ -59,8 +61,9 @@ class RunningServer:
     port: int
     serving: bool = True
 
-    async def stop(self, grace: float = 1.0) -> None:
-        """Stop serving (in-flight calls get ``grace`` seconds) and close the database."""
+    async def stop(self, grace: float = STOP_GRACE) -> None:
+        """Report NOT_SERVING, stop serving (calls in flight get ``grace`` seconds to
+        finish; new ones are refused) and close the database."""
         self.serving = False
         await self.health.enter_graceful_shutdown()
         self.engine.end_watches()
@@ -117,6 +120,7 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
     running = RunningServer(server, engine, state, store, health, port)
     state._add_check("database", lambda: store.get_meta("config") is not None)
     state._add_check("grpc", lambda: running.serving)
+    state._add_check("beta", engine.beta.ready.is_set)
     return running, port
 
 
@@ -125,7 +129,13 @@ async def serve(
     http_app_factory: HttpAppFactory | None = None,
     ready: Callable[[RunningServer], None] | None = None,
 ) -> None:
-    """Run until the job is done (plus ``cfg.linger`` seconds; forever if negative) or a signal.
+    """Run until the job is done and drained (plus ``cfg.linger`` seconds; forever if
+    negative), or a signal.
+
+    The drained job end: once the job is done (or failed), every read keeps answering
+    ``job_done`` until each joined client has been told so, or ``cfg.drain`` seconds have
+    passed; then ``cfg.linger`` seconds; then health ``NOT_SERVING`` and a stop in which calls
+    in flight get :data:`STOP_GRACE` seconds.
 
     ``http_app_factory(state)`` returns an ASGI app served by uvicorn on ``cfg.http_port``
     on the same event loop (the dashboard).
@@ -152,7 +162,17 @@ async def serve(
         ready(running)
 
     async def until_done() -> None:
-        await running.engine.done_event.wait()
+        engine = running.engine
+        await engine.done_event.wait()
+        started = time.monotonic()
+        if await engine.drain(cfg.drain):
+            log.info("[Server] job end drained: all %d joined clients were told (%.1f s)",
+                     len(engine.clients), time.monotonic() - started)
+        else:
+            missing = engine.undrained()
+            log.warning("[Server] job end: drain bound of %.1f s passed; %d joined client(s) "
+                        "were not told: %s", cfg.drain, len(missing),
+                        ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else ""))
         if cfg.linger >= 0:
             await asyncio.sleep(cfg.linger)
             stop.set()

@@ -102,6 +102,12 @@ class AggregationServicer:
             raise Rejected("PERMISSION_DENIED",
                            f"this token belongs to client {bound!r}, not {client_id!r}")
 
+    def _check_reader(self, context: Any, client_id: str) -> None:
+        """The optional ``client_id`` of a read: well formed, and the token's own."""
+        if client_id:
+            check_client_id(client_id)
+            self._authenticate(context, client_id)
+
     async def _abort(self, context: Any, tag: str, exc: Rejected) -> None:
         log.info("[Aggregator.%s] %s: %s", tag, exc.code, exc.message)
         await context.abort(_CODES[exc.code], exc.message)
@@ -129,8 +135,9 @@ class AggregationServicer:
         """The current round."""
         try:
             self._authenticate(context, None)
-            self._parse("GetRound", raw)
-            return self.engine.round_info()
+            req = self._parse("GetRound", raw)
+            self._check_reader(context, req.client_id)
+            return self.engine.round_info(req.client_id)
         except Rejected as exc:
             await self._abort(context, "GetRound", exc)
             raise AssertionError("unreachable") from None
@@ -152,9 +159,10 @@ class AggregationServicer:
         try:
             self._authenticate(context, None)
             req = self._parse("GetResult", raw)
+            self._check_reader(context, req.client_id)
             remaining = context.time_remaining()
             timeout = None if remaining is None else max(0.0, remaining - 0.2)
-            return await self.engine.result(req.round_id, req.wait, timeout)
+            return await self.engine.result(req.round_id, req.wait, timeout, req.client_id)
         except Rejected as exc:
             await self._abort(context, "GetResult", exc)
             raise AssertionError("unreachable") from None
@@ -163,9 +171,10 @@ class AggregationServicer:
         """Stream round events until the job is done."""
         try:
             self._authenticate(context, None)
-            self._parse("WatchRounds", raw)
+            req = self._parse("WatchRounds", raw)
+            self._check_reader(context, req.client_id)
         except Rejected as exc:
             await self._abort(context, "WatchRounds", exc)
             return
-        async for ev in self.engine.watch():
+        async for ev in self.engine.watch(req.client_id):
             yield ev

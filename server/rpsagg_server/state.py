@@ -17,9 +17,12 @@ Read API (all methods are cheap, synchronous, and return frozen snapshots):
 - :meth:`ServerState.round_detail` -- one :class:`RoundView` by id (None if unknown).
 - :meth:`ServerState.clients` -- :class:`ClientView` list ordered by client index.
 - :meth:`ServerState.job` -- :class:`JobView`: task, steps done, rounds planned, done flag,
-  smoothed R_hat.
+  smoothed R_hat, and why the job failed (``--max-failed-rounds``), if it did.
+- :meth:`ServerState.beta` -- :class:`BetaView`: the start-up computation of beta for n
+  (``computing``, ``ready``, ``failed`` or ``not needed``), with its timing.
 - :meth:`ServerState.counters` -- cumulative metric counters (see below) as a dict.
-- :meth:`ServerState.readiness` -- readiness checks by name (``database``, ``grpc``) and
+- :meth:`ServerState.readiness` -- readiness checks by name (``database``, ``grpc``,
+  ``beta``) and
   whether each passes now (registered by the server with ``_add_check``).
 - :meth:`ServerState.add_listener` -- ``fn(event: MetricEvent)`` is called synchronously on
   the event loop for every metric event (keep it fast; for Prometheus, increment there).
@@ -168,6 +171,9 @@ class JobView:
     done : bool
     r_hat_smoothed : float or None
         The smoothed correlation prior (``transform=auto``), in units of R for n clients.
+    failure : str
+        Why the job ended without finishing its rounds (``--max-failed-rounds``
+        consecutive failed rounds); empty while it runs and when it finished.
     """
 
     task: str
@@ -175,6 +181,42 @@ class JobView:
     rounds_planned: int
     done: bool
     r_hat_smoothed: float | None
+    failure: str = ""
+
+    @property
+    def state(self) -> str:
+        """``running``, ``done`` or ``failed``."""
+        return "failed" if self.failure else "done" if self.done else "running"
+
+
+BETA_STATES = ("computing", "ready", "failed", "not needed")
+
+
+@dataclass(frozen=True)
+class BetaView:
+    """The start-up computation of beta for n (the first decode waits for it).
+
+    Attributes
+    ----------
+    state : str
+        One of :data:`BETA_STATES` (``not needed`` when the job was already done).
+    n : int
+    started_at : float
+        Unix seconds.
+    seconds : float or None
+        How long it took, once finished.
+    value : float or None
+        beta, once ready.
+    error : str
+        Why it failed.
+    """
+
+    state: str
+    n: int
+    started_at: float
+    seconds: float | None = None
+    value: float | None = None
+    error: str = ""
 
 
 @dataclass(frozen=True)
@@ -202,6 +244,7 @@ class ServerState:
     _current: int | None = None
     _clients: dict[str, ClientView] = field(default_factory=dict)
     _job: JobView | None = None
+    _beta: BetaView | None = None
     _counters: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     _listeners: list[Listener] = field(default_factory=list)
     _checks: dict[str, Callable[[], bool]] = field(default_factory=dict)
@@ -238,6 +281,10 @@ class ServerState:
         """Task progress (None before the engine started)."""
         return self._job
 
+    def beta(self) -> BetaView | None:
+        """The start-up computation of beta (None before the engine started)."""
+        return self._beta
+
     def counters(self) -> dict[str, float]:
         """Cumulative counters since this process started (see module docstring)."""
         return dict(self._counters)
@@ -247,7 +294,8 @@ class ServerState:
         self._listeners.append(fn)
 
     def readiness(self) -> dict[str, bool]:
-        """Readiness checks by name (``database``, ``grpc``); a check that raises fails."""
+        """Readiness checks by name (``database``, ``grpc``, ``beta``); a check that raises
+        fails."""
         out = {}
         for name, check in self._checks.items():
             try:
@@ -291,6 +339,9 @@ class ServerState:
 
     def _set_job(self, job: JobView) -> None:
         self._job = job
+
+    def _set_beta(self, beta: BetaView) -> None:
+        self._beta = beta
 
     def _add_check(self, name: str, check: Callable[[], bool]) -> None:
         self._checks[name] = check

@@ -50,8 +50,10 @@ class JoinReply(_message.Message):
     def __init__(self, client_index: _Optional[int] = ..., n: _Optional[int] = ..., task: _Optional[str] = ..., data_hint: _Optional[str] = ..., task_params: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class GetRoundRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("client_id",)
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    def __init__(self, client_id: _Optional[str] = ...) -> None: ...
 
 class Tensor(_message.Message):
     __slots__ = ("shape", "float64_le")
@@ -62,7 +64,7 @@ class Tensor(_message.Message):
     def __init__(self, shape: _Optional[_Iterable[int]] = ..., float64_le: _Optional[bytes] = ...) -> None: ...
 
 class RoundInfo(_message.Message):
-    __slots__ = ("round_id", "nonce", "scheme", "n", "k", "d", "transform", "task", "m", "global_state", "state", "deadline_unix_ms", "eval", "job_done", "task_step")
+    __slots__ = ("round_id", "nonce", "scheme", "n", "k", "d", "transform", "task", "m", "global_state", "state", "deadline_unix_ms", "eval", "job_done", "task_step", "total_rounds", "job_failure")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
     SCHEME_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +80,8 @@ class RoundInfo(_message.Message):
     EVAL_FIELD_NUMBER: _ClassVar[int]
     JOB_DONE_FIELD_NUMBER: _ClassVar[int]
     TASK_STEP_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    JOB_FAILURE_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     nonce: int
     scheme: str
@@ -93,7 +97,9 @@ class RoundInfo(_message.Message):
     eval: bool
     job_done: bool
     task_step: int
-    def __init__(self, round_id: _Optional[int] = ..., nonce: _Optional[int] = ..., scheme: _Optional[str] = ..., n: _Optional[int] = ..., k: _Optional[int] = ..., d: _Optional[int] = ..., transform: _Optional[str] = ..., task: _Optional[str] = ..., m: _Optional[int] = ..., global_state: _Optional[_Union[Tensor, _Mapping]] = ..., state: _Optional[_Union[RoundState, str]] = ..., deadline_unix_ms: _Optional[int] = ..., eval: _Optional[bool] = ..., job_done: _Optional[bool] = ..., task_step: _Optional[int] = ...) -> None: ...
+    total_rounds: int
+    job_failure: str
+    def __init__(self, round_id: _Optional[int] = ..., nonce: _Optional[int] = ..., scheme: _Optional[str] = ..., n: _Optional[int] = ..., k: _Optional[int] = ..., d: _Optional[int] = ..., transform: _Optional[str] = ..., task: _Optional[str] = ..., m: _Optional[int] = ..., global_state: _Optional[_Union[Tensor, _Mapping]] = ..., state: _Optional[_Union[RoundState, str]] = ..., deadline_unix_ms: _Optional[int] = ..., eval: _Optional[bool] = ..., job_done: _Optional[bool] = ..., task_step: _Optional[int] = ..., total_rounds: _Optional[int] = ..., job_failure: _Optional[str] = ...) -> None: ...
 
 class Vector(_message.Message):
     __slots__ = ("values_f32", "indices_i32", "reference_f64")
@@ -128,12 +134,14 @@ class SubmitReply(_message.Message):
     def __init__(self, round_id: _Optional[int] = ..., received: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class GetResultRequest(_message.Message):
-    __slots__ = ("round_id", "wait")
+    __slots__ = ("round_id", "wait", "client_id")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     WAIT_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     wait: bool
-    def __init__(self, round_id: _Optional[int] = ..., wait: _Optional[bool] = ...) -> None: ...
+    client_id: str
+    def __init__(self, round_id: _Optional[int] = ..., wait: _Optional[bool] = ..., client_id: _Optional[str] = ...) -> None: ...
 
 class Contributor(_message.Message):
     __slots__ = ("client_id", "client_seed")
@@ -186,8 +194,10 @@ class RoundResult(_message.Message):
     def __init__(self, round_id: _Optional[int] = ..., state: _Optional[_Union[RoundState, str]] = ..., reason: _Optional[str] = ..., estimate: _Optional[_Union[Tensor, _Mapping]] = ..., global_state: _Optional[_Union[Tensor, _Mapping]] = ..., n_prime: _Optional[int] = ..., beta: _Optional[float] = ..., c: _Optional[float] = ..., decode_seconds: _Optional[float] = ..., contributors: _Optional[_Iterable[_Union[Contributor, _Mapping]]] = ..., r_hat: _Optional[float] = ..., eval_sq_error: _Optional[float] = ..., eval_sq_error_rand_k: _Optional[float] = ..., eval_sq_error_rand_k_spatial: _Optional[float] = ..., job_done: _Optional[bool] = ..., nonce: _Optional[int] = ..., transform: _Optional[str] = ..., payload_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("client_id",)
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    def __init__(self, client_id: _Optional[str] = ...) -> None: ...
 
 class RoundEvent(_message.Message):
     __slots__ = ("round_id", "state", "reason", "job_done", "received")

@@ -55,7 +55,10 @@ class JoinReply:
 
 @dataclass(frozen=True)
 class GetRoundRequest:
-    """Ask for the current round."""
+    """Ask for the current round; ``client_id`` (optional) names the asking client, which
+    then counts as having seen ``job_done`` when the reply says so (the drained job end)."""
+
+    client_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,8 @@ class RoundInfo:
     eval: bool
     job_done: bool
     task_step: int
+    total_rounds: int = 0
+    job_failure: str = ""
 
 
 @dataclass(frozen=True, eq=False)
@@ -130,10 +135,14 @@ class SubmitReply:
 
 @dataclass(frozen=True)
 class GetResultRequest:
-    """Ask for a round's result (0 = latest finished); ``wait`` blocks until it finishes."""
+    """Ask for a round's result (0 = latest finished); ``wait`` blocks until it finishes.
+
+    ``client_id`` (optional) names the asking client, as in :class:`GetRoundRequest`.
+    """
 
     round_id: int = 0
     wait: bool = False
+    client_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -171,7 +180,9 @@ class RoundResult:
 
 @dataclass(frozen=True)
 class WatchRequest:
-    """Subscribe to round events."""
+    """Subscribe to round events; ``client_id`` (optional) as in :class:`GetRoundRequest`."""
+
+    client_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -240,12 +251,11 @@ def _dec_join_reply(raw: bytes) -> JoinReply:
 
 
 def _enc_get_round(r: GetRoundRequest) -> bytes:
-    return bytes(pb.GetRoundRequest().SerializeToString())
+    return bytes(pb.GetRoundRequest(client_id=r.client_id).SerializeToString())
 
 
 def _dec_get_round(raw: bytes) -> GetRoundRequest:
-    _parse(pb.GetRoundRequest, raw, "GetRoundRequest")
-    return GetRoundRequest()
+    return GetRoundRequest(_parse(pb.GetRoundRequest, raw, "GetRoundRequest").client_id)
 
 
 def _enc_round(r: RoundInfo) -> bytes:
@@ -253,7 +263,8 @@ def _enc_round(r: RoundInfo) -> bytes:
         round_id=r.round_id, nonce=r.nonce, scheme=r.scheme, n=r.n, k=r.k, d=r.d,
         transform=r.transform, task=r.task, m=r.m, global_state=_tensor(r.global_state),
         state=STATES.index(r.state), deadline_unix_ms=r.deadline_unix_ms, eval=r.eval,
-        job_done=r.job_done, task_step=r.task_step,
+        job_done=r.job_done, task_step=r.task_step, total_rounds=r.total_rounds,
+        job_failure=r.job_failure,
     )
     return bytes(msg.SerializeToString())
 
@@ -263,7 +274,7 @@ def _dec_round(raw: bytes) -> RoundInfo:
     return RoundInfo(
         m.round_id, m.nonce, m.scheme, m.n, m.k, m.d, m.transform, m.task, m.m,
         _from_tensor(m.global_state, "global_state"), STATES[m.state], m.deadline_unix_ms,
-        m.eval, m.job_done, m.task_step,
+        m.eval, m.job_done, m.task_step, m.total_rounds, m.job_failure,
     )
 
 
@@ -319,12 +330,13 @@ def _dec_submit_reply(raw: bytes) -> SubmitReply:
 
 
 def _enc_result_req(r: GetResultRequest) -> bytes:
-    return bytes(pb.GetResultRequest(round_id=r.round_id, wait=r.wait).SerializeToString())
+    return bytes(pb.GetResultRequest(round_id=r.round_id, wait=r.wait,
+                                     client_id=r.client_id).SerializeToString())
 
 
 def _dec_result_req(raw: bytes) -> GetResultRequest:
     m = _parse(pb.GetResultRequest, raw, "GetResultRequest")
-    return GetResultRequest(m.round_id, m.wait)
+    return GetResultRequest(m.round_id, m.wait, m.client_id)
 
 
 def _enc_result(r: RoundResult) -> bytes:
@@ -355,12 +367,11 @@ def _dec_result(raw: bytes) -> RoundResult:
 
 
 def _enc_watch(r: WatchRequest) -> bytes:
-    return bytes(pb.WatchRequest().SerializeToString())
+    return bytes(pb.WatchRequest(client_id=r.client_id).SerializeToString())
 
 
 def _dec_watch(raw: bytes) -> WatchRequest:
-    _parse(pb.WatchRequest, raw, "WatchRequest")
-    return WatchRequest()
+    return WatchRequest(_parse(pb.WatchRequest, raw, "WatchRequest").client_id)
 
 
 def _enc_event(e: RoundEvent) -> bytes:

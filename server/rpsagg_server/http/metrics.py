@@ -21,6 +21,9 @@ metric                                 type       meaning
                                                   ``rand_k_spatial``
 ``rpsagg_clients_connected``           gauge      clients that joined the job
 ``rpsagg_current_round``               gauge      id of the newest round (0 before the first)
+``rpsagg_job_state{state}``            gauge      1 for the job's state, ``running``,
+                                                  ``done`` or ``failed``
+                                                  (``--max-failed-rounds``), 0 for the others
 =====================================  =========  ==========================================
 """
 
@@ -33,6 +36,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from rpsagg_server.state import ROUND_STATES, MetricEvent, ServerState
+
+JOB_STATES = ("running", "done", "failed")
 
 DECODE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                   10.0, 30.0, 60.0)
@@ -127,8 +132,8 @@ class StateCollector(Collector):
         self.state = state
 
     def collect(self) -> Iterable[Metric]:
-        """Yield ``rpsagg_clients_connected``, ``rpsagg_current_round`` and, in evaluation
-        mode, ``rpsagg_round_squared_error``."""
+        """Yield ``rpsagg_clients_connected``, ``rpsagg_current_round``,
+        ``rpsagg_job_state`` and, in evaluation mode, ``rpsagg_round_squared_error``."""
         clients = GaugeMetricFamily("rpsagg_clients_connected",
                                     "Clients that joined the job.")
         clients.add_metric([], len(self.state.clients()))
@@ -138,6 +143,14 @@ class StateCollector(Collector):
                                     "Id of the newest round (0 before the first).")
         current.add_metric([], newest[0].round_id if newest else 0)
         yield current
+        job = self.state.job()
+        job_state = GaugeMetricFamily(
+            "rpsagg_job_state", "1 for the job's state (running, done, or failed after "
+            "--max-failed-rounds consecutive failed rounds), 0 for the others.",
+            labels=["state"])
+        for name in JOB_STATES:
+            job_state.add_metric([name], float(job is not None and job.state == name))
+        yield job_state
         errors = GaugeMetricFamily(
             "rpsagg_round_squared_error", "Evaluation mode: squared error of the latest "
             "finished round, of the estimate and of the Rand-k / Rand-k-Spatial shadows.",

@@ -1,4 +1,4 @@
-"""``GET /healthz`` (the process answers) and ``GET /readyz`` (database and gRPC ready)."""
+"""``GET /healthz`` (the process answers), ``GET /readyz`` (database, gRPC and beta ready)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ def healthz() -> schemas.Health:
             responses={503: {"model": schemas.Readiness, "description": "Not ready"}})
 def readyz(state: StateDep, response: Response) -> schemas.Readiness:
     """200 when every readiness check passes (the database answers a query, the gRPC
-    server is serving); 503 with the failing checks otherwise, or when none is registered."""
+    server is serving, beta for n has been computed); 503 with the failing checks otherwise,
+    or when none is registered."""
     checks = state.readiness()
     ready = bool(checks) and all(checks.values())
     if not ready:

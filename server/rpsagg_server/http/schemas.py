@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 
 import rpsagg
 from rpsagg.v1 import serde
-from rpsagg_server.state import ClientView, JobView, RoundView
+from rpsagg_server.state import BetaView, ClientView, JobView, RoundView
 
 PROTOCOL = serde.SERVICE.rsplit(".", 1)[0]  # "rpsagg.v1"
 
@@ -116,6 +116,19 @@ class Job(BaseModel):
     rounds_planned: int
     done: bool
     r_hat_smoothed: float | None
+    state: str = Field(description="running, done, or failed (--max-failed-rounds).")
+    failure: str = Field(description="Why the job failed; empty unless state is failed.")
+
+
+class Beta(BaseModel):
+    """The start-up computation of beta for n; the first decode waits for it."""
+
+    state: str = Field(description="computing, ready, failed, or not needed (job done).")
+    n: int
+    started_at: float
+    elapsed_seconds: float = Field(description="Seconds it has taken (so far, or in all).")
+    value: float | None
+    error: str
 
 
 class Versions(BaseModel):
@@ -137,6 +150,8 @@ class Status(BaseModel):
     clients_joined: int
     clients: list[Client]
     job: Job | None
+    beta: Beta | None = Field(description="beta for n, computed at start-up; /readyz is "
+                              "503 until it is ready.")
     uptime_seconds: float
     started_at: float
     versions: Versions
@@ -195,7 +210,15 @@ def from_client(c: ClientView) -> Client:
 def from_job(job: JobView) -> Job:
     """The API model of the task's progress."""
     return Job(task=job.task, steps_done=job.steps_done, rounds_planned=job.rounds_planned,
-               done=job.done, r_hat_smoothed=job.r_hat_smoothed)
+               done=job.done, r_hat_smoothed=job.r_hat_smoothed, state=job.state,
+               failure=job.failure)
+
+
+def from_beta(beta: BetaView, now: float) -> Beta:
+    """The API model of the start-up beta computation (``now``: unix seconds)."""
+    elapsed = beta.seconds if beta.seconds is not None else max(0.0, now - beta.started_at)
+    return Beta(state=beta.state, n=beta.n, started_at=beta.started_at,
+                elapsed_seconds=elapsed, value=beta.value, error=beta.error)
 
 
 def versions() -> Versions:

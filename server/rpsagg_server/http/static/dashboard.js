@@ -52,6 +52,7 @@ function renderRound(st) {
   if (!r) {
     $("round-id").textContent = "–";
     $("round-state").textContent = "waiting";
+    $("job-line").textContent = betaLine(st.beta);
     return;
   }
   $("round-id").textContent = r.round_id;
@@ -65,9 +66,17 @@ function renderRound(st) {
   const dl = r.timestamps.deadline;
   $("round-deadline").textContent = st.current_round && dl && r.state === "collecting"
     ? `· deadline in ${Math.max(0, Math.round(dl - Date.now() / 1000))} s` : "";
-  $("job-line").textContent = job
-    ? `task step ${job.steps_done} of ${job.rounds_planned}` + (job.done ? " · job done" : "")
-    : "";
+  $("job-line").textContent = (job
+    ? `task step ${job.steps_done} of ${job.rounds_planned}` + (job.state === "failed"
+      ? ` · job failed: ${job.failure}` : job.done ? " · job done" : "")
+    : "") + betaLine(st.beta);
+}
+
+function betaLine(b) {
+  if (!b || b.state === "ready" || b.state === "not needed") return "";
+  const secs = Math.round(b.elapsed_seconds);
+  return b.state === "failed" ? ` · beta failed: ${b.error}`
+    : ` · computing beta for n = ${b.n} (${secs} s; the first decode waits for it)`;
 }
 
 function renderCharts(st, rounds) {
