@@ -1,14 +1,18 @@
-"""The README's main command (the local cluster launcher): round lines, summary, Ctrl-C."""
+"""The README's main command (the local cluster launcher): round lines, summary, the
+dashboard staying up after the job until Ctrl-C, Ctrl-C (exit status 0, no process left)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
+from typing import Any
 
 import pytest
 
@@ -19,7 +23,8 @@ ROUND_LINE = re.compile(r"^\s+(\d+)\s+3/3\s+120 B\s+1\.5 KiB\s+\S+\s+\S+\s+\S+\s
 
 @pytest.mark.timeout(180)
 def test_cluster_prints_a_line_per_round_and_a_summary() -> None:
-    out = subprocess.run([*CMD, "--rounds", "2"], capture_output=True, text=True, timeout=170)
+    out = subprocess.run([*CMD, "--rounds", "2", "--exit"], capture_output=True, text=True,
+                         timeout=170)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
     assert any("--insecure on loopback" in line for line in lines)
@@ -41,17 +46,70 @@ def test_ctrl_c_stops_the_server_and_every_client() -> None:
                 break
         os.killpg(pgid, signal.SIGINT)  # what a terminal's Ctrl-C does
         rest, _ = proc.communicate(timeout=60)
-        assert proc.returncode == 130
+        assert proc.returncode == 0
         assert "Ctrl-C: stopping the server and the clients" in rest
-        end = time.monotonic() + 30
-        while time.monotonic() < end:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
+        wait_group_gone(pgid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def wait_group_gone(pgid: int, timeout: float = 30.0) -> None:
+    """Fail unless every process of the group (server, clients) has exited within timeout."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    pytest.fail("processes of the cluster are still running after Ctrl-C")
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago (the dashboard needs a fixed port)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as res:
+        return json.load(res)
+
+
+@pytest.mark.timeout(180)
+def test_dashboard_stays_up_after_the_job_until_ctrl_c() -> None:
+    http = free_port()
+    cmd = [*CMD[:-1], str(http), "--rounds", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    pgid = os.getpgid(proc.pid)
+    try:
+        assert proc.stdout is not None
+        seen = []
+        for line in proc.stdout:  # until the launcher says the job is done
+            seen.append(line)
+            if "job done" in line:
                 break
-            time.sleep(0.2)
         else:
-            pytest.fail("processes of the cluster are still running after Ctrl-C")
+            pytest.fail(f"the launcher ended without 'job done': {''.join(seen)[-2000:]}")
+        assert "stay up until Ctrl-C" in line
+        assert f"http://127.0.0.1:{http}/" in line
+        # Well after the job: the launcher still runs and the dashboard still answers.
+        status = get_json(f"http://127.0.0.1:{http}/api/status")
+        assert status["job"]["done"] is True
+        assert proc.poll() is None
+        rounds = get_json(f"http://127.0.0.1:{http}/api/rounds")["rounds"]
+        assert sorted(r["round_id"] for r in rounds if r["state"] == "done") == [1, 2]
+        os.killpg(pgid, signal.SIGINT)  # Ctrl-C in the terminal
+        rest, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0
+        assert "Ctrl-C: stopping the server and the clients" in rest
+        wait_group_gone(pgid)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)

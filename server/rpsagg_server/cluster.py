@@ -2,8 +2,10 @@
 
 Starts ``rpsagg-server`` and ``n`` ``rpsagg-client`` processes on this machine, follows the
 rounds over gRPC and prints one line per round: round, clients, bytes up (vs raw float32),
-squared error next to Rand-k's (evaluation mode), decode time. Ctrl-C stops everything.
-Runs on loopback with ``--insecure`` (no TLS, no tokens), and says so.
+squared error next to Rand-k's (evaluation mode), decode time. After the job the server
+and its dashboard stay up until Ctrl-C (``--exit``: finish with the job); Ctrl-C stops
+every process and exits with status 0. Runs on loopback with ``--insecure`` (no TLS, no
+tokens), and says so.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-port", type=int, default=0, help="0 = any free port")
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--db", default=None, help="SQLite path (default: a fresh temporary file)")
+    p.add_argument("--exit", action="store_true",
+                   help="stop the server and the dashboard when the job is done (default: "
+                   "they stay up until Ctrl-C)")
     return p
 
 
@@ -97,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         "--d", str(args.d), "--task", args.task, "--data", data, "--data-r", str(args.data_r),
         "--estimator", args.estimator, "--transform", args.transform,
         "--rounds", str(args.rounds), "--round-timeout", str(args.round_timeout),
-        "--db", db, "--linger", "1", "--port-file", str(port_file),
+        "--db", db, "--linger", "1" if args.exit else "-1", "--port-file", str(port_file),
     ] + (["--eval"] if args.eval else [])
     print("[cluster] note: --insecure on loopback (127.0.0.1): no TLS and no tokens; "
           "use --tls-cert/--tls-key/--tokens for anything else.", flush=True)
@@ -166,15 +171,21 @@ def run(args: argparse.Namespace) -> int:
                   flush=True)
         for p in procs[1:]:
             p.wait(60)
-        server.wait(30)
-        return 0
+        if args.exit:
+            server.wait(30)
+            return 0
+        print(f"[cluster] job done. The server ({target}) and the dashboard ({dash}) stay up "
+              "until Ctrl-C (./run.sh --exit finishes with the job).", flush=True)
+        code = server.wait()  # returns early only if the server dies; Ctrl-C raises
+        print(f"[cluster] the server exited with {code}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("\n[cluster] Ctrl-C: stopping the server and the clients", flush=True)
-        return 130
+        return 0
     except grpc.RpcError as exc:
         if interrupted:
             print("\n[cluster] Ctrl-C: stopping the server and the clients", flush=True)
-            return 130
+            return 0
         print(f"[cluster] lost the server: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1
     finally:
