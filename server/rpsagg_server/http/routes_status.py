@@ -20,11 +20,14 @@ def get_status(state: StateDep) -> schemas.Status:
     job = state.job()
     return schemas.Status(
         config=schemas.from_config(state.config()),
-        current_round=None if current is None else schemas.from_round(current),
-        latest_round=schemas.from_round(newest[0]) if newest else None,
+        current_round=None if current is None else schemas.from_round(
+            current, state.task_metrics(current.round_id)),
+        latest_round=schemas.from_round(newest[0], state.task_metrics(newest[0].round_id))
+        if newest else None,
         clients_joined=len(clients),
         clients=[schemas.from_client(c) for c in clients],
         job=None if job is None else schemas.from_job(job),
+        task_metrics_note=state.task_metrics_note(),
         uptime_seconds=state.uptime_seconds(),
         started_at=state.started_at,
         versions=schemas.versions(),
