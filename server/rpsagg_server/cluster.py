@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
               f"({args.transform}), k={args.k}, d={args.d}, {args.rounds} rounds, "
               f"eval {'on' if args.eval else 'off'}", flush=True)
         for i in range(args.n):
-            cmd = [PY, "-m", "rpsagg_client.cli", "--server", target, "--client-id",
+            cmd = [PY, "-m", "rpsagg_client.cli", "--quiet", "--server", target, "--client-id",
                    f"client-{i}", "--insecure", "--data", data]
             if args.data_path:
                 cmd += ["--data-path", args.data_path]
