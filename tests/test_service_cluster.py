@@ -114,3 +114,26 @@ def test_dashboard_stays_up_after_the_job_until_ctrl_c() -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
         proc.wait(10)
+
+
+def test_long_wait_reports_elapsed_time_until_stopped() -> None:
+    from rpsagg_server.cluster import LongWait
+
+    lines: list[str] = []
+    waiting = LongWait(lines.append, after=0.05, every=0.05)
+    waiting.start("round 1 decoding", "why it takes long")
+    end = time.monotonic() + 30
+    while len(lines) < 3 and time.monotonic() < end:  # bounded wait for three reports
+        time.sleep(0.01)
+    waiting.stop()
+    count = len(lines)
+    assert count >= 3
+    assert re.fullmatch(r"\[cluster\] round 1 decoding: \d+ s \(why it takes long\)", lines[0])
+    assert all(re.fullmatch(r"\[cluster\] round 1 decoding: \d+ s", x) for x in lines[1:])
+    time.sleep(0.2)  # four report periods: nothing may follow a stop()
+    assert len(lines) == count
+    # a wait that ends before `after` prints nothing
+    quick = LongWait(lines.append, after=60.0)
+    quick.start("round 2 decoding")
+    quick.stop()
+    assert len(lines) == count

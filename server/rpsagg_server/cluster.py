@@ -19,8 +19,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import grpc
@@ -66,6 +67,48 @@ def _fmt_bytes(b: float) -> str:
 
 def _fmt_err(x: float) -> str:
     return "   n/a  " if math.isnan(x) else f"{x:.3e}"
+
+
+BETA_HINT = ("the first decode for these (n, k, d) on this machine runs beta's Monte Carlo "
+             "(about a minute; cached afterwards)")
+
+
+class LongWait:
+    """Says every ``every`` seconds how long a wait has lasted, once it passed ``after``.
+
+    ``start(label, hint)`` begins a wait (ending any other), ``stop()`` ends it and returns
+    only when no further line can be printed. Lines go through ``emit``.
+    """
+
+    def __init__(self, emit: Callable[[str], None], after: float = 5.0,
+                 every: float = 10.0) -> None:
+        self.emit = emit
+        self.after, self.every = after, every
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, label: str, hint: str = "") -> None:
+        """Begin waiting for ``label`` (the hint is printed with the first line)."""
+        self.stop()
+        self._stopped = stopped = threading.Event()
+        began = time.monotonic()
+
+        def run() -> None:
+            delay, first = self.after, True
+            while not stopped.wait(delay):
+                line = f"[cluster] {label}: {time.monotonic() - began:.0f} s"
+                self.emit(line + (f" ({hint})" if first and hint else ""))
+                delay, first = self.every, False
+
+        self._thread = threading.Thread(target=run, daemon=True, name="rpsagg-long-wait")
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the current wait, if any."""
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
 
 def _stop(procs: Sequence[subprocess.Popen[bytes]], grace: float = 5.0) -> None:
@@ -117,10 +160,12 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     env = dict(os.environ, RPSAGG_LOG_LEVEL=os.environ.get("RPSAGG_LOG_LEVEL", "WARNING"))
+    waiting = LongWait(lambda line: print(line, flush=True))
     try:
         server = subprocess.Popen([PY, "-m", "rpsagg_server.server", *server_args], env=env)
         procs.append(server)
         end = time.monotonic() + 120
+        waiting.start("waiting for the server to start")
         while not port_file.exists():
             if server.poll() is not None:
                 print(f"[cluster] the server exited with {server.returncode}", file=sys.stderr)
@@ -129,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
                 print("[cluster] the server did not start in 120 s", file=sys.stderr)
                 return 1
             time.sleep(0.05)
+        waiting.stop()
         port = int(port_file.read_text())
         target = f"127.0.0.1:{port}"
         dash = (f"http://127.0.0.1:{args.http_port}/" if args.http_port else "disabled")
@@ -147,8 +193,13 @@ def run(args: argparse.Namespace) -> int:
         total_up = total_raw = 0.0
         with AggregationClient(target, "cluster-monitor", insecure=True,
                                retry_budget=10) as mon:
+            decoded = False
             for ev in mon.watch():
+                if ev.state == "decoding" and ev.round_id:
+                    waiting.start(f"round {ev.round_id} decoding", "" if decoded else BETA_HINT)
                 if ev.state in ("done", "failed") and ev.round_id:
+                    waiting.stop()
+                    decoded = decoded or ev.state == "done"
                     res = mon.result(ev.round_id, wait=False)
                     if res.state == "failed":
                         print(f"{res.round_id:>5} failed: {res.reason}", flush=True)
@@ -189,6 +240,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"[cluster] lost the server: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1
     finally:
+        waiting.stop()
         _stop(procs)
         if args.db is None:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -64,8 +64,13 @@ function renderRound(st) {
   $("progress-bar").style.width = Math.min(100, (100 * arrived) / Math.max(1, expected)) + "%";
   $("round-progress").textContent = `${arrived} of ${expected} clients arrived`;
   const dl = r.timestamps.deadline;
+  const closed = r.timestamps.closed;
   $("round-deadline").textContent = st.current_round && dl && r.state === "collecting"
-    ? `· deadline in ${Math.max(0, Math.round(dl - Date.now() / 1000))} s` : "";
+    ? `· deadline in ${Math.max(0, Math.round(dl - Date.now() / 1000))} s`
+    : st.current_round && closed && r.state === "decoding"  // a long wait: say how long
+      ? `· decoding for ${Math.max(0, Math.round(Date.now() / 1000 - closed))} s`
+        + (job && job.steps_done === 0 ? " (the first decode may run beta's Monte Carlo)" : "")
+      : "";
   $("job-line").textContent = job
     ? `task step ${job.steps_done} of ${job.rounds_planned}` + (job.done ? " · job done" : "")
     : "";
