@@ -17,7 +17,9 @@ case "$role" in
 esac
 # the service tests: Fashion-MNIST data, iproute2 for the network-namespace tests,
 # docker-compose (Debian's v1 CLI) to validate and resolve docker-compose*.yml (no engine)
-if [ "$role" = test ]; then deb_packages+=(dataset-fashion-mnist iproute2 docker-compose); fi
+# and prometheus (a real Prometheus scrapes a live server; promtool checks the monitoring
+# profile's configuration and queries)
+if [ "$role" = test ]; then deb_packages+=(dataset-fashion-mnist iproute2 docker-compose prometheus); fi
 
 missing=()
 for pkg in "${deb_packages[@]}"; do
