@@ -54,6 +54,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rpsagg_server.activity import ClientStats, client_stats
+
 ROUND_STATES = ("open", "collecting", "decoding", "done", "failed")
 
 
@@ -187,36 +189,6 @@ class ClientView:
 
 
 @dataclass(frozen=True)
-class ClientStats:
-    """What one client did, derived from the rounds the server knows.
-
-    Attributes
-    ----------
-    client_id, index, joined_at : str, int, float
-    last_seen : float
-        Unix seconds of its latest accepted submission (its join when it has none).
-    rounds_contributed : int
-        Rounds with an accepted submission of this client.
-    rounds_missed : int
-        Finished rounds (done or failed) that closed after it joined without its submission.
-    wire_bytes_sent, payload_bytes_sent : int
-        Sum over its accepted submissions (serialized request; seed + values + indices).
-    straggler : bool
-        It missed the latest finished round that closed after it joined.
-    """
-
-    client_id: str
-    index: int
-    joined_at: float
-    last_seen: float
-    rounds_contributed: int
-    rounds_missed: int
-    wire_bytes_sent: int
-    payload_bytes_sent: int
-    straggler: bool
-
-
-@dataclass(frozen=True)
 class TaskMetrics:
     """The task's progress measured on the global state after a round.
 
@@ -323,29 +295,7 @@ class ServerState:
 
     def client_stats(self) -> list[ClientStats]:
         """Per-client activity, ordered by index (see :class:`ClientStats`)."""
-        rounds = sorted(self._rounds.values(), key=lambda r: r.round_id)
-        out = []
-        for c in self.clients():
-            last_seen, contributed, missed = c.joined_at, 0, 0
-            wire = payload = 0
-            straggler = False
-            for r in rounds:
-                mine = [a for a in r.arrivals if a.client_id == c.client_id]
-                if c.client_id in r.clients_arrived:
-                    contributed += 1
-                    for a in mine:
-                        last_seen = max(last_seen, a.received_at)
-                        wire += a.wire_bytes
-                        payload += a.payload_bytes
-                if r.state in ("done", "failed"):
-                    closed = r.closed_at if r.closed_at is not None else r.finished_at
-                    if closed is not None and closed >= c.joined_at:
-                        absent = c.client_id not in r.clients_arrived
-                        missed += absent
-                        straggler = absent
-            out.append(ClientStats(c.client_id, c.index, c.joined_at, last_seen, contributed,
-                                   missed, wire, payload, straggler))
-        return out
+        return client_stats(self.clients(), list(self._rounds.values()))
 
     def task_metrics(self, round_id: int) -> TaskMetrics | None:
         """The task's metrics after round ``round_id`` (None while unknown)."""
