@@ -105,6 +105,16 @@ def test_dashboard_stays_up_after_the_job_until_ctrl_c() -> None:
         assert proc.poll() is None
         rounds = get_json(f"http://127.0.0.1:{http}/api/rounds")["rounds"]
         assert sorted(r["round_id"] for r in rounds if r["state"] == "done") == [1, 2]
+        # with the dashboard on, the error columns are relative to ||x_bar||^2
+        assert any(x.split()[:5] == ["round", "clients", "bytes", "up", "raw"]
+                   and "rel.error" in x for x in seen)
+        printed = {int(m.group(1)): m.group(0).split()[6:9]  # after "120 B" "1.5 KiB"
+                   for m in map(ROUND_LINE.match, seen) if m}
+        assert sorted(printed) == [1, 2]
+        for r in rounds:
+            rel = r["relative_error"]
+            assert printed[r["round_id"]] == [f"{rel[k]:.3e}" for k in
+                                              ("estimate", "rand_k", "rand_k_spatial")]
         os.killpg(pgid, signal.SIGINT)  # Ctrl-C in the terminal
         rest, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0

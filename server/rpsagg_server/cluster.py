@@ -65,6 +65,22 @@ def _fmt_bytes(b: float) -> str:
     return f"{b}"
 
 
+def relative_errors(http_port: int, round_id: int) -> tuple[float, float, float] | None:
+    """The round's errors relative to ``||x_bar||^2`` from the dashboard's API, or None."""
+    import json
+    import urllib.request
+
+    url = f"http://127.0.0.1:{http_port}/api/rounds/{round_id}"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as res:
+            rel = json.load(res).get("relative_error")
+    except (OSError, ValueError):
+        return None
+    if not rel:
+        return None
+    return float(rel["estimate"]), float(rel["rand_k"]), float(rel["rand_k_spatial"])
+
+
 def _fmt_err(x: float) -> str:
     return "   n/a  " if math.isnan(x) else f"{x:.3e}"
 
@@ -188,8 +204,12 @@ def run(args: argparse.Namespace) -> int:
             if args.data_path:
                 cmd += ["--data-path", args.data_path]
             procs.append(subprocess.Popen(cmd, env=env))
+        # errors relative to ||x_bar||^2 come from the dashboard's API; without a dashboard
+        # the gRPC result's absolute squared errors are shown
+        relative = bool(args.http_port) and args.eval
         print(f"{'round':>5} {'clients':>8} {'bytes up':>12} {'raw f32':>12} "
-              f"{'sq.error':>10} {'Rand-k':>10} {'R-k-Spatial':>11} {'decode':>9}", flush=True)
+              f"{'rel.error' if relative else 'sq.error':>10} {'Rand-k':>10} "
+              f"{'R-k-Spatial':>11} {'decode':>9}", flush=True)
         total_up = total_raw = 0.0
         with AggregationClient(target, "cluster-monitor", insecure=True,
                                retry_budget=10) as mon:
@@ -206,13 +226,17 @@ def run(args: argparse.Namespace) -> int:
                     else:
                         raw = res.n_prime * (res.estimate.shape[0] if res.estimate is not None
                                              else 1) * args.d * 4
+                        errs = (res.eval_sq_error, res.eval_sq_error_rand_k,
+                                res.eval_sq_error_rand_k_spatial)
+                        if relative:
+                            errs = (relative_errors(args.http_port, res.round_id)
+                                    or (math.nan, math.nan, math.nan))
                         total_up += res.payload_bytes
                         total_raw += raw
                         print(f"{res.round_id:>5} {res.n_prime:>4}/{args.n:<3} "
                               f"{_fmt_bytes(res.payload_bytes):>12} {_fmt_bytes(raw):>12} "
-                              f"{_fmt_err(res.eval_sq_error):>10} "
-                              f"{_fmt_err(res.eval_sq_error_rand_k):>10} "
-                              f"{_fmt_err(res.eval_sq_error_rand_k_spatial):>11} "
+                              f"{_fmt_err(errs[0]):>10} {_fmt_err(errs[1]):>10} "
+                              f"{_fmt_err(errs[2]):>11} "
                               f"{res.decode_seconds * 1000:>6.0f} ms", flush=True)
                 if ev.job_done:
                     break
