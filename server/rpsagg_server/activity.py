@@ -45,27 +45,33 @@ class ClientStats:
 
 
 def client_stats(clients: Sequence[ClientView], rounds: Sequence[RoundView]) -> list[ClientStats]:
-    """Each client's :class:`ClientStats`, in index order."""
-    rounds = sorted(rounds, key=lambda r: r.round_id)
-    out = []
-    for c in sorted(clients, key=lambda c: c.index):
-        last_seen, contributed, missed = c.joined_at, 0, 0
-        wire = payload = 0
-        straggler = False
-        for r in rounds:
-            mine = [a for a in r.arrivals if a.client_id == c.client_id]
-            if c.client_id in r.clients_arrived:
-                contributed += 1
-                for a in mine:
-                    last_seen = max(last_seen, a.received_at)
-                    wire += a.wire_bytes
-                    payload += a.payload_bytes
-            if r.state in ("done", "failed"):
-                closed = r.closed_at if r.closed_at is not None else r.finished_at
-                if closed is not None and closed >= c.joined_at:
-                    absent = c.client_id not in r.clients_arrived
-                    missed += absent
-                    straggler = absent
-        out.append(ClientStats(c.client_id, c.index, c.joined_at, last_seen, contributed,
-                               missed, wire, payload, straggler))
-    return out
+    """Each client's :class:`ClientStats`, in index order.
+
+    One pass over the rounds: O(rounds x (arrivals + clients)).
+    """
+    ordered = sorted(clients, key=lambda c: c.index)
+    last_seen = {c.client_id: c.joined_at for c in ordered}
+    contributed = dict.fromkeys(last_seen, 0)
+    missed = dict.fromkeys(last_seen, 0)
+    wire = dict.fromkeys(last_seen, 0)
+    payload = dict.fromkeys(last_seen, 0)
+    straggler = dict.fromkeys(last_seen, False)
+    for r in sorted(rounds, key=lambda r: r.round_id):
+        arrived = set(r.clients_arrived)
+        for cid in arrived & last_seen.keys():
+            contributed[cid] += 1
+        for a in r.arrivals:
+            if a.client_id in last_seen:
+                last_seen[a.client_id] = max(last_seen[a.client_id], a.received_at)
+                wire[a.client_id] += a.wire_bytes
+                payload[a.client_id] += a.payload_bytes
+        closed = r.closed_at if r.closed_at is not None else r.finished_at
+        if r.state in ("done", "failed") and closed is not None:
+            for c in ordered:
+                if closed >= c.joined_at:  # the round was open to it
+                    absent = c.client_id not in arrived
+                    missed[c.client_id] += absent
+                    straggler[c.client_id] = absent
+    return [ClientStats(c.client_id, c.index, c.joined_at, last_seen[c.client_id],
+                        contributed[c.client_id], missed[c.client_id], wire[c.client_id],
+                        payload[c.client_id], straggler[c.client_id]) for c in ordered]
