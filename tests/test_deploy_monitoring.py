@@ -239,21 +239,26 @@ def test_real_prometheus_scrapes_a_live_server(tmp_path: Path) -> None:
                 return False
 
         poll("Prometheus ready", ready)
-        # a scrape after the job: every submission counted, the server up
-        poll("the job's submissions in Prometheus", lambda: [
-            r for r in query(prom, 'rpsagg_submissions_total{status="ok"}')
-            if float(r["value"][1]) == n * rounds])
+        # a scrape after the last round finished (the server's state changes atomically on
+        # its event loop, so that scrape also holds the last round's gauges)
+        poll("every round done in Prometheus", lambda: [
+            r for r in query(prom, 'rpsagg_rounds_total{state="done"}')
+            if float(r["value"][1]) == rounds])
+        ok = query(prom, 'rpsagg_submissions_total{status="ok"}')
+        assert [float(r["value"][1]) for r in ok] == [float(n * rounds)]
         up = query(prom, 'up{job="rpsagg"}')
         assert [float(r["value"][1]) for r in up] == [1.0]
-        done = query(prom, 'rpsagg_rounds_total{state="done"}')
-        assert [float(r["value"][1]) for r in done] == [float(rounds)]
         api = get_json(f"http://127.0.0.1:{http_port}/api/rounds/{rounds}")
         rel = {r["metric"]["series"]: float(r["value"][1])
                for r in query(prom, "rpsagg_round_relative_error")}
         assert rel == pytest.approx(api["relative_error"], rel=1e-12)
-        dist = poll("the task gauge", lambda: query(prom, "rpsagg_task_eigenvector_distance"))
-        assert float(dist[0]["value"][1]) == pytest.approx(
-            api["task_progress"]["eigenvector_distance"], rel=1e-12)
+        # the task is measured after the round (a worker thread): wait for the last one
+        last = poll("the last round's task progress", lambda: get_json(
+            f"http://127.0.0.1:{http_port}/api/rounds/{rounds}")["task_progress"])
+        want = last["eigenvector_distance"]
+        poll("the task gauge of the last round", lambda: [
+            r for r in query(prom, "rpsagg_task_eigenvector_distance")
+            if float(r["value"][1]) == pytest.approx(want, rel=1e-12)])
         wire = query(prom, "rpsagg_bytes_received_total")
         total = sum(get_json(f"http://127.0.0.1:{http_port}/api/rounds/{i}")["bytes"]["wire"]
                     for i in range(1, rounds + 1))
