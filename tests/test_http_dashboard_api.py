@@ -249,3 +249,33 @@ def test_csv_and_json_downloads_hold_every_round_as_the_api_shows_it() -> None:
             assert float(row["beta"]) == r["beta"]
         else:
             assert row["sq_error"] == row["relative_error"] == row["beta"] == ""
+
+
+# -- start-up ----------------------------------------------------------------------------------
+@pytest.mark.timeout(120)
+def test_the_dashboard_answers_as_soon_as_the_port_file_appears(tmp_path: Path) -> None:
+    # The port file means "serving"; tests and ./run.sh open the dashboard right after it
+    # appears. It used to be written before uvicorn had bound its socket (the browser test
+    # then failed now and then with ERR_CONNECTION_REFUSED). One GET, no retry.
+    import json
+    import socket
+    import subprocess
+    import urllib.request
+
+    from service_util import kill_all, server_command, wait_port_file
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        http_port = s.getsockname()[1]
+    port_file = tmp_path / "port"
+    server = subprocess.Popen(server_command([
+        "--insecure", "--host", "127.0.0.1", "--grpc-port", "0", "--http-port",
+        str(http_port), "--n", "2", "--k", "8", "--d", "64", "--task", "mean", "--db",
+        str(tmp_path / "s.db"), "--linger", "-1", "--port-file", str(port_file),
+    ]), stderr=subprocess.PIPE)
+    try:
+        wait_port_file(port_file, server)
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/healthz", timeout=10) as r:
+            assert json.load(r) == {"status": "ok"}
+    finally:
+        kill_all([server])

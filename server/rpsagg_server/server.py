@@ -155,6 +155,12 @@ async def serve(
         uv = uvicorn.Server(uvicorn.Config(app, host=cfg.host.strip("[]"), port=cfg.http_port,
                                            log_level="warning", lifespan="on"))
         http_task = asyncio.ensure_future(uv.serve())
+        # the port file (and ``ready``) mean "serving": the dashboard must answer by then
+        end = loop.time() + 30.0
+        while not uv.started and not http_task.done() and loop.time() < end:
+            await asyncio.sleep(0.01)
+        if not uv.started:
+            log.warning("[Server] the dashboard did not start on port %d", cfg.http_port)
     if cfg.port_file:
         tmp = Path(cfg.port_file + ".tmp")
         tmp.write_text(f"{running.port}\n")
