@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create or update the project's virtual environment at .venv and the Debian packages a
-# role needs. Idempotent: re-runs only what changed.
+# role needs. Idempotent: re-runs only what changed. Prints one short line per step (pip
+# and setuptools run quietly; their errors still show).
 #   scripts/setup-env.sh run    # what the main command needs
 #   scripts/setup-env.sh test   # plus the test and lint tools
 set -euo pipefail
@@ -16,7 +17,9 @@ case "$role" in
 esac
 # the service tests: Fashion-MNIST data, iproute2 for the network-namespace tests,
 # docker-compose (Debian's v1 CLI) to validate and resolve docker-compose*.yml (no engine)
-if [ "$role" = test ]; then deb_packages+=(dataset-fashion-mnist iproute2 docker-compose); fi
+# and prometheus (a real Prometheus scrapes a live server; promtool checks the monitoring
+# profile's configuration and queries)
+if [ "$role" = test ]; then deb_packages+=(dataset-fashion-mnist iproute2 docker-compose prometheus); fi
 
 missing=()
 for pkg in "${deb_packages[@]}"; do
@@ -40,17 +43,20 @@ if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
   "$python" -m venv --clear .venv
 fi
 
-inputs=(common/pyproject.toml common/rpsagg/_fast.c server/pyproject.toml client/pyproject.toml)
+inputs=(common/pyproject.toml common/setup.py common/rpsagg/_fast.c server/pyproject.toml client/pyproject.toml)
 [ "$role" = test ] && inputs+=(requirements-dev.txt)
 stamp_file=.venv/.setup-stamp-$role
 stamp=$(cat "${inputs[@]}" scripts/setup-env.sh | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp" ]; then
-  echo "[setup] installing Python packages into .venv ($role)"
   export PIP_DISABLE_PIP_VERSION_CHECK=1
+  echo "[setup] updating pip"
   .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
   args=(-e "common[fast,experiments]" -e server -e client)
   [ "$role" = test ] && args+=(-r requirements-dev.txt)
+  echo "[setup] installing rpsagg, rpsagg-server, rpsagg-client$([ "$role" = test ] \
+    && echo " and the test tools") into .venv (a minute the first time)"
   .venv/bin/python -m pip install -q "${args[@]}" 2>&1 | grep -v "^WARNING: Location" || true
-  .venv/bin/python -c "import rpsagg, rpsagg_server, rpsagg_client" 
+  .venv/bin/python -c "import rpsagg, rpsagg_server, rpsagg_client"
   echo "$stamp" > "$stamp_file"
+  echo "[setup] .venv ready ($role)"
 fi

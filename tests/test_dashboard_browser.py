@@ -3,7 +3,8 @@
 Headless Debian Chromium (``/usr/bin/chromium``) driven by Selenium through the matching
 ``/usr/bin/chromedriver`` (``scripts/setup-env.sh test`` installs both) loads ``/`` from a
 live ``rpsagg-server`` subprocess on loopback. Screenshots go to ``test-output/`` at the
-repository root (the README's image is a copy of ``test-output/dashboard.png``).
+repository root (the README's images in ``docs/img`` are ``dashboard-overview.png``,
+``dashboard-round.png`` and ``dashboard-clients.png`` from there, reduced to 128 colours).
 """
 
 from __future__ import annotations
@@ -206,4 +207,117 @@ def test_page_says_the_mse_is_unknown_without_evaluation_mode(
         OUTPUT.mkdir(exist_ok=True)
         browser.save_screenshot(str(OUTPUT / "dashboard-no-eval.png"))
     finally:
+        server.close()
+
+
+def click_round_link(driver: Any, round_id: int) -> None:
+    """Click round ``round_id``'s link in the recent-rounds table (a real click)."""
+    from selenium.webdriver.common.by import By
+
+    link = wait_for(driver, f"link of round {round_id}", lambda d: d.find_element(
+        By.CSS_SELECTOR, f"#rounds-table tbody tr[data-round='{round_id}'] a.round-link"))
+    link.click()
+
+
+def fetch_in_page(driver: Any, element_id: str) -> dict[str, str]:
+    """Fetch the href of link ``element_id`` from the page: content type and body."""
+    out: dict[str, str] = driver.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "fetch(document.getElementById(arguments[0]).href).then(async (r) => done("
+        "{type: r.headers.get('content-type'), disposition: r.headers.get("
+        "'content-disposition'), body: await r.text()}));", element_id)
+    return out
+
+
+@pytest.mark.timeout(240)
+def test_task_panel_clients_view_round_detail_and_downloads(
+    browser: Any, tmp_path: Path
+) -> None:
+    # Power iteration on synthetic data in evaluation mode: 3 client processes submit every
+    # round; a 4th client joins from the test and never submits, so every round decodes at
+    # its deadline with n' = 3 and the 4th is a straggler.
+    from rpsagg_client import AggregationClient
+
+    # (k = 64 of d = 256 instead of the module's 16: the iterate visibly converges)
+    server = LiveServer(tmp_path, "--eval", "--task", "power-iteration", "--min-clients",
+                        str(N - 1), "--round-timeout", "1", "--k", "64")
+    idle = AggregationClient(f"127.0.0.1:{server.grpc_port}", f"client-{N - 1}",
+                             insecure=True)
+    try:
+        idle.join()
+        procs = [server.start_client(i) for i in range(N - 1)]
+        for proc in procs:
+            _, err = proc.communicate(timeout=150)
+            assert proc.returncode == 0, err.decode()[-2000:]
+        rounds = server.api(f"/api/rounds?limit={ROUNDS + 5}")["rounds"]
+        done = sorted(r["round_id"] for r in rounds if r["state"] == "done")
+        assert done == list(range(1, ROUNDS + 1))
+
+        browser.set_window_size(1280, 1500)
+        browser.get(server.url + "/")
+        wait_for(browser, "page connected", lambda d: text_of(d, "conn") == "live")
+        # the relative errors of all three estimators, one point per finished round
+        wait_for(browser, "relative errors", lambda d: points(d, "rel-chart", "estimate") == done)
+        for series in ("rand_k", "rand_k_spatial"):
+            assert points(browser, "rel-chart", series) == done
+        # the task panel: distance to the top eigenvector and the eigenvalue gap per round
+        wait_for(browser, "task progress", lambda d: points(d, "task-chart", "eigvec") == done)
+        assert points(browser, "task-chart", "gap") == done
+        task = server.api(f"/api/rounds/{ROUNDS}")["task_progress"]
+        line = text_of(browser, "task-line")
+        assert f"after round {ROUNDS}: Rayleigh quotient" in line
+        assert "distance to the top eigenvector" in line
+        assert 0.0 <= task["eigenvector_distance"] <= 1.0
+        OUTPUT.mkdir(exist_ok=True)
+        browser.save_screenshot(str(OUTPUT / "dashboard-overview.png"))
+
+        # downloads: the links serve every round as CSV and JSON attachments
+        csv_res = fetch_in_page(browser, "dl-csv")
+        assert csv_res["type"].startswith("text/csv")
+        assert "attachment" in csv_res["disposition"]
+        lines = csv_res["body"].strip().splitlines()
+        assert lines[0].startswith("round_id,state,") and len(lines) == 1 + len(rounds)
+        json_res = fetch_in_page(browser, "dl-json")
+        assert [r["round_id"] for r in json.loads(json_res["body"])] == sorted(
+            r["round_id"] for r in rounds)
+
+        # round detail, reached by clicking the round in the table
+        click_round_link(browser, ROUNDS)
+        wait_for(browser, "round detail", lambda d: text_of(d, "detail-id") == str(ROUNDS)
+                 and is_visible(d, "detail-decode"))
+        assert not is_visible(browser, "rounds-table")
+        detail = server.api(f"/api/rounds/{ROUNDS}")
+        wait_for(browser, "contributors listed", lambda d: d.execute_script(
+            "return Array.from(document.querySelectorAll('#detail-contributors tbody tr'),"
+            " (r) => r.dataset.client)") == detail["clients"]["arrived"])
+        assert sorted(detail["clients"]["arrived"]) == [f"client-{i}" for i in range(N - 1)]
+        decode = " ".join(text_of(browser, "detail-decode").split())
+        for needle in ("β (unbiasing)", "R̂ (from the sketches)", "relative error",
+                       "Rayleigh quotient", "distance to the top eigenvector"):
+            assert needle in decode
+        timing = " ".join(text_of(browser, "detail-timing").split())
+        for needle in ("first submission", "closed", "wire bytes", "raw float32"):
+            assert needle in timing
+        assert f"client-{N - 1}" in text_of(browser, "detail-missing")
+        browser.save_screenshot(str(OUTPUT / "dashboard-round.png"))
+
+        # the clients view: the idle client is a straggler that missed every round
+        browser.get(server.url + "/#clients")
+        wait_for(browser, "clients listed", lambda d: d.execute_script(
+            "return document.querySelectorAll('#clients-table tbody tr').length") == N)
+        api = {c["client_id"]: c for c in server.api("/api/clients")}
+        rows = browser.execute_script(
+            "return Array.from(document.querySelectorAll('#clients-table tbody tr'),"
+            " (r) => [r.dataset.client, r.dataset.straggler,"
+            " Array.from(r.cells, (c) => c.textContent)])")
+        for cid, straggler, cells in rows:
+            c = api[cid]
+            assert straggler == str(c["straggler"]).lower()
+            assert cells[4:6] == [str(c["rounds_contributed"]), str(c["rounds_missed"])]
+        assert api[f"client-{N - 1}"]["straggler"] is True
+        assert api[f"client-{N - 1}"]["rounds_missed"] == ROUNDS
+        assert all(api[f"client-{i}"]["rounds_contributed"] == ROUNDS for i in range(N - 1))
+        browser.save_screenshot(str(OUTPUT / "dashboard-clients.png"))
+    finally:
+        idle.close()
         server.close()

@@ -1,4 +1,8 @@
-"""``rpsagg-client``: run the server's task on this client's data shard until the job is done."""
+"""``rpsagg-client``: run the server's task on this client's data shard until the job is done.
+
+Prints one line per round once the round is over (bytes this client sent, whether its
+submission was acknowledged, how the round ended); ``--quiet`` turns the lines off.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ from pathlib import Path
 import grpc
 
 from rpsagg.tasks import DATA_SOURCES, DataUnavailable, load_shard, make_task
+from rpsagg.v1 import serde
+from rpsagg.v1.serde import RoundResult, Submission
 from rpsagg_client.client import AggregationClient
 
 log = logging.getLogger("rpsagg.client")
@@ -39,7 +45,44 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=10.0, help="per-call deadline (s)")
     p.add_argument("--retry-budget", type=float, default=60.0,
                    help="seconds to keep retrying an unavailable server")
+    p.add_argument("--quiet", action="store_true",
+                   default=env("RPSAGG_QUIET", "") not in ("", "0"),
+                   help="no line per round (also RPSAGG_QUIET=1)")
     return p
+
+
+def fmt_bytes(b: float) -> str:
+    """``123 B``, ``4.1 KiB``, ``2.0 MiB``."""
+    for unit in ("B", "KiB", "MiB"):
+        if b < 1024 or unit == "MiB":
+            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
+        b /= 1024
+    return f"{b:.1f} GiB"
+
+
+def wire_bytes(sub: Submission) -> int:
+    """Bytes of the Submit request less the evaluation references (the server's count)."""
+    return serde.decode_submission(serde.encode_submission(sub)).wire_bytes
+
+
+def round_line(client_id: str, round_id: int, sent: Submission | None, note: str,
+               res: RoundResult | None, n: int) -> str:
+    """The line printed for a finished round (see the module docstring)."""
+    head = f"[{client_id}] round {round_id}:"
+    if sent is None:
+        body = f"nothing sent ({note})"
+    else:
+        floats = sum(v.values.size for v in sent.vectors)
+        body = f"sent {fmt_bytes(wire_bytes(sent))} ({floats} floats + seed), {note}"
+    if res is None:
+        return f"{head} {body}"
+    if res.state == "done":
+        end = f"round done with {res.n_prime}/{n} clients"
+    elif res.state == "failed":
+        end = f"round failed: {res.reason}"
+    else:
+        end = f"round {res.state}"
+    return f"{head} {body}; {end}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,21 +109,42 @@ def run(args: argparse.Namespace) -> int:
                                first.d, r=float(params.get("data_r", 0.0)))
         log.info("[Client] %s joined as index %d of %d (task %s, data %s)", args.client_id,
                  joined.client_index, joined.n, joined.task, source)
+        pending: tuple[int, Submission | None, str] | None = None
+
+        def report() -> None:  # the previous round is over: one line for it
+            if pending is None or args.quiet:
+                return
+            rid, sent, note = pending
+            # the result the client already waited for; no new call once the job is over
+            # (the server may be stopping after its drain)
+            res: RoundResult | None = client.finished_result(rid)
+            if res is None and client.job_failure is None:
+                try:
+                    res = client.result(rid, wait=False)
+                except grpc.RpcError:
+                    res = None
+            print(round_line(args.client_id, rid, sent, note, res, joined.n), flush=True)
+
         for rnd in client.rounds():
+            report()
             assert rnd.global_state is not None or joined.task == "mean"
             state = rnd.global_state
             vectors = task.client_vectors(state if state is not None else task.initial_state(0),
                                           shard, rnd.task_step)
+            sub = client.encode(rnd, vectors)
             try:
-                ack = client.submit(rnd, vectors)
+                ack = client.submit_encoded(sub)
             except grpc.RpcError as exc:
                 if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION,
                                   grpc.StatusCode.NOT_FOUND):
                     log.info("[Client] round %d closed before submission: %s", rnd.round_id,
                              exc.details())
+                    pending = (rnd.round_id, None, f"the round closed first: {exc.details()}")
                     continue
                 raise
             log.debug("[Client] round %d acked (%d received)", rnd.round_id, ack.received)
+            pending = (rnd.round_id, sub, f"acked as {ack.received} of {joined.n}")
+        report()
     if client.job_failure:  # the job is over either way: exit 0 (a restart cannot help)
         print(f"rpsagg-client: the job failed: {client.job_failure}", file=sys.stderr)
     else:

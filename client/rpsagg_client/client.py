@@ -112,6 +112,7 @@ class AggregationClient:
         self.max_backoff = max_backoff
         self.index: int | None = None
         self.job_failure: str | None = None
+        self._finished: dict[int, RoundResult] = {}
         self._metadata = () if token is None else (("authorization", f"Bearer {token}"),)
         options = [("grpc.max_receive_message_length", 256 * 1024 * 1024),
                    ("grpc.max_send_message_length", 256 * 1024 * 1024)]
@@ -223,12 +224,18 @@ class AggregationClient:
             res: RoundResult = self._call(
                 "GetResult", GetResultRequest(round_id, wait, self.client_id),
                 timeout=min(left, 30.0))
+            if res.state in ("done", "failed"):
+                self._finished[res.round_id] = res
             if res.job_done:
                 # a job ends on a failed round only when it failed as a whole
                 self.job_failure = ("" if res.state == "done"
                                     else f"its last round failed: {res.reason}")
             if not wait or res.state in ("done", "failed") or time.monotonic() >= deadline:
                 return res
+
+    def finished_result(self, round_id: int) -> RoundResult | None:
+        """The result of a finished round this client has already fetched, or None (no call)."""
+        return self._finished.get(round_id)
 
     def rounds(self, poll: float = 0.2) -> Iterator[RoundInfo]:
         """Yield each new round this client has not seen, until the server's job is done.

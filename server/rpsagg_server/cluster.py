@@ -2,8 +2,10 @@
 
 Starts ``rpsagg-server`` and ``n`` ``rpsagg-client`` processes on this machine, follows the
 rounds over gRPC and prints one line per round: round, clients, bytes up (vs raw float32),
-squared error next to Rand-k's (evaluation mode), decode time. Ctrl-C stops everything.
-Runs on loopback with ``--insecure`` (no TLS, no tokens), and says so.
+squared error next to Rand-k's (evaluation mode), decode time. After the job the server
+and its dashboard stay up until Ctrl-C (``--exit``: finish with the job); Ctrl-C stops
+every process and exits with status 0. Runs on loopback with ``--insecure`` (no TLS, no
+tokens), and says so.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import grpc
@@ -48,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-port", type=int, default=0, help="0 = any free port")
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--db", default=None, help="SQLite path (default: a fresh temporary file)")
+    p.add_argument("--exit", action="store_true",
+                   help="stop the server and the dashboard when the job is done (default: "
+                   "they stay up until Ctrl-C)")
     return p
 
 
@@ -59,8 +65,66 @@ def _fmt_bytes(b: float) -> str:
     return f"{b}"
 
 
+def relative_errors(http_port: int, round_id: int) -> tuple[float, float, float] | None:
+    """The round's errors relative to ``||x_bar||^2`` from the dashboard's API, or None."""
+    import json
+    import urllib.request
+
+    url = f"http://127.0.0.1:{http_port}/api/rounds/{round_id}"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as res:
+            rel = json.load(res).get("relative_error")
+    except (OSError, ValueError):
+        return None
+    if not rel:
+        return None
+    return float(rel["estimate"]), float(rel["rand_k"]), float(rel["rand_k_spatial"])
+
+
 def _fmt_err(x: float) -> str:
     return "   n/a  " if math.isnan(x) else f"{x:.3e}"
+
+
+BETA_HINT = ("the first decode for these (n, k, d) on this machine runs beta's Monte Carlo "
+             "(about a minute; cached afterwards)")
+
+
+class LongWait:
+    """Says every ``every`` seconds how long a wait has lasted, once it passed ``after``.
+
+    ``start(label, hint)`` begins a wait (ending any other), ``stop()`` ends it and returns
+    only when no further line can be printed. Lines go through ``emit``.
+    """
+
+    def __init__(self, emit: Callable[[str], None], after: float = 5.0,
+                 every: float = 10.0) -> None:
+        self.emit = emit
+        self.after, self.every = after, every
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, label: str, hint: str = "") -> None:
+        """Begin waiting for ``label`` (the hint is printed with the first line)."""
+        self.stop()
+        self._stopped = stopped = threading.Event()
+        began = time.monotonic()
+
+        def run() -> None:
+            delay, first = self.after, True
+            while not stopped.wait(delay):
+                line = f"[cluster] {label}: {time.monotonic() - began:.0f} s"
+                self.emit(line + (f" ({hint})" if first and hint else ""))
+                delay, first = self.every, False
+
+        self._thread = threading.Thread(target=run, daemon=True, name="rpsagg-long-wait")
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the current wait, if any."""
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
 
 def _stop(procs: Sequence[subprocess.Popen[bytes]], grace: float = 5.0) -> None:
@@ -97,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         "--d", str(args.d), "--task", args.task, "--data", data, "--data-r", str(args.data_r),
         "--estimator", args.estimator, "--transform", args.transform,
         "--rounds", str(args.rounds), "--round-timeout", str(args.round_timeout),
-        "--db", db, "--linger", "1", "--port-file", str(port_file),
+        "--db", db, "--linger", "1" if args.exit else "-1", "--port-file", str(port_file),
     ] + (["--eval"] if args.eval else [])
     print("[cluster] note: --insecure on loopback (127.0.0.1): no TLS and no tokens; "
           "use --tls-cert/--tls-key/--tokens for anything else.", flush=True)
@@ -112,10 +176,12 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     env = dict(os.environ, RPSAGG_LOG_LEVEL=os.environ.get("RPSAGG_LOG_LEVEL", "WARNING"))
+    waiting = LongWait(lambda line: print(line, flush=True))
     try:
         server = subprocess.Popen([PY, "-m", "rpsagg_server.server", *server_args], env=env)
         procs.append(server)
         end = time.monotonic() + 120
+        waiting.start("waiting for the server to start")
         while not port_file.exists():
             if server.poll() is not None:
                 print(f"[cluster] the server exited with {server.returncode}", file=sys.stderr)
@@ -124,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
                 print("[cluster] the server did not start in 120 s", file=sys.stderr)
                 return 1
             time.sleep(0.05)
+        waiting.stop()
         port = int(port_file.read_text())
         target = f"127.0.0.1:{port}"
         dash = (f"http://127.0.0.1:{args.http_port}/" if args.http_port else "disabled")
@@ -132,31 +199,44 @@ def run(args: argparse.Namespace) -> int:
               f"({args.transform}), k={args.k}, d={args.d}, {args.rounds} rounds, "
               f"eval {'on' if args.eval else 'off'}", flush=True)
         for i in range(args.n):
-            cmd = [PY, "-m", "rpsagg_client.cli", "--server", target, "--client-id",
+            cmd = [PY, "-m", "rpsagg_client.cli", "--quiet", "--server", target, "--client-id",
                    f"client-{i}", "--insecure", "--data", data]
             if args.data_path:
                 cmd += ["--data-path", args.data_path]
             procs.append(subprocess.Popen(cmd, env=env))
+        # errors relative to ||x_bar||^2 come from the dashboard's API; without a dashboard
+        # the gRPC result's absolute squared errors are shown
+        relative = bool(args.http_port) and args.eval
         print(f"{'round':>5} {'clients':>8} {'bytes up':>12} {'raw f32':>12} "
-              f"{'sq.error':>10} {'Rand-k':>10} {'R-k-Spatial':>11} {'decode':>9}", flush=True)
+              f"{'rel.error' if relative else 'sq.error':>10} {'Rand-k':>10} "
+              f"{'R-k-Spatial':>11} {'decode':>9}", flush=True)
         total_up = total_raw = 0.0
         with AggregationClient(target, "cluster-monitor", insecure=True,
                                retry_budget=10) as mon:
+            decoded = False
             for ev in mon.watch():
+                if ev.state == "decoding" and ev.round_id:
+                    waiting.start(f"round {ev.round_id} decoding", "" if decoded else BETA_HINT)
                 if ev.state in ("done", "failed") and ev.round_id:
+                    waiting.stop()
+                    decoded = decoded or ev.state == "done"
                     res = mon.result(ev.round_id, wait=False)
                     if res.state == "failed":
                         print(f"{res.round_id:>5} failed: {res.reason}", flush=True)
                     else:
                         raw = res.n_prime * (res.estimate.shape[0] if res.estimate is not None
                                              else 1) * args.d * 4
+                        errs = (res.eval_sq_error, res.eval_sq_error_rand_k,
+                                res.eval_sq_error_rand_k_spatial)
+                        if relative:
+                            errs = (relative_errors(args.http_port, res.round_id)
+                                    or (math.nan, math.nan, math.nan))
                         total_up += res.payload_bytes
                         total_raw += raw
                         print(f"{res.round_id:>5} {res.n_prime:>4}/{args.n:<3} "
                               f"{_fmt_bytes(res.payload_bytes):>12} {_fmt_bytes(raw):>12} "
-                              f"{_fmt_err(res.eval_sq_error):>10} "
-                              f"{_fmt_err(res.eval_sq_error_rand_k):>10} "
-                              f"{_fmt_err(res.eval_sq_error_rand_k_spatial):>11} "
+                              f"{_fmt_err(errs[0]):>10} {_fmt_err(errs[1]):>10} "
+                              f"{_fmt_err(errs[2]):>11} "
                               f"{res.decode_seconds * 1000:>6.0f} ms", flush=True)
                 if ev.job_done:
                     break
@@ -166,18 +246,25 @@ def run(args: argparse.Namespace) -> int:
                   flush=True)
         for p in procs[1:]:
             p.wait(60)
-        server.wait(30)
-        return 0
+        if args.exit:
+            server.wait(30)
+            return 0
+        print(f"[cluster] job done. The server ({target}) and the dashboard ({dash}) stay up "
+              "until Ctrl-C (./run.sh --exit finishes with the job).", flush=True)
+        code = server.wait()  # returns early only if the server dies; Ctrl-C raises
+        print(f"[cluster] the server exited with {code}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("\n[cluster] Ctrl-C: stopping the server and the clients", flush=True)
-        return 130
+        return 0
     except grpc.RpcError as exc:
         if interrupted:
             print("\n[cluster] Ctrl-C: stopping the server and the clients", flush=True)
-            return 130
+            return 0
         print(f"[cluster] lost the server: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1
     finally:
+        waiting.stop()
         _stop(procs)
         if args.db is None:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -38,8 +38,10 @@ class DecodeOutcome:
         Wall-clock time of the whole decode (all m vectors).
     r_hat : float
         Correlation estimated from vector 0's sketches (NaN when the scheme has none).
-    eval_errors : tuple of three floats or None
-        Squared errors of the estimate, Rand-k and Rand-k-Spatial(avg), summed over m.
+    eval_errors : tuple of four floats or None
+        Squared errors of the estimate, Rand-k and Rand-k-Spatial(avg), summed over m, then
+        ``||x_bar||^2`` summed over m (what relative errors divide by). Rounds stored by
+        earlier versions have only the first three.
     """
 
     estimate: FloatArray
@@ -48,7 +50,7 @@ class DecodeOutcome:
     c: float
     seconds: float
     r_hat: float
-    eval_errors: tuple[float, float, float] | None
+    eval_errors: tuple[float, ...] | None
 
 
 def messages(
@@ -131,5 +133,5 @@ def decode_round(
         seeds = [[derive_round_seed(s.client_seed, nonce, s.client_id, j) for j in range(m)]
                  for s in subs]
         err_k, err_s = shadow_errors(refs, seeds, n, k, d)
-        errors = (err, err_k, err_s)
+        errors = (err, err_k, err_s, float(np.sum(truth ** 2)))
     return DecodeOutcome(estimate, len(subs), beta, c, time.perf_counter() - start, r_hat, errors)

@@ -14,7 +14,7 @@ from rpsagg import Estimator
 from rpsagg.v1.serde import Submission
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.decoding import DecodeOutcome
-from rpsagg_server.state import EvalErrors, RoundView
+from rpsagg_server.state import Arrival, EvalErrors, RoundView
 from rpsagg_server.store import StoredRound
 
 FloatArray = NDArray[np.float64]
@@ -128,6 +128,8 @@ class LiveRound:
                 "contributors": [[c, str(sub.client_seed)] for c, sub in self.subs.items()],
                 "payload_bytes": self.payload_bytes(), "wire_bytes": self.wire_bytes(),
                 "m": self.m(),
+                "arrivals": [[a.client_id, a.received_at, a.wire_bytes, a.payload_bytes]
+                             for a in self.arrivals()],
             }
         if o is not None:
             info.update(n_prime=o.n_prime, beta=o.beta, c=_json_float(o.c), seconds=o.seconds,
@@ -190,6 +192,14 @@ class LiveRound:
             return self.wire_total
         return int(self.archived["wire_bytes"])
 
+    def arrivals(self) -> list[Arrival]:
+        """Who submitted, when, and how many bytes (the dashboard's per-client figures)."""
+        if self.subs or not self.archived:
+            return [Arrival(c, self.received_at[c], s.wire_bytes, s.payload_bytes)
+                    for c, s in self.subs.items()]
+        return [Arrival(str(c), float(t), int(w), int(p))
+                for c, t, w, p in self.archived.get("arrivals", [])]
+
     def m(self) -> int:
         """Vectors per submission (1 before any arrived)."""
         if self.subs:
@@ -222,6 +232,7 @@ class LiveRound:
             beta=None if o is None else o.beta,
             r_hat=None if o is None or math.isnan(o.r_hat) else o.r_hat,
             r_prior=self.r_prior, eval_errors=ev,
+            arrivals=tuple(sorted(self.arrivals(), key=lambda a: clients.get(a.client_id, 0))),
         )
 
 

@@ -29,7 +29,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -99,6 +99,10 @@ class RoundEngine:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rpsagg-decode")
         self._tasks: set[asyncio.Task[None]] = set()
         self.done_event = asyncio.Event()
+        # observers of finished rounds (the dashboard's task metrics): called on the loop
+        # with the round id and the new global state after each done round; never awaited
+        # by the engine, cancelled at close
+        self.done_hooks: list[Callable[[int, np.ndarray], Awaitable[None]]] = []
 
     # -- set-up ----------------------------------------------------------------------------
     def _make_estimator(self, prior: float | None) -> Estimator:
@@ -436,6 +440,9 @@ class RoundEngine:
         self.state._put_round(live.view(self.cfg, self.clients), current=False)
         self.current = None
         live.finished.set()
+        if live.state == "done" and live.next_state is not None:
+            for hook in self.done_hooks:
+                self._spawn(hook(live.round_id, live.next_state))
         self._broadcast(RoundEvent(live.round_id, live.state, failure or live.reason, job_done,
                                    len(live.subs)))
         if failure:

@@ -30,6 +30,7 @@ from rpsagg_server.rounds import RoundEngine
 from rpsagg_server.servicer import AggregationServicer, TokenBook
 from rpsagg_server.state import ServerState
 from rpsagg_server.store import Store
+from rpsagg_server.taskeval import TaskMonitor
 
 log = logging.getLogger("rpsagg.server")
 HttpAppFactory = Callable[[ServerState], Any]
@@ -60,6 +61,7 @@ class RunningServer:
     health: HealthServicer
     port: int
     serving: bool = True
+    task_monitor: TaskMonitor | None = None
 
     async def stop(self, grace: float = STOP_GRACE) -> None:
         """Report NOT_SERVING, stop serving (calls in flight get ``grace`` seconds to
@@ -70,6 +72,8 @@ class RunningServer:
         await asyncio.sleep(0)  # let the streams finish
         await self.grpc_server.stop(grace)
         await self.engine.close()
+        if self.task_monitor is not None:
+            self.task_monitor.close()
         self.store.close()
 
 
@@ -94,11 +98,18 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
     store = Store(cfg.db)
     state = ServerState(cfg.public_dict())
     engine = RoundEngine(cfg, store, state)
+    monitor = TaskMonitor(cfg, engine.task, state)
+    engine.done_hooks.append(monitor.on_round)
     try:
         await engine.start()
     except BaseException:
+        monitor.close()
         store.close()
         raise
+    for rid in sorted(engine.results):  # finished before a restart: measure them again
+        res = engine.results[rid]
+        if res.state == "done" and res.global_state is not None:
+            engine._spawn(monitor.on_round(rid, res.global_state))
     tokens = TokenBook.from_file(cfg.tokens) if cfg.tokens else None
     limit = max_request_bytes(cfg, engine.m)
     server = grpc.aio.server(options=[
@@ -117,7 +128,7 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("[Server] listening on %s:%d (%s), max request %d bytes", cfg.host, port,
              "TLS" if creds else "insecure", limit)
-    running = RunningServer(server, engine, state, store, health, port)
+    running = RunningServer(server, engine, state, store, health, port, task_monitor=monitor)
     state._add_check("database", lambda: store.get_meta("config") is not None)
     state._add_check("grpc", lambda: running.serving)
     state._add_check("beta", engine.beta.ready.is_set)
@@ -154,6 +165,12 @@ async def serve(
         uv = uvicorn.Server(uvicorn.Config(app, host=cfg.host.strip("[]"), port=cfg.http_port,
                                            log_level="warning", lifespan="on"))
         http_task = asyncio.ensure_future(uv.serve())
+        # the port file (and ``ready``) mean "serving": the dashboard must answer by then
+        end = loop.time() + 30.0
+        while not uv.started and not http_task.done() and loop.time() < end:
+            await asyncio.sleep(0.01)
+        if not uv.started:
+            log.warning("[Server] the dashboard did not start on port %d", cfg.http_port)
     if cfg.port_file:
         tmp = Path(cfg.port_file + ".tmp")
         tmp.write_text(f"{running.port}\n")

@@ -16,6 +16,11 @@ Read API (all methods are cheap, synchronous, and return frozen snapshots):
 - :meth:`ServerState.rounds` -- :class:`RoundView` list, newest first (``limit``/``offset``).
 - :meth:`ServerState.round_detail` -- one :class:`RoundView` by id (None if unknown).
 - :meth:`ServerState.clients` -- :class:`ClientView` list ordered by client index.
+- :meth:`ServerState.client_stats` -- :class:`ClientStats` per joined client: last seen,
+  rounds contributed and missed, bytes sent, straggler flag (derived from the rounds).
+- :meth:`ServerState.task_metrics` -- :class:`TaskMetrics` of the task's state after a
+  round (evaluation mode, where the server can load the task's data), and
+  :meth:`ServerState.task_metrics_note`, why there are none otherwise.
 - :meth:`ServerState.job` -- :class:`JobView`: task, steps done, rounds planned, done flag,
   smoothed R_hat, and why the job failed (``--max-failed-rounds``), if it did.
 - :meth:`ServerState.beta` -- :class:`BetaView`: the start-up computation of beta for n
@@ -52,6 +57,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rpsagg_server.activity import ClientStats, client_stats
+
 ROUND_STATES = ("open", "collecting", "decoding", "done", "failed")
 
 
@@ -67,11 +74,32 @@ class EvalErrors:
         What Rand-k would have had on the same vectors and seeds.
     rand_k_spatial : float
         What Rand-k-Spatial(avg) would have had.
+    truth_sq_norm : float or None
+        ``||x_bar||^2`` (summed over the m vectors): relative errors are the squared errors
+        divided by it. None for rounds stored before it was recorded.
     """
 
     estimate: float
     rand_k: float
     rand_k_spatial: float
+    truth_sq_norm: float | None = None
+
+    def relative(self) -> tuple[float, float, float] | None:
+        """The three squared errors divided by ``||x_bar||^2`` (None when it is unknown or 0)."""
+        t = self.truth_sq_norm
+        if t is None or not t > 0:
+            return None
+        return self.estimate / t, self.rand_k / t, self.rand_k_spatial / t
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One accepted submission of a round: who, when (unix seconds) and how many bytes."""
+
+    client_id: str
+    received_at: float
+    wire_bytes: int
+    payload_bytes: int
 
 
 @dataclass(frozen=True)
@@ -109,6 +137,9 @@ class RoundView:
         The prior R the transform used (``transform=auto``).
     eval_errors : EvalErrors or None
         Evaluation mode only.
+    arrivals : tuple of Arrival
+        Every accepted submission, in client-index order (empty for rounds finished before
+        a restart by a version that did not store them).
     """
 
     round_id: int
@@ -135,6 +166,7 @@ class RoundView:
     r_hat: float | None
     r_prior: float | None
     eval_errors: EvalErrors | None
+    arrivals: tuple[Arrival, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-friendly dict (tuples become lists, eval errors a nested dict)."""
@@ -143,8 +175,10 @@ class RoundView:
         out["clients_missing"] = list(self.clients_missing)
         ev = self.eval_errors
         out["eval_errors"] = None if ev is None else {
-            "estimate": ev.estimate, "rand_k": ev.rand_k, "rand_k_spatial": ev.rand_k_spatial
+            "estimate": ev.estimate, "rand_k": ev.rand_k, "rand_k_spatial": ev.rand_k_spatial,
+            "truth_sq_norm": ev.truth_sq_norm,
         }
+        out["arrivals"] = [vars(a).copy() for a in self.arrivals]
         return out
 
 
@@ -155,6 +189,29 @@ class ClientView:
     client_id: str
     index: int
     joined_at: float
+
+
+@dataclass(frozen=True)
+class TaskMetrics:
+    """The task's progress measured on the global state after a round.
+
+    Attributes
+    ----------
+    name : str
+        What ``value`` is (e.g. ``"Rayleigh quotient"``, ``"k-means objective"``).
+    value : float
+        The task's own metric (``Task.metric``) averaged over the n clients' shards.
+    optimum : float or None
+        The best value where the server knows it (power iteration: the top eigenvalue).
+    eigenvector_distance : float or None
+        Power iteration: ``sin`` of the angle between the iterate and the top eigenvector
+        (0 when converged, 1 when orthogonal).
+    """
+
+    name: str
+    value: float
+    optimum: float | None = None
+    eigenvector_distance: float | None = None
 
 
 @dataclass(frozen=True)
@@ -248,6 +305,8 @@ class ServerState:
     _counters: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     _listeners: list[Listener] = field(default_factory=list)
     _checks: dict[str, Callable[[], bool]] = field(default_factory=dict)
+    _task_metrics: dict[int, TaskMetrics] = field(default_factory=dict)
+    _task_note: str = "evaluation mode is off: the server measures the task only with --eval"
 
     # -- read API --------------------------------------------------------------------------
     def config(self) -> dict[str, Any]:
@@ -276,6 +335,18 @@ class ServerState:
     def clients(self) -> list[ClientView]:
         """Joined clients, ordered by index."""
         return sorted(self._clients.values(), key=lambda c: c.index)
+
+    def client_stats(self) -> list[ClientStats]:
+        """Per-client activity, ordered by index (see :class:`ClientStats`)."""
+        return client_stats(self.clients(), list(self._rounds.values()))
+
+    def task_metrics(self, round_id: int) -> TaskMetrics | None:
+        """The task's metrics after round ``round_id`` (None while unknown)."""
+        return self._task_metrics.get(round_id)
+
+    def task_metrics_note(self) -> str:
+        """Why rounds have no task metrics ("" when the server measures the task)."""
+        return self._task_note
 
     def job(self) -> JobView | None:
         """Task progress (None before the engine started)."""
@@ -336,6 +407,12 @@ class ServerState:
 
     def _put_client(self, client: ClientView) -> None:
         self._clients[client.client_id] = client
+
+    def _set_task_metrics(self, round_id: int, metrics: TaskMetrics) -> None:
+        self._task_metrics[round_id] = metrics
+
+    def _set_task_note(self, note: str) -> None:
+        self._task_note = note
 
     def _set_job(self, job: JobView) -> None:
         self._job = job

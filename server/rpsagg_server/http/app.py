@@ -15,7 +15,13 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import rpsagg
-from rpsagg_server.http import routes_health, routes_rounds, routes_status
+from rpsagg_server.http import (
+    routes_clients,
+    routes_export,
+    routes_health,
+    routes_rounds,
+    routes_status,
+)
 from rpsagg_server.http.metrics import ServerMetrics
 from rpsagg_server.state import ServerState
 
@@ -47,8 +53,9 @@ def create_app(state: ServerState, registry: CollectorRegistry | None = None) ->
     Returns
     -------
     FastAPI
-        Routes: ``/`` (dashboard page), ``/static/*``, ``/api/status``, ``/api/rounds``,
-        ``/api/rounds/{id}``, ``/healthz``, ``/readyz``, ``/metrics``, ``/docs``. The
+        Routes: ``/`` (dashboard page), ``/static/*``, ``/api/status``, ``/api/clients``,
+        ``/api/rounds``, ``/api/rounds/{id}``, ``/api/rounds/export.csv``,
+        ``/api/rounds/export.json``, ``/healthz``, ``/readyz``, ``/metrics``, ``/docs``. The
         lifespan starts counting the state's metric events at start-up and stops at
         shutdown.
     """
@@ -75,6 +82,8 @@ def create_app(state: ServerState, registry: CollectorRegistry | None = None) ->
     app.state.server_state = state
     app.state.metrics = metrics
     app.include_router(routes_status.router)
+    app.include_router(routes_clients.router)
+    app.include_router(routes_export.router)  # before /api/rounds/{round_id}
     app.include_router(routes_rounds.router)
     app.include_router(routes_health.router)
     app.router.routes.append(

@@ -19,6 +19,13 @@ metric                                 type       meaning
                                                   latest finished round; ``series`` is
                                                   ``estimate``, ``rand_k`` or
                                                   ``rand_k_spatial``
+``rpsagg_round_relative_error{series}``  gauge     evaluation mode: the same divided by
+                                                  ``||x_bar||^2`` of that round
+``rpsagg_task_metric``                 gauge      evaluation mode: the task's metric after
+                                                  the latest measured round (Rayleigh
+                                                  quotient, k-means objective, loss)
+``rpsagg_task_eigenvector_distance``   gauge      power iteration: sin of the angle to the
+                                                  top eigenvector after that round
 ``rpsagg_clients_connected``           gauge      clients that joined the job
 ``rpsagg_current_round``               gauge      id of the newest round (0 before the first)
 ``rpsagg_job_state{state}``            gauge      1 for the job's state, ``running``,
@@ -133,7 +140,8 @@ class StateCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         """Yield ``rpsagg_clients_connected``, ``rpsagg_current_round``,
-        ``rpsagg_job_state`` and, in evaluation mode, ``rpsagg_round_squared_error``."""
+        ``rpsagg_job_state`` and, in evaluation mode, ``rpsagg_round_squared_error``,
+        ``rpsagg_round_relative_error`` and the task gauges."""
         clients = GaugeMetricFamily("rpsagg_clients_connected",
                                     "Clients that joined the job.")
         clients.add_metric([], len(self.state.clients()))
@@ -155,6 +163,10 @@ class StateCollector(Collector):
             "rpsagg_round_squared_error", "Evaluation mode: squared error of the latest "
             "finished round, of the estimate and of the Rand-k / Rand-k-Spatial shadows.",
             labels=["series"])
+        relative = GaugeMetricFamily(
+            "rpsagg_round_relative_error", "Evaluation mode: squared error over ||x_bar||^2 "
+            "of the latest finished round, of the estimate and of the Rand-k / "
+            "Rand-k-Spatial shadows.", labels=["series"])
         for view in self.state.rounds():
             if view.state != "done":
                 continue
@@ -163,5 +175,24 @@ class StateCollector(Collector):
                 for name, value in zip(SERIES, (ev.estimate, ev.rand_k, ev.rand_k_spatial),
                                        strict=True):
                     errors.add_metric([name], value)
+                rel = ev.relative()
+                for name, value in zip(SERIES, rel or (), strict=False):
+                    relative.add_metric([name], value)
             break
         yield errors
+        yield relative
+        task = GaugeMetricFamily(
+            "rpsagg_task_metric", "Evaluation mode: the task's metric (Rayleigh quotient, "
+            "k-means objective, regression loss) after the latest measured round.")
+        distance = GaugeMetricFamily(
+            "rpsagg_task_eigenvector_distance", "Power iteration: sin of the angle between "
+            "the iterate after the latest measured round and the top eigenvector.")
+        for view in self.state.rounds():
+            tm = self.state.task_metrics(view.round_id)
+            if tm is not None:
+                task.add_metric([], tm.value)
+                if tm.eigenvector_distance is not None:
+                    distance.add_metric([], tm.eigenvector_distance)
+                break
+        yield task
+        yield distance

@@ -30,7 +30,8 @@ def list_rounds(
     page = views[:limit]
     more = len(views) > limit
     return schemas.RoundPage(
-        rounds=[schemas.from_round(v) for v in page], total=total,
+        rounds=[schemas.from_round(v, state.task_metrics(v.round_id)) for v in page],
+        total=total,
         next_before=page[-1].round_id if more else None,
     )
 
@@ -42,11 +43,12 @@ def get_round(
     round_id: Annotated[int, Path(ge=1, description="Round id (rounds count from 1).")],
 ) -> schemas.Round:
     """State and timestamps, clients expected/arrived/missing, bytes (payload, wire, raw
-    float32), decode seconds, transform, beta, R_hat and, in evaluation mode, the squared
-    errors of the estimate and of the Rand-k / Rand-k-Spatial shadows."""
+    float32), every arrival (client, time, bytes), decode seconds, transform, beta, R_hat
+    and, in evaluation mode, the squared and relative errors of the estimate and of the
+    Rand-k / Rand-k-Spatial shadows and the task's progress after the round."""
     view = state.round_detail(round_id)
     if view is None:
         newest = state.rounds(limit=1)
         known = f"rounds 1..{newest[0].round_id} exist" if newest else "no round exists yet"
         raise HTTPException(status_code=404, detail=f"round {round_id} not found ({known})")
-    return schemas.from_round(view)
+    return schemas.from_round(view, state.task_metrics(round_id))

@@ -24,12 +24,15 @@ def get_status(state: StateDep) -> schemas.Status:
     beta = state.beta()
     return schemas.Status(
         config=schemas.from_config(state.config()),
-        current_round=None if current is None else schemas.from_round(current),
-        latest_round=schemas.from_round(newest[0]) if newest else None,
+        current_round=None if current is None else schemas.from_round(
+            current, state.task_metrics(current.round_id)),
+        latest_round=schemas.from_round(newest[0], state.task_metrics(newest[0].round_id))
+        if newest else None,
         clients_joined=len(clients),
         clients=[schemas.from_client(c) for c in clients],
         job=None if job is None else schemas.from_job(job),
         beta=None if beta is None else schemas.from_beta(beta, time.time()),
+        task_metrics_note=state.task_metrics_note(),
         uptime_seconds=state.uptime_seconds(),
         started_at=state.started_at,
         versions=schemas.versions(),

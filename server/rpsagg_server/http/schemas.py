@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 
 import rpsagg
 from rpsagg.v1 import serde
-from rpsagg_server.state import BetaView, ClientView, JobView, RoundView
+from rpsagg_server.state import BetaView, ClientStats, ClientView, JobView, RoundView, TaskMetrics
 
 PROTOCOL = serde.SERVICE.rsplit(".", 1)[0]  # "rpsagg.v1"
 
@@ -51,6 +51,38 @@ class SquaredErrors(BaseModel):
     estimate: float = Field(description="The server's estimator.")
     rand_k: float = Field(description="Rand-k on the same vectors and seeds (shadow).")
     rand_k_spatial: float = Field(description="Rand-k-Spatial(avg), same vectors and seeds.")
+    truth_sq_norm: float | None = Field(
+        description="||x_bar||^2 summed over m: what the relative errors divide by.")
+
+
+class RelativeErrors(BaseModel):
+    """Evaluation mode: ``||x_hat - x_bar||^2 / ||x_bar||^2`` (sums over the m vectors)."""
+
+    estimate: float = Field(description="The server's estimator.")
+    rand_k: float = Field(description="Rand-k on the same vectors and seeds.")
+    rand_k_spatial: float = Field(description="Rand-k-Spatial(avg), same vectors and seeds.")
+
+
+class Arrival(BaseModel):
+    """One accepted submission of a round."""
+
+    client_id: str
+    received_at: float = Field(description="Unix seconds when it was committed.")
+    wire_bytes: int
+    payload_bytes: int
+
+
+class TaskProgress(BaseModel):
+    """The task measured on the global state after the round (evaluation mode)."""
+
+    name: str = Field(description="What value is: Rayleigh quotient, k-means objective, "
+                      "regression loss.")
+    value: float = Field(description="Task.metric averaged over the n clients' shards.")
+    optimum: float | None = Field(
+        description="Best value where known (power iteration: the top eigenvalue).")
+    eigenvector_distance: float | None = Field(
+        description="Power iteration: sin of the angle between the iterate and the top "
+        "eigenvector (0 = converged).")
 
 
 class Round(BaseModel):
@@ -73,6 +105,14 @@ class Round(BaseModel):
     r_prior: float | None = Field(description="Prior R the transform used (transform=auto).")
     squared_error: SquaredErrors | None = Field(
         description="Evaluation mode only; null otherwise (the MSE is then unknown).")
+    relative_error: RelativeErrors | None = Field(
+        description="Evaluation mode: the squared errors divided by ||x_bar||^2; null "
+        "otherwise (or when ||x_bar|| = 0).")
+    arrivals: list[Arrival] = Field(
+        description="Accepted submissions in client-index order: when, and their bytes.")
+    task_progress: TaskProgress | None = Field(
+        description="The task after this round; null while unknown (see the status's "
+        "task_metrics_note).")
 
 
 class RoundPage(BaseModel):
@@ -106,6 +146,23 @@ class Client(BaseModel):
     client_id: str
     index: int
     joined_at: float
+
+
+class ClientActivity(BaseModel):
+    """What one joined client did (``GET /api/clients``)."""
+
+    client_id: str
+    index: int = Field(description="Its data shard among the n.")
+    joined_at: float = Field(description="Unix seconds.")
+    last_seen: float = Field(
+        description="Unix seconds of its latest accepted submission (its join if none).")
+    rounds_contributed: int = Field(description="Rounds with its accepted submission.")
+    rounds_missed: int = Field(
+        description="Finished rounds that closed after it joined without its submission.")
+    bytes_sent: int = Field(description="Serialized Submit requests (eval references "
+                            "excluded), summed over its submissions.")
+    payload_bytes_sent: int = Field(description="Seeds, values and indices it sent.")
+    straggler: bool = Field(description="It missed the latest finished round.")
 
 
 class Job(BaseModel):
@@ -152,6 +209,9 @@ class Status(BaseModel):
     job: Job | None
     beta: Beta | None = Field(description="beta for n, computed at start-up; /readyz is "
                               "503 until it is ready.")
+    task_metrics_note: str = Field(
+        description="Why rounds carry no task_progress (empty when the server measures "
+        "the task).")
     uptime_seconds: float
     started_at: float
     versions: Versions
@@ -170,9 +230,10 @@ class Readiness(BaseModel):
     checks: dict[str, bool]
 
 
-def from_round(view: RoundView) -> Round:
-    """The API model of a :class:`~rpsagg_server.state.RoundView`."""
+def from_round(view: RoundView, task: TaskMetrics | None = None) -> Round:
+    """The API model of a :class:`~rpsagg_server.state.RoundView` (and its task metrics)."""
     ev = view.eval_errors
+    rel = None if ev is None else ev.relative()
     raw = view.raw_float32_bytes
     return Round(
         round_id=view.round_id, state=view.state, reason=view.reason, nonce=str(view.nonce),
@@ -188,7 +249,16 @@ def from_round(view: RoundView) -> Round:
         decode_seconds=view.decode_seconds, c=view.c, beta=view.beta, r_hat=view.r_hat,
         r_prior=view.r_prior,
         squared_error=None if ev is None else SquaredErrors(
-            estimate=ev.estimate, rand_k=ev.rand_k, rand_k_spatial=ev.rand_k_spatial),
+            estimate=ev.estimate, rand_k=ev.rand_k, rand_k_spatial=ev.rand_k_spatial,
+            truth_sq_norm=ev.truth_sq_norm),
+        relative_error=None if rel is None else RelativeErrors(
+            estimate=rel[0], rand_k=rel[1], rand_k_spatial=rel[2]),
+        arrivals=[Arrival(client_id=a.client_id, received_at=a.received_at,
+                          wire_bytes=a.wire_bytes, payload_bytes=a.payload_bytes)
+                  for a in view.arrivals],
+        task_progress=None if task is None else TaskProgress(
+            name=task.name, value=task.value, optimum=task.optimum,
+            eigenvector_distance=task.eigenvector_distance),
     )
 
 
@@ -205,6 +275,15 @@ def from_config(cfg: dict[str, Any]) -> Config:
 def from_client(c: ClientView) -> Client:
     """The API model of a joined client."""
     return Client(client_id=c.client_id, index=c.index, joined_at=c.joined_at)
+
+
+def from_client_stats(c: ClientStats) -> ClientActivity:
+    """The API model of a client's activity."""
+    return ClientActivity(
+        client_id=c.client_id, index=c.index, joined_at=c.joined_at, last_seen=c.last_seen,
+        rounds_contributed=c.rounds_contributed, rounds_missed=c.rounds_missed,
+        bytes_sent=c.wire_bytes_sent, payload_bytes_sent=c.payload_bytes_sent,
+        straggler=c.straggler)
 
 
 def from_job(job: JobView) -> Job:

@@ -1,4 +1,5 @@
-// Live dashboard: polls the JSON API and redraws (see /docs for the endpoints).
+// Live dashboard: polls the JSON API and redraws (see /docs for the endpoints). The
+// overview is drawn here; the clients and round-detail views are in views.js.
 "use strict";
 
 const POLL_MS = 1000;
@@ -64,8 +65,12 @@ function renderRound(st) {
   $("progress-bar").style.width = Math.min(100, (100 * arrived) / Math.max(1, expected)) + "%";
   $("round-progress").textContent = `${arrived} of ${expected} clients arrived`;
   const dl = r.timestamps.deadline;
+  const closed = r.timestamps.closed;
   $("round-deadline").textContent = st.current_round && dl && r.state === "collecting"
-    ? `· deadline in ${Math.max(0, Math.round(dl - Date.now() / 1000))} s` : "";
+    ? `· deadline in ${Math.max(0, Math.round(dl - Date.now() / 1000))} s`
+    : st.current_round && closed && r.state === "decoding"  // a long wait: say how long
+      ? `· decoding for ${Math.max(0, Math.round(Date.now() / 1000 - closed))} s`
+      : "";
   $("job-line").textContent = (job
     ? `task step ${job.steps_done} of ${job.rounds_planned}` + (job.state === "failed"
       ? ` · job failed: ${job.failure}` : job.done ? " · job done" : "")
@@ -79,24 +84,71 @@ function betaLine(b) {
     : ` · computing beta for n = ${b.n} (${secs} s; the first decode waits for it)`;
 }
 
+const pt = (r, y, what) => ({ x: r.round_id, y, title: `round ${r.round_id}: ${what}` });
+
+function errorSeries(st, done, field) {
+  const has = done.filter((r) => r[field]);
+  const one = (key, label, color, dashed) => ({
+    key, label, color, dashed,
+    points: has.map((r) => pt(r, r[field][key], fmtNum(r[field][key]))),
+  });
+  return [
+    one("estimate", st.config.scheme, css("--s0"), false),
+    one("rand_k", "rand-k", css("--s1"), true),
+    one("rand_k_spatial", "rand-k-spatial", css("--s2"), true),
+  ];
+}
+
+function renderTask(st, done) {
+  const withTp = done.filter((r) => r.task_progress);
+  const last = withTp.length ? withTp[withTp.length - 1].task_progress : null;
+  $("task-name").textContent = st.config.task;
+  let series = [];
+  if (last && last.eigenvector_distance !== null) {
+    series = [
+      { key: "eigvec", label: "distance to the top eigenvector (sin ∠)", color: css("--s0"),
+        points: withTp.map((r) => pt(r, r.task_progress.eigenvector_distance,
+                                     fmtNum(r.task_progress.eigenvector_distance))) },
+      { key: "gap", label: "top eigenvalue − Rayleigh quotient", color: css("--s2"),
+        dashed: true,
+        points: withTp.map((r) => pt(r, r.task_progress.optimum - r.task_progress.value,
+                                     fmtNum(r.task_progress.optimum - r.task_progress.value))) },
+    ];
+  } else if (last) {
+    series = [{ key: "value", label: last.name, color: css("--s0"),
+                points: withTp.map((r) => pt(r, r.task_progress.value,
+                                             fmtNum(r.task_progress.value))) }];
+  }
+  let line = "";
+  if (last) {
+    const rid = withTp[withTp.length - 1].round_id;
+    line = `after round ${rid}: ${last.name} ${fmtNum(last.value)}`;
+    if (last.optimum !== null) line += ` (top eigenvalue ${fmtNum(last.optimum)})`;
+    if (last.eigenvector_distance !== null) {
+      line += ` · distance to the top eigenvector ${fmtNum(last.eigenvector_distance)}`;
+    }
+  }  // else the chart says why (task_metrics_note)
+  $("task-line").textContent = line;
+  drawLegend($("task-legend"), series);
+  drawLogChart($("task-chart"), series, {
+    empty: st.task_metrics_note || "no finished round yet",
+  });
+}
+
 function renderCharts(st, rounds) {
   const asc = rounds.slice().reverse();
   const done = asc.filter((r) => r.state === "done");
   const finished = asc.filter((r) => r.state === "done" || r.state === "failed");
-  const pt = (r, y, what) => ({ x: r.round_id, y, title: `round ${r.round_id}: ${what}` });
+  const offMsg = "evaluation mode is off: the error is unknown";
 
-  const mseSeries = [
-    { key: "estimate", label: st.config.scheme, color: css("--s0"),
-      points: done.filter((r) => r.squared_error)
-        .map((r) => pt(r, r.squared_error.estimate, fmtNum(r.squared_error.estimate))) },
-    { key: "rand_k", label: "rand-k", color: css("--s1"), dashed: true,
-      points: done.filter((r) => r.squared_error)
-        .map((r) => pt(r, r.squared_error.rand_k, fmtNum(r.squared_error.rand_k))) },
-    { key: "rand_k_spatial", label: "rand-k-spatial", color: css("--s2"), dashed: true,
-      points: done.filter((r) => r.squared_error)
-        .map((r) => pt(r, r.squared_error.rand_k_spatial,
-                       fmtNum(r.squared_error.rand_k_spatial))) },
-  ];
+  const relSeries = errorSeries(st, done, "relative_error");
+  drawLegend($("rel-legend"), st.config.evaluation ? relSeries : []);
+  drawLogChart($("rel-chart"), relSeries, {
+    empty: st.config.evaluation ? "no finished round yet" : offMsg,
+  });
+  renderTask(st, done);
+
+  const mseSeries = errorSeries(st, done, "squared_error");
   drawLegend($("mse-legend"), st.config.evaluation ? mseSeries : []);
   drawLogChart($("mse-chart"), mseSeries, {
     empty: st.config.evaluation ? "no finished round yet"
@@ -121,18 +173,27 @@ function renderTable(rounds) {
   for (const r of rounds.slice(0, TABLE_ROWS)) {
     const tr = document.createElement("tr");
     tr.dataset.round = r.round_id;
-    const se = r.squared_error;
+    const se = r.squared_error, rel = r.relative_error, tp = r.task_progress;
     const cells = [
       r.round_id, r.state + (r.reason ? ` (${r.reason})` : ""),
       `${r.clients.arrived.length}/${r.clients.expected}`, fmtBytes(r.bytes.wire),
       r.bytes.wire_fraction_of_raw === null ? "–"
         : (100 * r.bytes.wire_fraction_of_raw).toFixed(1) + "%",
       fmtNum(r.decode_seconds), fmtNum(r.beta), fmtNum(r.r_hat),
-      se ? fmtNum(se.estimate) : "unknown",
+      se ? fmtNum(se.estimate) : "unknown", rel ? fmtNum(rel.estimate) : "–",
+      tp ? fmtNum(tp.eigenvector_distance !== null ? tp.eigenvector_distance : tp.value) : "–",
     ];
     cells.forEach((v, i) => {
       const td = document.createElement("td");
-      td.textContent = v;
+      if (i === 0) {
+        const a = document.createElement("a");
+        a.href = `#round/${r.round_id}`;
+        a.textContent = v;
+        a.className = "round-link";
+        td.appendChild(a);
+      } else {
+        td.textContent = v;
+      }
       if (i === 1) td.className = "state " + r.state;
       tr.appendChild(td);
     });
@@ -147,25 +208,40 @@ async function getJSON(path) {
 }
 
 async function tick() {
+  inFlight = true;
   const conn = $("conn");
   try {
     const [st, page] = await Promise.all([
       getJSON("/api/status"), getJSON(`/api/rounds?limit=${ROUNDS_SHOWN}`),
     ]);
     renderConfig(st);
-    renderRound(st);
-    renderCharts(st, page.rounds);
-    renderTable(page.rounds);
+    if (currentView().name === "overview") {
+      renderRound(st);
+      renderCharts(st, page.rounds);
+      renderTable(page.rounds);
+    }
+    await renderView(st);
     conn.textContent = "live";
     conn.className = "pill live";
     document.body.dataset.updated = String(Date.now());
+    document.body.dataset.view = currentView().name;
   } catch (err) {
     conn.textContent = "disconnected";
     conn.className = "pill down";
     conn.title = String(err);
   } finally {
-    setTimeout(tick, POLL_MS);
+    inFlight = false;
+    timer = setTimeout(tick, POLL_MS);
   }
 }
 
+let timer = null, inFlight = false;
+window.addEventListener("hashchange", () => {  // a new view: draw it now, not in a second
+  showView();
+  if (!inFlight) {
+    clearTimeout(timer);
+    tick();
+  }
+});
+showView();
 tick();

@@ -1,0 +1,15 @@
+"""Optional compiled kernels of the encode (``rpsagg/_fast.c``: sign multiply, row sampling,
+last butterfly stage; bit-identical to the numpy code, which is used where no C compiler is).
+
+Everything else about the package is in ``pyproject.toml``; extension modules are declared
+here because setuptools' ``[tool.setuptools.ext-modules]`` table is still experimental (and
+warns at every build).
+"""
+
+from setuptools import Extension, setup
+
+if __name__ == "__main__":  # how setuptools runs it; an editable install puts common/ on sys.path
+    setup(ext_modules=[
+        Extension("rpsagg._fast", sources=["rpsagg/_fast.c"], extra_compile_args=["-O3"],
+                  optional=True),
+    ])

@@ -1,0 +1,79 @@
+"""Downloads of every round: ``GET /api/rounds/export.csv`` and ``/api/rounds/export.json``.
+
+Registered before ``/api/rounds/{round_id}`` (whose path would otherwise match them).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+from fastapi import APIRouter, Response
+
+from rpsagg_server.http import schemas
+from rpsagg_server.http.deps import StateDep
+
+router = APIRouter(prefix="/api/rounds", tags=["rounds"])
+
+CSV_COLUMNS = (
+    "round_id", "state", "reason", "scheme", "transform", "task_step", "opened",
+    "first_submission", "closed", "finished", "clients_expected", "clients_arrived",
+    "clients_missing", "bytes_wire", "bytes_payload", "bytes_raw_float32", "decode_seconds",
+    "beta", "c", "r_hat", "r_prior", "sq_error", "sq_error_rand_k", "sq_error_rand_k_spatial",
+    "truth_sq_norm", "relative_error", "relative_error_rand_k",
+    "relative_error_rand_k_spatial", "task_metric", "task_metric_value",
+    "eigenvector_distance",
+)
+
+
+def _rounds(state: StateDep) -> list[schemas.Round]:
+    return [schemas.from_round(v, state.task_metrics(v.round_id))
+            for v in reversed(state.rounds())]
+
+
+def csv_row(r: schemas.Round) -> dict[str, Any]:
+    """One round as the CSV's flat columns (empty cells for nulls)."""
+    se, rel, tp = r.squared_error, r.relative_error, r.task_progress
+    ts = r.timestamps
+    return {
+        "round_id": r.round_id, "state": r.state, "reason": r.reason, "scheme": r.scheme,
+        "transform": r.transform, "task_step": r.task_step, "opened": ts.opened,
+        "first_submission": ts.first_submission, "closed": ts.closed,
+        "finished": ts.finished, "clients_expected": r.clients.expected,
+        "clients_arrived": " ".join(r.clients.arrived),
+        "clients_missing": " ".join(r.clients.missing), "bytes_wire": r.bytes.wire,
+        "bytes_payload": r.bytes.payload, "bytes_raw_float32": r.bytes.raw_float32,
+        "decode_seconds": r.decode_seconds, "beta": r.beta, "c": r.c, "r_hat": r.r_hat,
+        "r_prior": r.r_prior,
+        "sq_error": se and se.estimate, "sq_error_rand_k": se and se.rand_k,
+        "sq_error_rand_k_spatial": se and se.rand_k_spatial,
+        "truth_sq_norm": se and se.truth_sq_norm,
+        "relative_error": rel and rel.estimate, "relative_error_rand_k": rel and rel.rand_k,
+        "relative_error_rand_k_spatial": rel and rel.rand_k_spatial,
+        "task_metric": tp and tp.name, "task_metric_value": tp and tp.value,
+        "eigenvector_distance": tp and tp.eigenvector_distance,
+    }
+
+
+@router.get("/export.csv", summary="Every round as CSV (download)",
+            response_class=Response,
+            responses={200: {"content": {"text/csv": {}}, "description": "One row per round"}})
+def export_csv(state: StateDep) -> Response:
+    """Every round, oldest first, one row each (flat columns; empty cells for nulls;
+    client ids separated by spaces); ``repr`` precision for floats."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for r in _rounds(state):
+        writer.writerow({k: ("" if v is None else v) for k, v in csv_row(r).items()})
+    return Response(buf.getvalue(), media_type="text/csv; charset=utf-8", headers={
+        "Content-Disposition": 'attachment; filename="rpsagg-rounds.csv"'})
+
+
+@router.get("/export.json", summary="Every round as JSON (download)",
+            response_model=list[schemas.Round])
+def export_json(state: StateDep, response: Response) -> list[schemas.Round]:
+    """Every round, oldest first, each as ``GET /api/rounds/{id}`` returns it."""
+    response.headers["Content-Disposition"] = 'attachment; filename="rpsagg-rounds.json"'
+    return _rounds(state)
