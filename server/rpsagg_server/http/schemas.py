@@ -6,6 +6,7 @@ functions build them, so the routes stay one-liners.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -48,9 +49,11 @@ class RoundBytes(BaseModel):
 class SquaredErrors(BaseModel):
     """Evaluation mode: ``||x_hat - x_bar||^2`` summed over the round's m vectors."""
 
-    estimate: float = Field(description="The server's estimator.")
-    rand_k: float = Field(description="Rand-k on the same vectors and seeds (shadow).")
-    rand_k_spatial: float = Field(description="Rand-k-Spatial(avg), same vectors and seeds.")
+    estimate: float | None = Field(description="The server's estimator (null when it could "
+                                   "not be computed, e.g. an overflow).")
+    rand_k: float | None = Field(description="Rand-k on the same vectors and seeds (shadow).")
+    rand_k_spatial: float | None = Field(
+        description="Rand-k-Spatial(avg), same vectors and seeds.")
 
 
 class Round(BaseModel):
@@ -173,8 +176,13 @@ def from_round(view: RoundView) -> Round:
         decode_seconds=view.decode_seconds, c=view.c, beta=view.beta, r_hat=view.r_hat,
         r_prior=view.r_prior,
         squared_error=None if ev is None else SquaredErrors(
-            estimate=ev.estimate, rand_k=ev.rand_k, rand_k_spatial=ev.rand_k_spatial),
+            estimate=_finite(ev.estimate), rand_k=_finite(ev.rand_k),
+            rand_k_spatial=_finite(ev.rand_k_spatial)),
     )
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def from_config(cfg: dict[str, Any]) -> Config:

@@ -78,13 +78,13 @@ function renderCharts(st, rounds) {
 
   const mseSeries = [
     { key: "estimate", label: st.config.scheme, color: css("--s0"),
-      points: done.filter((r) => r.squared_error)
+      points: done.filter((r) => r.squared_error && r.squared_error.estimate != null)
         .map((r) => pt(r, r.squared_error.estimate, fmtNum(r.squared_error.estimate))) },
     { key: "rand_k", label: "rand-k", color: css("--s1"), dashed: true,
-      points: done.filter((r) => r.squared_error)
+      points: done.filter((r) => r.squared_error && r.squared_error.rand_k != null)
         .map((r) => pt(r, r.squared_error.rand_k, fmtNum(r.squared_error.rand_k))) },
     { key: "rand_k_spatial", label: "rand-k-spatial", color: css("--s2"), dashed: true,
-      points: done.filter((r) => r.squared_error)
+      points: done.filter((r) => r.squared_error && r.squared_error.rand_k_spatial != null)
         .map((r) => pt(r, r.squared_error.rand_k_spatial,
                        fmtNum(r.squared_error.rand_k_spatial))) },
   ];
