@@ -360,8 +360,10 @@ def main() -> int:
     p.add_argument("--round-timeout", type=float, default=2.0)
     p.add_argument("--think", type=float, default=1.0,
                    help="each client waits up to this long before submitting to a round")
-    p.add_argument("--recover", type=float, default=30.0,
-                   help="seconds the server has to accept work after a fault")
+    p.add_argument("--recover", type=float, default=20.0,
+                   help="seconds the server has to accept work after a fault (the longest "
+                   "fault, a 7 s lock, + a restart + the clients' 3 s backoff + --think is "
+                   "about 16 s; a wedge never recovers, so this only sets how soon it is seen)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--target", help=argparse.SUPPRESS)
