@@ -21,7 +21,7 @@ RUN useradd --system --uid 10001 --user-group --home-dir /data --shell /usr/sbin
 COPY --from=build /opt/venv /opt/venv
 COPY docker/healthcheck.py /usr/local/bin/rpsagg-healthcheck
 ENV PATH="/opt/venv/bin:$PATH" PYTHONUNBUFFERED=1 \
-    RPSAGG_HOST=0.0.0.0 RPSAGG_GRPC_PORT=50051 RPSAGG_HTTP_PORT=8000 \
+    RPSAGG_HOST=0.0.0.0 RPSAGG_HTTP_HOST=0.0.0.0 RPSAGG_GRPC_PORT=50051 RPSAGG_HTTP_PORT=8000 \
     RPSAGG_DB=/data/rpsagg.db RPSAGG_CACHE_DIR=/data/cache
 WORKDIR /data
 USER 10001:10001

@@ -77,6 +77,12 @@ def test_compose_defaults_are_the_demo(tmp_path: Path) -> None:
         "RPSAGG_ESTIMATOR": "rand-proj-spatial", "RPSAGG_TRANSFORM": "avg",
         "RPSAGG_TASK": "power-iteration", "RPSAGG_DATA": "fashion-mnist", "RPSAGG_EVAL": "true"}
     assert cfg["services"]["client"]["deploy"]["replicas"] == 10
+    # the unauthenticated dashboard listens on every address inside the container (the
+    # server's default is loopback only) and is published on the host's loopback only
+    assert env["RPSAGG_HTTP_HOST"] == "0.0.0.0"
+    ports = [str(p) for p in cfg["services"]["server"]["ports"]]  # HOST_IP:PORT:TARGET/tcp
+    assert [p for p in ports if p.split("/")[0].endswith(":8000")] == [
+        "127.0.0.1:8000:8000/tcp"], ports
     assert any(str(v).endswith(":/data:rw") or ":/data" in str(v)
                for v in cfg["services"]["server"]["volumes"])
     assert "rpsagg-data" in cfg["volumes"]

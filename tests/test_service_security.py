@@ -8,10 +8,14 @@ from pathlib import Path
 
 import grpc
 import pytest
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
 from service_util import Certs, base_config, in_process_server, make_certs
 
+from rpsagg.v1 import serde
 from rpsagg_client import AggregationClient
 from rpsagg_server.config import ServerConfig, load_config
+from rpsagg_server.http import create_app
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +100,58 @@ def test_kmeans_mode_reaches_the_task_parameters() -> None:
     assert load_config(["--insecure", "--kmeans-updates", "0"], env={}).params["updates"] == 0.0
     with pytest.raises(ValueError, match="--kmeans-updates must be 0 or 1; got 2"):
         load_config(["--insecure"], env={"RPSAGG_KMEANS_UPDATES": "2"})
+
+
+def _raw_join(target: str, ca: str, metadata: tuple[tuple[str, str], ...]) -> grpc.RpcError:
+    creds = grpc.ssl_channel_credentials(Path(ca).read_bytes())
+    with grpc.secure_channel(target, creds) as ch:
+        join = ch.unary_unary(serde.method_path("Join"),
+                              request_serializer=serde.serializer("Join"),
+                              response_deserializer=serde.deserializer("Join"))
+        with pytest.raises(grpc.RpcError) as info:
+            join(serde.JoinRequest("c9"), metadata=metadata, timeout=10)
+    return info.value
+
+
+def test_more_than_one_authorization_entry_is_unauthenticated(certs: tuple[Certs, str]) -> None:
+    c, tokens = certs
+    right, wrong = ("authorization", "Bearer shared-secret"), ("authorization", "Bearer wrong")
+    with in_process_server(_tls_cfg(c, tokens)) as srv:
+        target = f"localhost:{srv.port}"
+        # a wrong token then a right one (the last one used to win), the reverse, and the
+        # right one twice: each is refused before any token is looked at
+        for md in ((wrong, right), (right, wrong), (right, right)):
+            err = _raw_join(target, c.ca, md)
+            assert err.code() == grpc.StatusCode.UNAUTHENTICATED, md
+            assert "2 'authorization' metadata entries" in (err.details() or "")
+        assert srv.running.state.clients() == []
+        # the same channel set-up with exactly one entry joins (the refusals were the count)
+        creds = grpc.ssl_channel_credentials(Path(c.ca).read_bytes())
+        with grpc.secure_channel(target, creds) as ch:
+            join = ch.unary_unary(serde.method_path("Join"),
+                                  request_serializer=serde.serializer("Join"),
+                                  response_deserializer=serde.deserializer("Join"))
+            assert join(serde.JoinRequest("c9"), metadata=(right,), timeout=10).client_index == 0
+
+
+def test_status_shows_booleans_never_paths(certs: tuple[Certs, str], tmp_path: Path) -> None:
+    c, tokens = certs
+    db = str(tmp_path / "secret-place" / "job.db")
+    Path(db).parent.mkdir()
+    cfg = replace(_tls_cfg(c, tokens, mtls=True), db=db, port_file=str(tmp_path / "port"))
+    with in_process_server(cfg) as srv:
+        app = create_app(srv.running.state, CollectorRegistry())
+        with TestClient(app) as http:
+            res = http.get("/api/status")
+    assert res.status_code == 200
+    settings = res.json()["config"]["settings"]
+    assert {k: settings[k] for k in ("tls", "mtls", "tokens", "persistent_db")} == {
+        "tls": True, "mtls": True, "tokens": True, "persistent_db": True}
+    for path in (c.server_key, c.server_cert, c.ca, tokens, db, str(tmp_path / "port")):
+        assert path not in res.text
+    assert str(tmp_path) not in res.text and "secret-place" not in res.text
+    for key in ("tls_key", "tls_cert", "tls_client_ca", "db", "port_file"):
+        assert key not in settings
+    plain = base_config().public_dict()
+    assert (plain["tls"], plain["mtls"], plain["tokens"], plain["persistent_db"]) == (
+        False, False, False, False)

@@ -8,12 +8,13 @@ Precedence: command-line flag > environment variable ``RPSAGG_<FLAG>`` (``--roun
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from rpsagg import ESTIMATOR_NAMES
 from rpsagg.tasks import TASKS
@@ -26,6 +27,7 @@ class ServerConfig:
     grpc_port: int = 50051
     http_port: int = 8000
     host: str = "[::]"
+    http_host: str = "127.0.0.1,::1"
     n: int = 10
     k: int = 102
     d: int = 1024
@@ -70,10 +72,19 @@ class ServerConfig:
         if self.max_failed_rounds < 0:
             raise ValueError(f"--max-failed-rounds must be >= 0 (0: no limit); "
                              f"got {self.max_failed_rounds}")
-        if self.drain < 0:
-            raise ValueError(f"--drain must be >= 0; got {self.drain}")
-        if self.round_timeout <= 0:
-            raise ValueError(f"--round-timeout must be > 0; got {self.round_timeout}")
+        if not (math.isfinite(self.drain) and self.drain >= 0):
+            raise ValueError(f"--drain must be a finite number >= 0; got {self.drain}")
+        if not self.http_host.strip(","):
+            raise ValueError("--http-host needs at least one address")
+        for name in ("grpc_port", "http_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise ValueError(f"--{name.replace('_', '-')} must be in [0, 65535]; "
+                                 f"got {getattr(self, name)}")
+        if not (math.isfinite(self.round_timeout) and self.round_timeout > 0):
+            raise ValueError(f"--round-timeout must be a finite number > 0; "
+                             f"got {self.round_timeout}")
+        if math.isnan(self.linger):
+            raise ValueError("--linger must be a number of seconds; got nan")
         if not self.insecure:
             if not (self.tls_cert and self.tls_key):
                 raise ValueError(
@@ -98,15 +109,34 @@ class ServerConfig:
         return out
 
     def public_dict(self) -> dict[str, Any]:
-        """The configuration as a dict (paths included; token contents never are)."""
-        return asdict(self)
+        """The configuration as a dict for the unauthenticated dashboard: no file paths.
+
+        The paths of the TLS key and certificates, the token file, the database and the port
+        file are replaced by booleans: ``tls``, ``mtls``, ``tokens``, ``persistent_db``.
+        """
+        out = asdict(self)
+        for name in _PATHS:
+            del out[name]
+        out.update(tls=self.tls_cert is not None, mtls=self.tls_client_ca is not None,
+                   tokens=self.tokens is not None, persistent_db=self.db != ":memory:")
+        return out
+
+
+_PATHS = ("tls_cert", "tls_key", "tls_client_ca", "tokens", "db", "port_file")
 
 
 _BOOL = {"eval", "insecure"}
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad flags raise ``ValueError`` (one line on stderr, exit 2) instead of printing usage."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ValueError(message)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="rpsagg-server",
         description="Rand-Proj-Spatial aggregation server (gRPC). Every flag can also be set "
         "with RPSAGG_<FLAG> or in a TOML --config file.",
@@ -115,7 +145,9 @@ def _parser() -> argparse.ArgumentParser:
     helps = {
         "grpc_port": "gRPC port (0 = any free port)",
         "http_port": "dashboard HTTP port (0 disables it)",
-        "host": "address to bind",
+        "host": "gRPC address to bind ([::]: every address, IPv4 and IPv6)",
+        "http_host": "dashboard addresses, comma-separated (default loopback only: the "
+                     "dashboard has no authentication; 0.0.0.0 or :: publishes it)",
         "n": "number of clients",
         "k": "floats per client per vector",
         "d": "vector length",
@@ -164,10 +196,16 @@ def _coerce(name: str, value: Any) -> Any:
         if isinstance(value, str):
             return value.strip().lower() in ("1", "true", "yes", "on")
         return bool(value)
-    if t.startswith("int"):
-        return int(value)
-    if t.startswith("float"):
-        return float(value)
+    try:
+        if t.startswith("int"):
+            return int(value)
+        if t.startswith("float"):
+            return float(value)
+    except (TypeError, ValueError):
+        kind = "an integer" if t.startswith("int") else "a number"
+        flag = name.replace("_", "-")
+        raise ValueError(f"--{flag} (RPSAGG_{name.upper()} or config key {flag}) must be "
+                         f"{kind}; got {value!r}") from None
     return None if value is None else str(value)
 
 

@@ -8,6 +8,7 @@ and with what Rand-k and Rand-k-Spatial(avg) would have given on the same vector
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from rpsagg import CorrelationTracker, Encoded, Estimator, make_estimator
 from rpsagg._spec import derive_round_seed
 from rpsagg.v1.serde import Submission
 
+log = logging.getLogger("rpsagg.server")
 FloatArray = NDArray[np.float64]
 R_HAT_SCHEMES = ("rand-proj-spatial", "rand-k", "rand-k-spatial")
 
@@ -125,13 +127,42 @@ def decode_round(
 
                     r_hat = estimate_correlation(batch)
     estimate = np.stack(rows)
-    errors = None
-    if evaluate:
+    errors = evaluation_errors(estimate, subs, nonce, n, k, d) if evaluate else None
+    return DecodeOutcome(estimate, len(subs), beta, c, time.perf_counter() - start, r_hat, errors)
+
+
+def evaluation_errors(
+    estimate: FloatArray, subs: Sequence[Submission], nonce: int, n: int, k: int, d: int
+) -> tuple[float, float, float, float]:
+    """Squared errors of the estimate, Rand-k and Rand-k-Spatial(avg) against the references,
+    and ``||x_bar||^2`` (what the relative errors divide by).
+
+    Best-effort: each is NaN when it cannot be computed (an overflow, a shadow decode that
+    refuses its input); evaluation never fails the round or touches its estimate.
+    """
+    m = estimate.shape[0]
+    nan = math.nan
+    try:
         refs = np.stack([np.stack([v.reference for v in s.vectors]) for s in subs])  # type: ignore[misc]
-        truth = refs.mean(axis=0)
-        err = float(np.sum((estimate - truth) ** 2))
+        with np.errstate(over="ignore", invalid="ignore"):
+            truth = refs.mean(axis=0)
+            err = float(np.sum((estimate - truth) ** 2))
+    except (ValueError, TypeError, FloatingPointError, ArithmeticError):
+        log.warning("evaluation: squared error not computable", exc_info=True)
+        return nan, nan, nan, nan
+    try:
         seeds = [[derive_round_seed(s.client_seed, nonce, s.client_id, j) for j in range(m)]
                  for s in subs]
-        err_k, err_s = shadow_errors(refs, seeds, n, k, d)
-        errors = (err, err_k, err_s, float(np.sum(truth ** 2)))
-    return DecodeOutcome(estimate, len(subs), beta, c, time.perf_counter() - start, r_hat, errors)
+        with np.errstate(over="ignore", invalid="ignore"):
+            err_k, err_s = shadow_errors(refs, seeds, n, k, d)
+    except (ValueError, TypeError, FloatingPointError, ArithmeticError):
+        log.warning("evaluation: shadow errors not computable", exc_info=True)
+        err_k = err_s = nan
+    with np.errstate(over="ignore", invalid="ignore"):
+        truth_sq = float(np.sum(truth ** 2))
+    return (_finite_or_nan(err), _finite_or_nan(err_k), _finite_or_nan(err_s),
+            _finite_or_nan(truth_sq))
+
+
+def _finite_or_nan(x: float) -> float:
+    return x if math.isfinite(x) else math.nan

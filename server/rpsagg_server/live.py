@@ -81,6 +81,11 @@ def validate_submission(sub: Submission, cfg: ServerConfig, m: int) -> None:
                                f"expected d={cfg.d}")
             if not np.all(np.isfinite(v.reference)):
                 raise Rejected(bad, f"vectors[{j}].reference contains NaN or Inf")
+            with np.errstate(over="ignore"):
+                norm2 = float(np.add.reduce(np.square(v.reference)))  # no BLAS threads
+            if not math.isfinite(norm2):  # 1e200 is finite, its square is not
+                raise Rejected(bad, f"vectors[{j}].reference has a squared norm that overflows "
+                               "float64; the evaluation could not use it")
         elif v.reference is not None:
             raise Rejected(bad, f"vectors[{j}] carries a reference vector but the server is "
                            "not in evaluation mode")

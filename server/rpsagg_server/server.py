@@ -12,6 +12,8 @@ import contextlib
 import logging
 import os
 import signal
+import socket
+import sqlite3
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +30,15 @@ from rpsagg_server.config import ServerConfig, load_config
 from rpsagg_server.http import create_app
 from rpsagg_server.rounds import RoundEngine
 from rpsagg_server.servicer import AggregationServicer, TokenBook
+from rpsagg_server.startup import (
+    StartupError,
+    bind_http_sockets,
+    check_database,
+    check_tls,
+    check_tokens,
+    grpc_bind_error,
+    probe_grpc_address,
+)
 from rpsagg_server.state import ServerState
 from rpsagg_server.store import Store
 from rpsagg_server.taskeval import TaskMonitor
@@ -90,39 +101,63 @@ def _credentials(cfg: ServerConfig) -> grpc.ServerCredentials | None:
 async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
     """Build, recover and start a server; returns it and the bound gRPC port.
 
+    User errors (unreadable or mismatched TLS files, an unreadable token file, a corrupt or
+    foreign database, an address gRPC cannot listen on) raise :class:`StartupError` before
+    the job's state is touched; a database of a job with other settings raises ``ValueError``.
+
     Parameters
     ----------
     cfg : ServerConfig
         ``grpc_port=0`` binds any free port (tests).
     """
-    store = Store(cfg.db)
-    state = ServerState(cfg.public_dict())
-    engine = RoundEngine(cfg, store, state)
-    monitor = TaskMonitor(cfg, engine.task, state)
-    engine.done_hooks.append(monitor.on_round)
+    check_tls(cfg)
+    check_tokens(cfg)
+    check_database(cfg)
+    tokens = TokenBook.from_file(cfg.tokens) if cfg.tokens else None
+    creds = _credentials(cfg)
+    monitor: TaskMonitor | None = None
     try:
-        await engine.start()
+        store = Store(cfg.db)
+    except sqlite3.Error as exc:
+        raise StartupError(f"--db {cfg.db}: cannot open it ({exc})") from None
+    try:
+        state = ServerState(cfg.public_dict())
+        engine = RoundEngine(cfg, store, state)
+        monitor = TaskMonitor(cfg, engine.task, state)
+        engine.done_hooks.append(monitor.on_round)
+        limit = max_request_bytes(cfg, engine.m)
+        server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", 256 * 1024 * 1024),
+            ("grpc.so_reuseport", 0),  # a second server on the same port is an error
+        ])
+        server.add_generic_rpc_handlers((AggregationServicer(engine, tokens).generic_handler(),))
+        health = HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        address = f"{cfg.host}:{cfg.grpc_port}"
+        busy = probe_grpc_address(cfg.host, cfg.grpc_port)
+        if busy is not None:
+            raise busy
+        try:  # bind before recovery, so a port in use is reported before anything is logged
+            port = (server.add_secure_port(address, creds) if creds is not None
+                    else server.add_insecure_port(address))
+        except RuntimeError:
+            port = 0
+        if not port:
+            raise grpc_bind_error(cfg.host, cfg.grpc_port)
+        try:
+            await engine.start()
+        except sqlite3.Error as exc:  # e.g. a read-only file or directory
+            raise StartupError(f"--db {cfg.db}: {exc}") from None
     except BaseException:
-        monitor.close()
+        if monitor is not None:
+            monitor.close()
         store.close()
         raise
     for rid in sorted(engine.results):  # finished before a restart: measure them again
         res = engine.results[rid]
         if res.state == "done" and res.global_state is not None:
             engine._spawn(monitor.on_round(rid, res.global_state))
-    tokens = TokenBook.from_file(cfg.tokens) if cfg.tokens else None
-    limit = max_request_bytes(cfg, engine.m)
-    server = grpc.aio.server(options=[
-        ("grpc.max_receive_message_length", limit),
-        ("grpc.max_send_message_length", 256 * 1024 * 1024),
-    ])
-    server.add_generic_rpc_handlers((AggregationServicer(engine, tokens).generic_handler(),))
-    health = HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    address = f"{cfg.host}:{cfg.grpc_port}"
-    creds = _credentials(cfg)
-    port = (server.add_secure_port(address, creds) if creds is not None
-            else server.add_insecure_port(address))
     await server.start()
     for name in ("", serde.SERVICE):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -133,6 +168,17 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
     state._add_check("grpc", lambda: running.serving)
     state._add_check("beta", engine.beta.ready.is_set)
     return running, port
+
+
+def start_http(app: Any, sockets: list[socket.socket]) -> tuple[Any, asyncio.Future[None]]:
+    """Serve an ASGI app with uvicorn on already-bound ``sockets`` (on the running loop).
+
+    Returns the ``uvicorn.Server`` (set ``should_exit`` to stop it) and its task.
+    """
+    import uvicorn  # optional: the dashboard's dependency
+
+    uv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    return uv, asyncio.ensure_future(uv.serve(sockets=sockets))
 
 
 async def serve(
@@ -149,28 +195,36 @@ async def serve(
     in flight get :data:`STOP_GRACE` seconds.
 
     ``http_app_factory(state)`` returns an ASGI app served by uvicorn on ``cfg.http_port``
-    on the same event loop (the dashboard).
+    at every address of ``cfg.http_host`` (default 127.0.0.1 and ::1), on the same event
+    loop (the dashboard). Its sockets are bound first, so a port in use is a start-up error.
     """
-    running, _ = await create_server(cfg)
+    socks: list[socket.socket] = []
+    if http_app_factory is not None and cfg.http_port:
+        socks = bind_http_sockets(cfg.http_host, cfg.http_port)
+    try:
+        running, _ = await create_server(cfg)
+    except BaseException:
+        for s in socks:
+            s.close()
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     http_task = None
-    if http_app_factory is not None and cfg.http_port:
-        import uvicorn  # optional: the dashboard's dependency
-
-        app = http_app_factory(running.state)
-        uv = uvicorn.Server(uvicorn.Config(app, host=cfg.host.strip("[]"), port=cfg.http_port,
-                                           log_level="warning", lifespan="on"))
-        http_task = asyncio.ensure_future(uv.serve())
+    if socks and http_app_factory is not None:
+        uv, http_task = start_http(http_app_factory(running.state), socks)
         # the port file (and ``ready``) mean "serving": the dashboard must answer by then
         end = loop.time() + 30.0
         while not uv.started and not http_task.done() and loop.time() < end:
             await asyncio.sleep(0.01)
         if not uv.started:
-            log.warning("[Server] the dashboard did not start on port %d", cfg.http_port)
+            log.warning("[Server] the dashboard did not start on %s", ", ".join(
+                _url(s.getsockname()) for s in socks))
+        else:
+            log.info("[Server] dashboard on %s", ", ".join(
+                _url(s.getsockname()) for s in socks))
     if cfg.port_file:
         tmp = Path(cfg.port_file + ".tmp")
         tmp.write_text(f"{running.port}\n")
@@ -205,8 +259,15 @@ async def serve(
                 await asyncio.wait_for(http_task, 5.0)
             except (TimeoutError, asyncio.CancelledError):
                 http_task.cancel()
+        for s in socks:
+            s.close()
         log.info("[Server] stopping")
         await running.stop()
+
+
+def _url(addr: tuple[Any, ...]) -> str:
+    host = str(addr[0])
+    return f"http://[{host}]:{addr[1]}" if ":" in host else f"http://{host}:{addr[1]}"
 
 
 def configure_logging() -> None:
@@ -227,19 +288,22 @@ def dashboard_factory() -> HttpAppFactory | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``rpsagg-server``."""
-    configure_logging()
+    """Entry point of ``rpsagg-server``: a user error is one line on stderr and exit 2."""
     try:
         cfg = load_config(argv)
     except (ValueError, OSError) as exc:
-        print(f"rpsagg-server: {exc}", file=sys.stderr)
-        return 2
+        return _user_error(exc)
+    configure_logging()
     try:
         asyncio.run(serve(cfg, http_app_factory=create_app))
-    except ValueError as exc:
-        print(f"rpsagg-server: {exc}", file=sys.stderr)
-        return 2
+    except (StartupError, ValueError) as exc:
+        return _user_error(exc)
     return 0
+
+
+def _user_error(exc: BaseException) -> int:
+    print(f"rpsagg-server: {exc}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

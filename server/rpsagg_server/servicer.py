@@ -90,8 +90,11 @@ class AggregationServicer:
     def _authenticate(self, context: Any, client_id: str | None) -> None:
         if self.tokens is None:
             return
-        md = dict(context.invocation_metadata() or ())
-        header = md.get("authorization", "")
+        headers = [v for k, v in (context.invocation_metadata() or ()) if k == "authorization"]
+        if len(headers) > 1:  # never let "the last one wins" pick among several tokens
+            raise Rejected("UNAUTHENTICATED",
+                           f"{len(headers)} 'authorization' metadata entries; send exactly one")
+        header = headers[0] if headers else ""
         if not isinstance(header, str) or not header.startswith("Bearer ") or not header[7:]:
             raise Rejected("UNAUTHENTICATED",
                            "missing token: send metadata 'authorization: Bearer <token>'")

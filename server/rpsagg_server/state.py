@@ -9,7 +9,7 @@ that loop: ``rpsagg_server.server.serve(config, http_app_factory=create_app)`` c
 Read API (all methods are cheap, synchronous, and return frozen snapshots):
 
 - :meth:`ServerState.config` -- the server's :class:`~rpsagg_server.config.ServerConfig`
-  as a plain dict (TLS key paths included, never tokens).
+  as a plain dict, without file paths (booleans tls, mtls, tokens, persistent_db instead).
 - :meth:`ServerState.uptime_seconds`, :attr:`ServerState.started_at` (unix seconds).
 - :meth:`ServerState.current_round` -- :class:`RoundView` of the open/collecting/decoding
   round, or None (before the first round and after the job is done).

@@ -299,7 +299,7 @@ def _enc_submit(s: Submission) -> bytes:
 def _dec_submit(raw: bytes) -> Submission:
     m = _parse(pb.SubmitRequest, raw, "SubmitRequest")
     vectors = []
-    ref_bytes = 0
+    has_refs = False
     for j, v in enumerate(m.vectors):
         values = _unpack(v.values_f32, "<f4", f"vectors[{j}].values_f32").astype(np.float32)
         indices = None
@@ -310,12 +310,18 @@ def _dec_submit(raw: bytes) -> Submission:
             reference = _unpack(v.reference_f64, "<f8", f"vectors[{j}].reference_f64").astype(
                 np.float64
             )
-            ref_bytes += len(v.reference_f64) + 8  # field tag and length prefix, roughly
+            has_refs = True
         vectors.append(VectorPayload(values, indices, reference))
     canonical = m.SerializeToString(deterministic=True)
+    wire = len(raw)
+    if has_refs:  # exactly what the references added: their fields and the longer prefixes
+        with_refs = m.ByteSize()
+        for v in m.vectors:
+            v.ClearField("reference_f64")
+        wire -= with_refs - m.ByteSize()
     return Submission(
         m.round_id, m.client_id, m.client_seed, tuple(vectors),
-        hashlib.sha256(canonical).digest(), max(0, len(raw) - ref_bytes),
+        hashlib.sha256(canonical).digest(), wire,
     )
 
 

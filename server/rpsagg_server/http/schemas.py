@@ -6,6 +6,7 @@ functions build them, so the routes stay one-liners.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -48,9 +49,11 @@ class RoundBytes(BaseModel):
 class SquaredErrors(BaseModel):
     """Evaluation mode: ``||x_hat - x_bar||^2`` summed over the round's m vectors."""
 
-    estimate: float = Field(description="The server's estimator.")
-    rand_k: float = Field(description="Rand-k on the same vectors and seeds (shadow).")
-    rand_k_spatial: float = Field(description="Rand-k-Spatial(avg), same vectors and seeds.")
+    estimate: float | None = Field(description="The server's estimator (null when it could "
+                                   "not be computed, e.g. an overflow).")
+    rand_k: float | None = Field(description="Rand-k on the same vectors and seeds (shadow).")
+    rand_k_spatial: float | None = Field(
+        description="Rand-k-Spatial(avg), same vectors and seeds.")
     truth_sq_norm: float | None = Field(
         description="||x_bar||^2 summed over m: what the relative errors divide by.")
 
@@ -58,9 +61,10 @@ class SquaredErrors(BaseModel):
 class RelativeErrors(BaseModel):
     """Evaluation mode: ``||x_hat - x_bar||^2 / ||x_bar||^2`` (sums over the m vectors)."""
 
-    estimate: float = Field(description="The server's estimator.")
-    rand_k: float = Field(description="Rand-k on the same vectors and seeds.")
-    rand_k_spatial: float = Field(description="Rand-k-Spatial(avg), same vectors and seeds.")
+    estimate: float | None = Field(description="The server's estimator.")
+    rand_k: float | None = Field(description="Rand-k on the same vectors and seeds.")
+    rand_k_spatial: float | None = Field(
+        description="Rand-k-Spatial(avg), same vectors and seeds.")
 
 
 class Arrival(BaseModel):
@@ -249,10 +253,11 @@ def from_round(view: RoundView, task: TaskMetrics | None = None) -> Round:
         decode_seconds=view.decode_seconds, c=view.c, beta=view.beta, r_hat=view.r_hat,
         r_prior=view.r_prior,
         squared_error=None if ev is None else SquaredErrors(
-            estimate=ev.estimate, rand_k=ev.rand_k, rand_k_spatial=ev.rand_k_spatial,
-            truth_sq_norm=ev.truth_sq_norm),
+            estimate=_finite(ev.estimate), rand_k=_finite(ev.rand_k),
+            rand_k_spatial=_finite(ev.rand_k_spatial),
+            truth_sq_norm=None if ev.truth_sq_norm is None else _finite(ev.truth_sq_norm)),
         relative_error=None if rel is None else RelativeErrors(
-            estimate=rel[0], rand_k=rel[1], rand_k_spatial=rel[2]),
+            estimate=_finite(rel[0]), rand_k=_finite(rel[1]), rand_k_spatial=_finite(rel[2])),
         arrivals=[Arrival(client_id=a.client_id, received_at=a.received_at,
                           wire_bytes=a.wire_bytes, payload_bytes=a.payload_bytes)
                   for a in view.arrivals],
@@ -260,6 +265,10 @@ def from_round(view: RoundView, task: TaskMetrics | None = None) -> Round:
             name=task.name, value=task.value, optimum=task.optimum,
             eigenvector_distance=task.eigenvector_distance),
     )
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def from_config(cfg: dict[str, Any]) -> Config:

@@ -90,7 +90,8 @@ function errorSeries(st, done, field) {
   const has = done.filter((r) => r[field]);
   const one = (key, label, color, dashed) => ({
     key, label, color, dashed,
-    points: has.map((r) => pt(r, r[field][key], fmtNum(r[field][key]))),
+    points: has.filter((r) => r[field][key] != null)  // null: not computable
+      .map((r) => pt(r, r[field][key], fmtNum(r[field][key]))),
   });
   return [
     one("estimate", st.config.scheme, css("--s0"), false),

@@ -1,0 +1,110 @@
+"""``wire_bytes`` is the serialized SubmitRequest without its references, in every mode.
+
+Checked three ways: against protobuf's own serialization of the request with the reference
+fields cleared, against the formula in docs/protocol.md ("What a submission costs"), and
+end to end through a server, whose round results report the sum over the round.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from service_util import base_config, in_process_server
+
+from rpsagg.v1 import aggregation_pb2 as pb
+from rpsagg.v1 import serde
+from rpsagg.v1.serde import Submission, VectorPayload
+from rpsagg_client import AggregationClient
+
+
+def varint_len(x: int) -> int:
+    """Bytes of a protobuf varint."""
+    n = 1
+    while x >= 128:
+        x >>= 7
+        n += 1
+    return n
+
+
+def field_len(payload: int) -> int:
+    """A length-delimited field with a one-byte tag: tag + varint(length) + payload."""
+    return 1 + varint_len(payload) + payload
+
+
+def documented_wire_bytes(round_id: int, client_id: str, values: list[int],
+                          indices: list[int]) -> int:
+    """docs/protocol.md's formula (round_id >= 1 and client_seed != 0, so both are sent)."""
+    total = 1 + varint_len(round_id) + field_len(len(client_id.encode())) + 9
+    for count, idx in zip(values, indices, strict=True):
+        inner = field_len(4 * count) + (field_len(4 * idx) if idx else 0)
+        total += field_len(inner)
+    return total
+
+
+def without_references(raw: bytes) -> bytes:
+    msg = pb.SubmitRequest.FromString(raw)
+    for v in msg.vectors:
+        v.ClearField("reference_f64")
+    return bytes(msg.SerializeToString(deterministic=True))
+
+
+def make_submission(rng: np.random.Generator, round_id: int, client_id: str, m: int, k: int,
+                    d: int, with_indices: bool, with_refs: bool) -> Submission:
+    vectors = tuple(
+        VectorPayload(rng.normal(size=k).astype(np.float32),
+                      rng.integers(0, d, size=k) if with_indices else None,
+                      rng.normal(size=d) if with_refs else None)
+        for _ in range(m))
+    return Submission(round_id, client_id, int(rng.integers(1, 2**63)), vectors)
+
+
+@pytest.mark.parametrize("with_refs", [False, True], ids=["plain", "eval"])
+@pytest.mark.parametrize("with_indices", [False, True], ids=["values", "indices"])
+@pytest.mark.parametrize(("m", "k", "d"), [(1, 8, 16), (1, 102, 1024), (3, 31, 128),
+                                           (1, 128, 4096), (2, 1, 2048), (1, 4000, 16384)])
+def test_wire_bytes_is_the_request_without_references(m: int, k: int, d: int,
+                                                      with_indices: bool,
+                                                      with_refs: bool) -> None:
+    # the sizes cross the varint boundaries of the vector and reference length prefixes
+    # (127/128 and 16383/16384 bytes) with and without the references
+    rng = np.random.default_rng(m * 100_003 + k * 1009 + d)
+    for round_id, client_id in ((1, "c"), (300, "client-3"), (2**40, "x" * 128)):
+        sub = make_submission(rng, round_id, client_id, m, k, d, with_indices, with_refs)
+        raw = serde.serializer("Submit")(sub)
+        got = serde.parse_request("Submit", raw).wire_bytes
+        bare = without_references(raw)
+        assert got == len(bare)
+        assert got == documented_wire_bytes(round_id, client_id, [k] * m,
+                                            [k if with_indices else 0] * m)
+        if with_refs:  # the references are excluded, whatever they added
+            assert len(raw) > got + 8 * d * m
+        else:
+            assert got == len(raw)
+
+
+@pytest.mark.parametrize("eval_mode", [False, True], ids=["plain", "eval"])
+def test_round_wire_bytes_reported_by_the_server(eval_mode: bool) -> None:
+    n, k, d = 2, 8, 128
+    cfg = base_config(n=n, k=k, d=d, rounds=1, eval=eval_mode)
+    rng = np.random.default_rng(11)
+    with in_process_server(cfg) as srv:
+        clients = [AggregationClient(f"127.0.0.1:{srv.port}", f"client-{i}", insecure=True,
+                                     timeout=30.0) for i in range(n)]
+        try:
+            for c in clients:
+                c.join()
+            rnd = clients[0].current_round()
+            expected = 0
+            for c in clients:
+                sub = c.encode(rnd, rng.normal(size=(rnd.m, d)))
+                raw = serde.serializer("Submit")(sub)
+                expected += len(without_references(raw))
+                c.submit_encoded(sub)
+            res = clients[0].result(rnd.round_id, wait=True)
+        finally:
+            for c in clients:
+                c.close()
+    assert res.state == "done"
+    # the same count whether the references rode along or not: 4k + 20 + len(id) + 2 here
+    assert res.wire_bytes == expected == n * documented_wire_bytes(
+        rnd.round_id, "client-0", [k], [0])
