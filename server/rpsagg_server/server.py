@@ -154,7 +154,9 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
             monitor.close()
         store.close()
         raise
-    for rid in sorted(engine.results):  # finished before a restart: measure them again
+    # where the task starts (round 0), then rounds finished before a restart, again
+    engine._spawn(monitor.on_round(0, engine.task.initial_state(cfg.seed)))
+    for rid in sorted(engine.results):
         res = engine.results[rid]
         if res.state == "done" and res.global_state is not None:
             engine._spawn(monitor.on_round(rid, res.global_state))

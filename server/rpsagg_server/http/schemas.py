@@ -216,6 +216,9 @@ class Status(BaseModel):
     task_metrics_note: str = Field(
         description="Why rounds carry no task_progress (empty when the server measures "
         "the task).")
+    task_start: TaskProgress | None = Field(
+        default=None, description="The task measured on its starting state, before round 1 "
+        "(evaluation mode, where the server measures the task): where the progress starts.")
     uptime_seconds: float
     started_at: float
     versions: Versions
@@ -232,6 +235,12 @@ class Readiness(BaseModel):
 
     ready: bool
     checks: dict[str, bool]
+
+
+def from_task(task: TaskMetrics) -> TaskProgress:
+    """The API model of :class:`~rpsagg_server.state.TaskMetrics`."""
+    return TaskProgress(name=task.name, value=task.value, optimum=task.optimum,
+                        eigenvector_distance=task.eigenvector_distance)
 
 
 def from_round(view: RoundView, task: TaskMetrics | None = None) -> Round:
@@ -261,9 +270,7 @@ def from_round(view: RoundView, task: TaskMetrics | None = None) -> Round:
         arrivals=[Arrival(client_id=a.client_id, received_at=a.received_at,
                           wire_bytes=a.wire_bytes, payload_bytes=a.payload_bytes)
                   for a in view.arrivals],
-        task_progress=None if task is None else TaskProgress(
-            name=task.name, value=task.value, optimum=task.optimum,
-            eigenvector_distance=task.eigenvector_distance),
+        task_progress=None if task is None else from_task(task),
     )
 
 
