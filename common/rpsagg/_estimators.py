@@ -104,7 +104,15 @@ class Estimator(ABC):
         if self._mixes_all_inputs and not np.all(np.isfinite(values)):
             check_vector(vec, self.d)  # raises the usual message for NaN/Inf in x
             raise ValueError("x is too large: its transform overflows float64")
-        return Encoded(self.name, seed, self.k, self.d, values.astype(np.float32), indices)
+        with np.errstate(over="ignore"):
+            sent = values.astype(np.float32)
+        if not np.all(np.isfinite(sent)):  # docs/wire-format.md section 7: never send +-inf
+            worst = float(np.max(np.abs(values)))
+            raise ValueError(
+                f"x is too large: a value to send is {worst:.6g}, beyond binary32's largest "
+                f"finite value {float(np.finfo(np.float32).max):.8g}; scale x down"
+            )
+        return Encoded(self.name, seed, self.k, self.d, sent, indices)
 
     def decode(self, encoded: Sequence[Encoded]) -> FloatArray:
         """Unbiased estimate of the mean of the vectors behind ``encoded``.
