@@ -78,11 +78,11 @@ def test_decode_errors(name: str) -> None:
         e.decode([msgs[0], est(name, k=3).encode(x, 9)])
     with pytest.raises(ValueError, match="mixed k/d"):
         e.decode([msgs[0], est(name, d=19).encode(x[:19], 9)])
-    bad = rpsagg.Encoded(name, 9, 4, 20, np.r_[msgs[0].values[:-1], np.nan], msgs[0].indices)
+    bad = rpsagg.Encoded(e.name, 9, 4, 20, np.r_[msgs[0].values[:-1], np.nan], msgs[0].indices)
     with pytest.raises(ValueError, match="non-finite"):
         e.decode([msgs[1], bad])
     if e.values_per_message is not None:
-        short = rpsagg.Encoded(name, 9, 4, 20, msgs[0].values[:-1], None)
+        short = rpsagg.Encoded(e.name, 9, 4, 20, msgs[0].values[:-1], None)
         with pytest.raises(ValueError, match="values; expected"):
             e.decode([short])
     with pytest.raises(ValueError, match="n_prime must be in"):

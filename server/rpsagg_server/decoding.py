@@ -21,7 +21,7 @@ from rpsagg._spec import derive_round_seed
 from rpsagg.v1.serde import Submission
 
 FloatArray = NDArray[np.float64]
-R_HAT_SCHEMES = ("rand-proj-spatial", "rand-k", "rand-k-spatial")
+R_HAT_SCHEMES = ("rand-proj-spatial", "rand-proj-spatial:dct", "rand-k", "rand-k-spatial")
 
 
 @dataclass(frozen=True)
