@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from rpsagg import CorrelationTracker, Estimator, make_estimator
+from rpsagg import CorrelationTracker, Estimator, make_estimator, round_encoding
 from rpsagg.tasks import Task, make_task
 from rpsagg.v1 import serde
 from rpsagg.v1.serde import (
@@ -39,7 +39,7 @@ from rpsagg.v1.serde import (
 )
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.decoding import DecodeOutcome, decode_round
-from rpsagg_server.live import LiveRound, Rejected, validate_submission
+from rpsagg_server.live import LiveRound, Rejected, check_submission_spec, validate_submission
 from rpsagg_server.state import ClientView, JobView, ServerState
 from rpsagg_server.store import (
     Store,
@@ -74,6 +74,9 @@ class RoundEngine:
         self.m = self.task.m
         self.tracker = CorrelationTracker() if config.transform == "auto" else None
         self._base = self._make_estimator(None)
+        #: (spec_version, projection, block_size) every round announces: what clients need
+        #: to encode (the projection follows from d; the prior of auto does not change it).
+        self.encoding = round_encoding(self._base)
         self.clients: dict[str, int] = {}
         self._joining: dict[str, asyncio.Future[int]] = {}
         self.current: LiveRound | None = None
@@ -201,12 +204,13 @@ class RoundEngine:
         c = self.cfg
         if live is None:
             return RoundInfo(0, 0, c.estimator, c.n, c.k, c.d, "", c.task, self.m, None,
-                             "unspecified", 0, c.eval, self.job_done, self.steps_done)
+                             "unspecified", 0, c.eval, self.job_done, self.steps_done,
+                             *self.encoding)
         return RoundInfo(
             live.round_id, live.nonce, c.estimator, c.n, c.k, c.d, live.transform, c.task,
             self.m, live.global_state, live.state,
             0 if live.deadline is None else int(live.deadline * 1000), c.eval, False,
-            live.task_step,
+            live.task_step, *self.encoding,
         )
 
     async def _open_round(self, global_state: np.ndarray, round_id: int) -> None:
@@ -255,6 +259,7 @@ class RoundEngine:
             await asyncio.shield(fut)
             self.state._emit("submission", "duplicate")
             return SubmitReply(live.round_id, len(live.subs), True)
+        check_submission_spec(sub, self.encoding[0], self.encoding[1])
         validate_submission(sub, self.cfg, self.m)
         fut = asyncio.get_running_loop().create_future()
         live.pending[sub.client_id] = (sub.digest, fut)

@@ -62,7 +62,7 @@ class Tensor(_message.Message):
     def __init__(self, shape: _Optional[_Iterable[int]] = ..., float64_le: _Optional[bytes] = ...) -> None: ...
 
 class RoundInfo(_message.Message):
-    __slots__ = ("round_id", "nonce", "scheme", "n", "k", "d", "transform", "task", "m", "global_state", "state", "deadline_unix_ms", "eval", "job_done", "task_step")
+    __slots__ = ("round_id", "nonce", "scheme", "n", "k", "d", "transform", "task", "m", "global_state", "state", "deadline_unix_ms", "eval", "job_done", "task_step", "spec_version", "projection", "block_size")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
     SCHEME_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,9 @@ class RoundInfo(_message.Message):
     EVAL_FIELD_NUMBER: _ClassVar[int]
     JOB_DONE_FIELD_NUMBER: _ClassVar[int]
     TASK_STEP_FIELD_NUMBER: _ClassVar[int]
+    SPEC_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROJECTION_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     nonce: int
     scheme: str
@@ -93,7 +96,10 @@ class RoundInfo(_message.Message):
     eval: bool
     job_done: bool
     task_step: int
-    def __init__(self, round_id: _Optional[int] = ..., nonce: _Optional[int] = ..., scheme: _Optional[str] = ..., n: _Optional[int] = ..., k: _Optional[int] = ..., d: _Optional[int] = ..., transform: _Optional[str] = ..., task: _Optional[str] = ..., m: _Optional[int] = ..., global_state: _Optional[_Union[Tensor, _Mapping]] = ..., state: _Optional[_Union[RoundState, str]] = ..., deadline_unix_ms: _Optional[int] = ..., eval: _Optional[bool] = ..., job_done: _Optional[bool] = ..., task_step: _Optional[int] = ...) -> None: ...
+    spec_version: str
+    projection: str
+    block_size: int
+    def __init__(self, round_id: _Optional[int] = ..., nonce: _Optional[int] = ..., scheme: _Optional[str] = ..., n: _Optional[int] = ..., k: _Optional[int] = ..., d: _Optional[int] = ..., transform: _Optional[str] = ..., task: _Optional[str] = ..., m: _Optional[int] = ..., global_state: _Optional[_Union[Tensor, _Mapping]] = ..., state: _Optional[_Union[RoundState, str]] = ..., deadline_unix_ms: _Optional[int] = ..., eval: _Optional[bool] = ..., job_done: _Optional[bool] = ..., task_step: _Optional[int] = ..., spec_version: _Optional[str] = ..., projection: _Optional[str] = ..., block_size: _Optional[int] = ...) -> None: ...
 
 class Vector(_message.Message):
     __slots__ = ("values_f32", "indices_i32", "reference_f64")
@@ -106,16 +112,18 @@ class Vector(_message.Message):
     def __init__(self, values_f32: _Optional[bytes] = ..., indices_i32: _Optional[bytes] = ..., reference_f64: _Optional[bytes] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("round_id", "client_id", "client_seed", "vectors")
+    __slots__ = ("round_id", "client_id", "client_seed", "vectors", "spec_version")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_SEED_FIELD_NUMBER: _ClassVar[int]
     VECTORS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_VERSION_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     client_id: str
     client_seed: int
     vectors: _containers.RepeatedCompositeFieldContainer[Vector]
-    def __init__(self, round_id: _Optional[int] = ..., client_id: _Optional[str] = ..., client_seed: _Optional[int] = ..., vectors: _Optional[_Iterable[_Union[Vector, _Mapping]]] = ...) -> None: ...
+    spec_version: str
+    def __init__(self, round_id: _Optional[int] = ..., client_id: _Optional[str] = ..., client_seed: _Optional[int] = ..., vectors: _Optional[_Iterable[_Union[Vector, _Mapping]]] = ..., spec_version: _Optional[str] = ...) -> None: ...
 
 class SubmitReply(_message.Message):
     __slots__ = ("round_id", "received", "duplicate")

@@ -77,6 +77,9 @@ class RoundInfo:
     eval: bool
     job_done: bool
     task_step: int
+    spec_version: str = ""
+    projection: str = ""
+    block_size: int = 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -104,6 +107,9 @@ class Submission:
         submissions (a retry).
     wire_bytes : int
         Size of the serialized request minus the eval references (communication cost).
+    spec_version : str
+        Wire format the vectors were encoded with, as sent; ``""`` (a client from before the
+        field) stands for ``rpsagg-seed-v1``.
     """
 
     round_id: int
@@ -112,6 +118,7 @@ class Submission:
     vectors: tuple[VectorPayload, ...]
     digest: bytes = b""
     wire_bytes: int = 0
+    spec_version: str = ""
 
     @property
     def payload_bytes(self) -> int:
@@ -253,7 +260,8 @@ def _enc_round(r: RoundInfo) -> bytes:
         round_id=r.round_id, nonce=r.nonce, scheme=r.scheme, n=r.n, k=r.k, d=r.d,
         transform=r.transform, task=r.task, m=r.m, global_state=_tensor(r.global_state),
         state=STATES.index(r.state), deadline_unix_ms=r.deadline_unix_ms, eval=r.eval,
-        job_done=r.job_done, task_step=r.task_step,
+        job_done=r.job_done, task_step=r.task_step, spec_version=r.spec_version,
+        projection=r.projection, block_size=r.block_size,
     )
     return bytes(msg.SerializeToString())
 
@@ -263,7 +271,7 @@ def _dec_round(raw: bytes) -> RoundInfo:
     return RoundInfo(
         m.round_id, m.nonce, m.scheme, m.n, m.k, m.d, m.transform, m.task, m.m,
         _from_tensor(m.global_state, "global_state"), STATES[m.state], m.deadline_unix_ms,
-        m.eval, m.job_done, m.task_step,
+        m.eval, m.job_done, m.task_step, m.spec_version, m.projection, m.block_size,
     )
 
 
@@ -277,7 +285,8 @@ def _submit_pb(s: Submission) -> pb.SubmitRequest:
             vec.reference_f64 = np.ascontiguousarray(v.reference, dtype="<f8").tobytes()
         vectors.append(vec)
     return pb.SubmitRequest(
-        round_id=s.round_id, client_id=s.client_id, client_seed=s.client_seed, vectors=vectors
+        round_id=s.round_id, client_id=s.client_id, client_seed=s.client_seed, vectors=vectors,
+        spec_version=s.spec_version,
     )
 
 
@@ -304,7 +313,7 @@ def _dec_submit(raw: bytes) -> Submission:
     canonical = m.SerializeToString(deterministic=True)
     return Submission(
         m.round_id, m.client_id, m.client_seed, tuple(vectors),
-        hashlib.sha256(canonical).digest(), max(0, len(raw) - ref_bytes),
+        hashlib.sha256(canonical).digest(), max(0, len(raw) - ref_bytes), m.spec_version,
     )
 
 
