@@ -245,3 +245,31 @@ def test_worked_example_of_the_document() -> None:
     assert sum(int(b) << j for j, b in enumerate(bits)) == 0xE590BEA4ADE76226
     y = dct_encode(np.array(golden_x(300)), 1, 9)
     np.testing.assert_allclose(y[:3], [0.4706747515, 0.7972705461, -4.787007518], atol=1e-9)
+
+
+@pytest.mark.parametrize("c", [0.6, 1.0])
+def test_beta_samples_agree_between_exact_and_hutchinson(
+    c: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # beta's Monte Carlo takes each sample from the exact spectrum of K while the DCT's Gram
+    # matrix is affordable, and from Hutchinson's estimator (matrix-free) beyond. For the
+    # same client seeds, Hutchinson's value is an unbiased estimate of the exact one, so the
+    # differences over S samples have mean 0; the test allows 4 standard errors of their
+    # mean (from their spread), and also requires them to be non-zero (two paths ran). A
+    # wrong Hutchinson formula (e.g. a (1 - c) factor lost) moves the mean by far more.
+    from rpsagg import _beta, _dct
+
+    n, k, d, samples = 4, 8, 60, 40
+    exact = [_beta.spectral_sample(n, k, d, c, s, "dct") for s in range(samples)]
+    monkeypatch.setattr(_dct, "EXACT_FLOPS_LIMIT", 0)
+    hutch = [_beta.spectral_sample(n, k, d, c, s, "dct") for s in range(samples)]
+    assert {m for _, m in exact} == {"mc-eig"} and {m for _, m in hutch} == {"mc-hutchinson"}
+    diff = np.array([h for h, _ in hutch]) - np.array([e for e, _ in exact])
+    if c == 1.0:
+        # max: the sample is rank(K) = nk = 32 (full rank, nk < d); Hutchinson's z^T P z
+        # with P = I on R^{nk} equals it up to LSQR's relative tolerance (1e-6)
+        assert all(e == n * k for e, _ in exact)
+        assert np.max(np.abs(diff)) <= 1e-6 * n * k
+        return
+    assert np.all(diff != 0.0)
+    assert abs(diff.mean()) <= 4 * diff.std(ddof=1) / math.sqrt(samples), diff.mean()

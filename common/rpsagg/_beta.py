@@ -152,7 +152,8 @@ def spectral_sample(
 
     op = joint_operator(projection, mc_seeds(sample, n), k, d_pad)
     nk = n * k
-    if nk <= EXACT_LIMIT:
+    # The randomized DCT's Gram matrix costs (nk)^2 d; where that is too much, Hutchinson.
+    if nk <= EXACT_LIMIT and getattr(op, "exact_affordable", lambda: True)():
         gram = op.gram()
         if c == 1.0 and nk <= d_pad:
             # full rank iff the Cholesky factorization succeeds and is well conditioned

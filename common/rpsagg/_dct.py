@@ -51,8 +51,9 @@ IntArray = NDArray[np.int64]
 
 DEFAULT_MEMORY_BUDGET = 256 * 1024 * 1024
 # The exact solver's Gram matrix costs about (nk)^2 d multiply-adds; above this many the
-# matrix-free solver is used instead (about 10 s of BLAS on one of these cores).
-EXACT_FLOPS_LIMIT = 2**34
+# matrix-free solver (and beta's Hutchinson estimator) is used instead: about 0.3 s of BLAS
+# here, paid once per decode and once per Monte Carlo sample of beta.
+EXACT_FLOPS_LIMIT = 2**31
 
 
 def dct_rows(seed: int, k: int, d: int) -> IntArray:
