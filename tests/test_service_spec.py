@@ -9,7 +9,10 @@ d = 100 (randomized DCT, needs v2) and d = 128 (SRHT, v1 suffices).
 
 from __future__ import annotations
 
+import json
+import sqlite3
 from dataclasses import replace
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -125,3 +128,44 @@ def test_client_reads_what_an_older_server_leaves_out() -> None:
             client.estimator_for(future)
     finally:
         client.close()
+
+
+def test_a_recovered_job_keeps_its_projection(tmp_path: Path) -> None:
+    # A job's stored submissions must be decoded with the projection they were encoded
+    # with. A fresh job at d = 100 records "dct"; a database from before the projection was
+    # recorded (simulated by deleting the record) held SRHT submissions, and a restarted
+    # server keeps announcing and decoding the SRHT for it.
+    db = tmp_path / "job.db"
+    cfg = base_config(n=N, k=K, d=100, rounds=3, db=str(db))
+    with in_process_server(cfg) as srv:
+        c = AggregationClient(f"127.0.0.1:{srv.port}", "c0", insecure=True, timeout=10,
+                              retry_budget=0)
+        try:
+            c.join()
+            assert c.current_round().projection == "dct"
+        finally:
+            c.close()
+    with sqlite3.connect(db) as conn:
+        stored = conn.execute("SELECT value FROM meta WHERE key = 'encoding'").fetchone()
+        assert json.loads(stored[0]) == ["rpsagg-seed-v2", "dct", 0]
+        conn.execute("DELETE FROM meta WHERE key = 'encoding'")
+    with in_process_server(cfg) as srv:
+        clients = [AggregationClient(f"127.0.0.1:{srv.port}", f"c{i}", insecure=True,
+                                     timeout=10, retry_budget=0) for i in range(N)]
+        try:
+            for cl in clients:
+                cl.join()
+            rnd = clients[0].current_round()
+            assert (rnd.spec_version, rnd.projection) == ("rpsagg-seed-v1", "srht")
+            xs = np.random.default_rng(3).standard_normal((N, 100))
+            subs = [cl.encode(rnd, x) for cl, x in zip(clients, xs, strict=True)]
+            assert clients[0].estimator_for(rnd).name == "rand-proj-spatial"
+            for cl, s in zip(clients, subs, strict=True):
+                cl.submit_encoded(s)
+            _decoded_like_the_library(clients, rnd, subs)
+        finally:
+            for cl in clients:
+                cl.close()
+    with sqlite3.connect(db) as conn:  # now recorded
+        stored = conn.execute("SELECT value FROM meta WHERE key = 'encoding'").fetchone()
+        assert json.loads(stored[0]) == ["rpsagg-seed-v1", "srht", 0]

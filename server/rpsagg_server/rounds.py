@@ -73,6 +73,9 @@ class RoundEngine:
         self.task: Task = make_task(config.task, config.d, config.params)
         self.m = self.task.m
         self.tracker = CorrelationTracker() if config.transform == "auto" else None
+        #: Rand-Proj-Spatial's projection: "auto" (by d) for a new job; a recovered job keeps
+        #: the one it was started with (its stored submissions were encoded with it).
+        self.projection = "auto"
         self._base = self._make_estimator(None)
         #: (spec_version, projection, block_size) every round announces: what clients need
         #: to encode (the projection follows from d; the prior of auto does not change it).
@@ -96,8 +99,35 @@ class RoundEngine:
         transform: str | float = c.transform
         if transform not in ("avg", "max", "one", "auto"):
             transform = float(transform)
+        projection = self.projection if c.estimator == "rand-proj-spatial" else "auto"
         return make_estimator(c.estimator, n=c.n, k=c.k, d=c.d, transform=transform,
-                              prior_r=prior if transform == "auto" else None)
+                              prior_r=prior if transform == "auto" else None,
+                              projection=projection)
+
+    def _recover_encoding(self, job_exists: bool) -> None:
+        """Keep the projection a job was started with; record it for a new job.
+
+        Stored submissions are decoded with the projection they were encoded with, so a
+        job recovered by a newer server keeps it even where the default has changed: a job
+        from before the projection was recorded (meta ``encoding`` absent) used the SRHT.
+        If recording it fails, start-up fails (nothing was announced to clients yet).
+        """
+        saved = self.store.get_meta("encoding")
+        if saved is not None:
+            projection = str(json.loads(saved)[1])
+        elif job_exists:
+            projection = "srht" if self.cfg.estimator == "rand-proj-spatial" else ""
+        else:
+            projection = self.encoding[1]
+        if projection and projection != self.encoding[1]:
+            log.warning("[Engine] job in %s was started with projection %r; keeping it "
+                        "(a new job with d=%d would use %r)", self.cfg.db, projection,
+                        self.cfg.d, self.encoding[1])
+            self.projection = projection
+            self._base = self._make_estimator(None)
+            self.encoding = round_encoding(self._base)
+        if saved is None:
+            self.store.write_sync([op_meta("encoding", json.dumps(list(self.encoding)))])
 
     def _transform_label(self, est: Estimator) -> str:
         tr = getattr(est, "transform", None)
@@ -116,6 +146,7 @@ class RoundEngine:
                     f"database {self.cfg.db} belongs to a job with other settings: {detail}")
         else:
             self.store.write_sync([op_meta("config", json.dumps(mine))])
+        self._recover_encoding(job_exists=saved is not None)
         for cid, idx, joined in self.store.clients():
             self.clients[cid] = idx
             self.state._put_client(ClientView(cid, idx, joined))
