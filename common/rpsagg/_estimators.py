@@ -349,15 +349,17 @@ class RandProjSpatial(Estimator, _SpatialMixin):
         return DecodeResult(beta * xt[: self.d], n_prime, beta, c, info, 0.0)
 
     def _beta(self, n_prime: int) -> float:
-        return self.beta_details(n_prime).beta
+        return self._beta_estimate(n_prime).beta
+
+    def _beta_estimate(self, n_prime: int) -> BetaEstimate:
+        c = self.transform.c_for(n_prime)
+        return rps_beta(n_prime, self.k, self.d_pad, c, projection=self.projection)
 
     def beta_details(self, n_prime: int | None = None) -> BetaEstimate:
         """The :class:`~rpsagg._beta.BetaEstimate` behind ``beta_for(n_prime)``."""
         n_prime = self.n if n_prime is None else n_prime
-        if not 1 <= n_prime <= self.n:
-            self.beta_for(n_prime)  # raises the usual message
-        c = self.transform.c_for(n_prime)
-        return rps_beta(n_prime, self.k, self.d_pad, c, projection=self.projection)
+        self.beta_for(n_prime)  # validates n_prime
+        return self._beta_estimate(n_prime)
 
     def __repr__(self) -> str:
         return (
