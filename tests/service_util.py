@@ -194,7 +194,7 @@ def check_rounds_against_inprocess(db: str, n: int, k: int, d: int, scheme: str)
             got = np.frombuffer(r.estimate, dtype="<f8").reshape(len(subs[0].vectors), d)
             est = make_estimator(scheme, n=n, k=k, d=d)
             for j in range(got.shape[0]):
-                want = est.decode(messages(subs, r.nonce, scheme, k, d, j))
+                want = est.decode(messages(subs, r.nonce, est.name, k, d, j))
                 assert np.max(np.abs(got[j] - want)) <= 1e-12, (r.round_id, j)
             checked += 1
         return checked

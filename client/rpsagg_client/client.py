@@ -31,7 +31,7 @@ import grpc
 import numpy as np
 from numpy.typing import ArrayLike
 
-from rpsagg import Estimator, make_estimator
+from rpsagg import SPEC_VERSION, SPEC_VERSIONS, Estimator, check_spec_version, make_estimator
 from rpsagg._spec import derive_round_seed
 from rpsagg.v1 import serde
 from rpsagg.v1.serde import (
@@ -134,7 +134,7 @@ class AggregationClient:
         self._watch = self._channel.unary_stream(
             serde.method_path("WatchRounds"), request_serializer=serde.serializer("WatchRounds"),
             response_deserializer=serde.deserializer("WatchRounds"), _registered_method=True)
-        self._estimators: dict[tuple[str, int, int, int], Estimator] = {}
+        self._estimators: dict[tuple[str, int, int, int, str, int], Estimator] = {}
 
     # -- plumbing --------------------------------------------------------------------------
     def _call(self, name: str, request: Any, timeout: float | None = None,
@@ -196,15 +196,38 @@ class AggregationClient:
             raise ValueError(f"round {rnd.round_id} expects vectors of shape ({rnd.m}, {rnd.d});"
                              f" got {xs.shape}")
         seed = secrets.randbits(64) if client_seed is None else client_seed
-        key = (rnd.scheme, rnd.n, rnd.k, rnd.d)
-        est = self._estimators.get(key)
-        if est is None:
-            est = self._estimators[key] = make_estimator(rnd.scheme, n=rnd.n, k=rnd.k, d=rnd.d)
+        est = self.estimator_for(rnd)
         payloads = []
         for j, x in enumerate(xs):
             enc = est.encode(x, derive_round_seed(seed, rnd.nonce, self.client_id, j))
             payloads.append(VectorPayload(enc.values, enc.indices, x if rnd.eval else None))
-        return Submission(rnd.round_id, self.client_id, seed, tuple(payloads))
+        return Submission(rnd.round_id, self.client_id, seed, tuple(payloads),
+                          spec_version=SPEC_VERSION)
+
+    def estimator_for(self, rnd: RoundInfo) -> Estimator:
+        """The encoder ``rnd`` announces (scheme, projection, block size, spec version).
+
+        A server from before these fields sends none: its Rand-Proj-Spatial is the SRHT of
+        ``rpsagg-seed-v1``. Raises ``ValueError`` when the round needs a wire format this
+        client does not speak.
+        """
+        if rnd.spec_version:
+            try:
+                check_spec_version(SPEC_VERSION, rnd.spec_version)
+            except ValueError:
+                raise ValueError(
+                    f"round {rnd.round_id} needs wire format {rnd.spec_version!r}; this "
+                    f"client speaks {', '.join(SPEC_VERSIONS)}"
+                ) from None
+        projection = rnd.projection or ("srht" if rnd.scheme == "rand-proj-spatial" else "auto")
+        key = (rnd.scheme, rnd.n, rnd.k, rnd.d, projection, rnd.block_size)
+        est = self._estimators.get(key)
+        if est is None:
+            est = self._estimators[key] = make_estimator(
+                rnd.scheme, n=rnd.n, k=rnd.k, d=rnd.d, projection=projection,
+                block_size=rnd.block_size or None,
+            )
+        return est
 
     def submit(self, rnd: RoundInfo, vectors: ArrayLike) -> SubmitReply:
         """Encode and submit; returns once the server has durably committed it."""

@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from rpsagg import CorrelationTracker, Estimator, make_estimator
+from rpsagg import CorrelationTracker, Estimator, make_estimator, round_encoding
 from rpsagg.tasks import Task, make_task
 from rpsagg.v1 import serde
 from rpsagg.v1.serde import (
@@ -49,7 +49,7 @@ from rpsagg.v1.serde import (
 from rpsagg_server.betawarm import BetaWarmup
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.decoding import DecodeOutcome, decode_round
-from rpsagg_server.live import LiveRound, Rejected, validate_submission
+from rpsagg_server.live import LiveRound, Rejected, check_submission_spec, validate_submission
 from rpsagg_server.state import ClientView, JobView, ServerState
 from rpsagg_server.store import (
     Store,
@@ -83,7 +83,13 @@ class RoundEngine:
         self.task: Task = make_task(config.task, config.d, config.params)
         self.m = self.task.m
         self.tracker = CorrelationTracker() if config.transform == "auto" else None
+        #: Rand-Proj-Spatial's projection: "auto" (by d) for a new job; a recovered job keeps
+        #: the one it was started with (its stored submissions were encoded with it).
+        self.projection = "auto"
         self._base = self._make_estimator(None)
+        #: (spec_version, projection, block_size) every round announces: what clients need
+        #: to encode (the projection follows from d; the prior of auto does not change it).
+        self.encoding = round_encoding(self._base)
         self.clients: dict[str, int] = {}
         self._joining: dict[str, asyncio.Future[int]] = {}
         self.current: LiveRound | None = None
@@ -112,8 +118,35 @@ class RoundEngine:
         transform: str | float = c.transform
         if transform not in ("avg", "max", "one", "auto"):
             transform = float(transform)
+        projection = self.projection if c.estimator == "rand-proj-spatial" else "auto"
         return make_estimator(c.estimator, n=c.n, k=c.k, d=c.d, transform=transform,
-                              prior_r=prior if transform == "auto" else None)
+                              prior_r=prior if transform == "auto" else None,
+                              projection=projection)
+
+    def _recover_encoding(self, job_exists: bool) -> None:
+        """Keep the projection a job was started with; record it for a new job.
+
+        Stored submissions are decoded with the projection they were encoded with, so a
+        job recovered by a newer server keeps it even where the default has changed: a job
+        from before the projection was recorded (meta ``encoding`` absent) used the SRHT.
+        If recording it fails, start-up fails (nothing was announced to clients yet).
+        """
+        saved = self.store.get_meta("encoding")
+        if saved is not None:
+            projection = str(json.loads(saved)[1])
+        elif job_exists:
+            projection = "srht" if self.cfg.estimator == "rand-proj-spatial" else ""
+        else:
+            projection = self.encoding[1]
+        if projection and projection != self.encoding[1]:
+            log.warning("[Engine] job in %s was started with projection %r; keeping it "
+                        "(a new job with d=%d would use %r)", self.cfg.db, projection,
+                        self.cfg.d, self.encoding[1])
+            self.projection = projection
+            self._base = self._make_estimator(None)
+            self.encoding = round_encoding(self._base)
+        if saved is None:
+            self.store.write_sync([op_meta("encoding", json.dumps(list(self.encoding)))])
 
     def _transform_label(self, est: Estimator) -> str:
         tr = getattr(est, "transform", None)
@@ -132,6 +165,7 @@ class RoundEngine:
                     f"database {self.cfg.db} belongs to a job with other settings: {detail}")
         else:
             self.store.write_sync([op_meta("config", json.dumps(mine))])
+        self._recover_encoding(job_exists=saved is not None)
         for cid, idx, joined in self.store.clients():
             self.clients[cid] = idx
             self.state._put_client(ClientView(cid, idx, joined))
@@ -233,12 +267,12 @@ class RoundEngine:
                 self._seen(client_id)
             return RoundInfo(0, 0, c.estimator, c.n, c.k, c.d, "", c.task, self.m, None,
                              "unspecified", 0, c.eval, self.job_done, self.steps_done,
-                             c.rounds, self.job_failure)
+                             c.rounds, self.job_failure, *self.encoding)
         return RoundInfo(
             live.round_id, live.nonce, c.estimator, c.n, c.k, c.d, live.transform, c.task,
             self.m, live.global_state, live.state,
             0 if live.deadline is None else int(live.deadline * 1000), c.eval, False,
-            live.task_step, c.rounds,
+            live.task_step, c.rounds, "", *self.encoding,
         )
 
     # -- the drained job end ---------------------------------------------------------------
@@ -310,6 +344,7 @@ class RoundEngine:
             await asyncio.shield(fut)
             self.state._emit("submission", "duplicate")
             return SubmitReply(live.round_id, len(live.subs), True)
+        check_submission_spec(sub, self.encoding[0], self.encoding[1])
         validate_submission(sub, self.cfg, self.m)
         fut = asyncio.get_running_loop().create_future()
         live.pending[sub.client_id] = (sub.digest, fut)

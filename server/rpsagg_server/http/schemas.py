@@ -195,7 +195,8 @@ class Beta(BaseModel):
 class Versions(BaseModel):
     """Versions of the specifications the server implements."""
 
-    seed_spec: str = Field(description="Seeded-SRHT derivation (clients must match).")
+    seed_spec: str = Field(description="Newest wire format (docs/wire-format.md) the server "
+                           "speaks; submissions may use it or an older one its rounds allow.")
     protocol: str = Field(description="gRPC protocol package.")
     rpsagg: str = Field(description="Library version.")
 
