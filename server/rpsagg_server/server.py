@@ -115,7 +115,7 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
     log.info("[Server] listening on %s:%d (%s), max request %d bytes", cfg.host, port,
              "TLS" if creds else "insecure", limit)
     running = RunningServer(server, engine, state, store, health, port)
-    state._add_check("database", lambda: store.get_meta("config") is not None)
+    state._add_check("database", store.writable)  # the last transaction (or heartbeat) committed
     state._add_check("grpc", lambda: running.serving)
     return running, port
 
