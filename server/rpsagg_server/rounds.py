@@ -268,8 +268,9 @@ class RoundEngine:
         )
 
     async def _open_round(self, global_state: np.ndarray, round_id: int) -> None:
+        """Open the first round of this process (start-up: a write error is fatal here)."""
         live = self._new_round(global_state, round_id)
-        await self._durable([op_round(live.stored())])
+        await self.store.write([op_round(live.stored())])
         self._install(live)
 
     def _new_round(self, global_state: np.ndarray, round_id: int) -> LiveRound:

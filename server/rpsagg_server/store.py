@@ -242,9 +242,12 @@ class Store:
             outcomes = [error] * len(batch)
         failed = all(e is not None for e in outcomes) and not isinstance(error, _PER_WRITE)
         self._note(error if failed else None)
+        by_loop: dict[Any, list[tuple[asyncio.Future[None], BaseException | None]]] = {}
         for (_, loop, fut), err in zip(batch, outcomes, strict=True):
-            loop.call_soon_threadsafe(_resolve, fut,
-                                      None if err is None else WriteError(describe(err)))
+            by_loop.setdefault(loop, []).append(
+                (fut, None if err is None else WriteError(describe(err))))
+        for loop, results in by_loop.items():  # one wake-up of the event loop per batch
+            loop.call_soon_threadsafe(_resolve_all, results)
 
     def enqueue(self, ops: list[_Op]) -> asyncio.Future[None]:
         """Queue ``ops`` for one atomic transaction; the future resolves once it is durable
@@ -330,6 +333,11 @@ class Store:
         )
         return [StoredSubmission(int(r[0]), r[1], int(r[2]), bytes(r[3]), bytes(r[4]),
                                  float(r[5])) for r in rows]
+
+
+def _resolve_all(results: list[tuple[asyncio.Future[None], BaseException | None]]) -> None:
+    for fut, error in results:
+        _resolve(fut, error)
 
 
 def _resolve(fut: asyncio.Future[None], error: BaseException | None) -> None:
