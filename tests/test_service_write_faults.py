@@ -32,6 +32,7 @@ from service_util import (
 )
 
 from rpsagg.synthetic import correlated_vectors
+from rpsagg.v1 import serde
 from rpsagg.v1.serde import Submission
 from rpsagg_client import AggregationClient
 
@@ -88,24 +89,40 @@ def _finish_and_check(srv: InProcessServer, clients: list[AggregationClient], db
 
 
 @pytest.mark.timeout(120)
-def test_cancelled_submit_is_committed_and_acknowledged_on_retry(tmp_path: Path) -> None:
-    """Item 1: the client's deadline (0.5 s) expires while its write waits 2 s for a lock
-    held by another connection; the write commits, so memory has it and the identical retry
-    is acknowledged as a duplicate (today: UNIQUE-constraint errors and a lost submission).
+@pytest.mark.parametrize("how", ["deadline", "cancel"])
+def test_cancelled_submit_is_committed_and_acknowledged_on_retry(tmp_path: Path,
+                                                                 how: str) -> None:
+    """Item 1: the caller goes away (its 0.5 s deadline expires, or it cancels the call once
+    the server has queued the write) while the write waits 2 s for a lock held by another
+    connection; the write commits, so memory has it and the identical retry is acknowledged
+    as a duplicate (today: UNIQUE-constraint errors and a submission the decode misses).
     """
     db = tmp_path / "cancel.db"
     with _job(db) as (srv, clients):
         rid, subs = _encode(clients, seed=1)
+        engine = srv.running.engine
         hasty = _hasty(srv, "c0", timeout=0.5)
+        hasty_channel = grpc.insecure_channel(f"127.0.0.1:{srv.port}")
         try:
             with write_lock(str(db)):
                 t0 = time.monotonic()
-                with pytest.raises(grpc.RpcError) as info:
-                    hasty.submit_encoded(subs["c0"])
-                assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                if how == "deadline":
+                    with pytest.raises(grpc.RpcError) as info:
+                        hasty.submit_encoded(subs["c0"])
+                    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                else:
+                    submit = hasty_channel.unary_unary(serde.method_path("Submit"),
+                                                       serde.serializer("Submit"),
+                                                       serde.deserializer("Submit"))
+                    call = submit.future(subs["c0"], timeout=30)
+                    wait_until(lambda: engine.current is not None
+                               and "c0" in engine.current.pending, 10, "c0's queued write")
+                    assert call.cancel()
+                assert "c0" in engine.current.pending  # still queued: the lock holds it
                 time.sleep(max(0.0, 2.0 - (time.monotonic() - t0)))  # the fault: a 2 s lock
         finally:
             hasty.close()
+            hasty_channel.close()
         # the queued write commits after the lock is released (busy timeout 5 s > 2 s)
         wait_until(lambda: "c0" in committed_clients(str(db), rid), 20, "c0's commit")
         again = clients[0].submit_encoded(subs["c0"])
