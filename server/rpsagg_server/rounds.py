@@ -294,10 +294,13 @@ class RoundEngine:
         log.info("[Engine] round %d open (step %d, transform %s)", live.round_id,
                  live.task_step, live.transform)
 
-    async def submit(self, sub: Submission, arrived: float | None = None) -> SubmitReply:
+    async def submit(self, sub: Submission, arrived: float | None = None,
+                     raw: bytes | None = None) -> SubmitReply:
         """Validate, commit durably, then acknowledge; closes the round when all n are in.
 
-        ``arrived`` is when the request reached the handler (unix seconds; now if None).
+        ``arrived`` is when the request reached the handler (unix seconds; now if None);
+        ``raw`` the request bytes ``sub`` was parsed from (stored as they are; re-encoded
+        when None).
         """
         arrived = time.time() if arrived is None else arrived
         self._last_arrival = asyncio.get_running_loop().time()
@@ -325,8 +328,9 @@ class RoundEngine:
             raise self._different(sub)
         validate_submission(sub, self.cfg, self.m)
         ops = [op_submission(StoredSubmission(live.round_id, sub.client_id, sub.client_seed,
-                                              sub.digest, serde.encode_submission(sub),
-                                              arrived))]
+                                              sub.digest,
+                                              serde.encode_submission(sub) if raw is None
+                                              else raw, arrived))]
         fut = self.store.enqueue(ops)
         live.pending[sub.client_id] = (sub.digest, fut)
         fut.add_done_callback(functools.partial(self._landed, live, sub, arrived))

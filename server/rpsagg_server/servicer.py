@@ -143,7 +143,7 @@ class AggregationServicer:
             self._authenticate(context, None)
             sub = self._parse("Submit", raw)
             self._authenticate(context, sub.client_id)
-            return await self.engine.submit(sub, arrived)
+            return await self.engine.submit(sub, arrived, raw)
         except Rejected as exc:
             self.engine.state._emit("submission", exc.code)
             await self._abort(context, "Submit", exc)

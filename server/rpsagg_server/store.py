@@ -62,7 +62,9 @@ class StoredRound:
 
 @dataclass(frozen=True)
 class StoredSubmission:
-    """A committed submission: the canonical request bytes and when they arrived."""
+    """A committed submission: its request bytes (as received; ``digest`` is the SHA-256 of
+    their canonical form) and when they arrived.
+    """
 
     round_id: int
     client_id: str
