@@ -195,14 +195,14 @@ class Store:
             return None
 
     def _note(self, error: BaseException | None) -> None:
-        ok = error is None
-        if ok != self._ok:
-            if ok:
-                log.warning("[Store] writes commit again")
-            else:
-                log.error("[Store] %s", describe(error))  # type: ignore[arg-type]
-        self._ok = ok
-        self.last_error = None if error is None else describe(error)
+        """Record the outcome of a transaction; log each change of state or of reason."""
+        reason = None if error is None else describe(error)
+        if error is None and not self._ok:
+            log.warning("[Store] writes commit again")
+        elif reason is not None and reason != self.last_error:
+            log.error("[Store] %s", reason)
+        self._ok = error is None
+        self.last_error = reason
 
     def _writer(self) -> None:
         while True:
