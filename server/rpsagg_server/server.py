@@ -40,7 +40,7 @@ from rpsagg_server.startup import (
     probe_grpc_address,
 )
 from rpsagg_server.state import ServerState
-from rpsagg_server.store import Store
+from rpsagg_server.store import Store, WriteError
 from rpsagg_server.taskeval import TaskMonitor
 
 log = logging.getLogger("rpsagg.server")
@@ -149,6 +149,8 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
             await engine.start()
         except sqlite3.Error as exc:  # e.g. a read-only file or directory
             raise StartupError(f"--db {cfg.db}: {exc}") from None
+        except WriteError as exc:  # the first round's row could not be written (full disk)
+            raise StartupError(f"--db {cfg.db}: {exc.reason}") from None
     except BaseException:
         if monitor is not None:
             monitor.close()
@@ -166,7 +168,7 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
     log.info("[Server] listening on %s:%d (%s), max request %d bytes", cfg.host, port,
              "TLS" if creds else "insecure", limit)
     running = RunningServer(server, engine, state, store, health, port, task_monitor=monitor)
-    state._add_check("database", lambda: store.get_meta("config") is not None)
+    state._add_check("database", store.writable)  # the last transaction (or heartbeat) committed
     state._add_check("grpc", lambda: running.serving)
     state._add_check("beta", engine.beta.ready.is_set)
     return running, port

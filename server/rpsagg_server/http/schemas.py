@@ -71,7 +71,8 @@ class Arrival(BaseModel):
     """One accepted submission of a round."""
 
     client_id: str
-    received_at: float = Field(description="Unix seconds when it was committed.")
+    received_at: float = Field(description="Unix seconds when the request reached the "
+                               "server (what the deadline is compared with).")
     wire_bytes: int
     payload_bytes: int
 
