@@ -14,6 +14,8 @@ has a measured MSE table against the full transform.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -46,7 +48,7 @@ class BlockwiseRandProjSpatial(Estimator):
         Clients, floats per client (``k >= ceil(d / block_size)``), dimension.
     block_size : int
         A power of two; ``d`` is cut into ``ceil(d / block_size)`` blocks.
-    transform, prior_r, method, rtol
+    transform, prior_r, method, rtol, device
         As for :class:`~rpsagg._estimators.RandProjSpatial`, applied in every block.
     """
 
@@ -62,6 +64,7 @@ class BlockwiseRandProjSpatial(Estimator):
         prior_r: float | None = None,
         method: str = "auto",
         rtol: float = DEFAULT_RTOL,
+        device: str | None = None,
     ) -> None:
         super().__init__(n, k, d)
         if isinstance(block_size, bool) or not isinstance(block_size, int | np.integer):
@@ -81,7 +84,8 @@ class BlockwiseRandProjSpatial(Estimator):
         # One sub-estimator per distinct budget (at most two): they share beta caches.
         self._sub = {
             kb: RandProjSpatial(
-                self.n, kb, self.block_size, transform, prior_r, method=method, rtol=rtol
+                self.n, kb, self.block_size, transform, prior_r, method=method, rtol=rtol,
+                device=device,
             )
             for kb in set(self.budgets)
         }
@@ -126,13 +130,20 @@ class BlockwiseRandProjSpatial(Estimator):
         """beta of the first block (blocks with one float fewer have their own)."""
         return self._sub[self.budgets[0]].beta_for(n_prime)
 
+    def with_device(self, device: str | None) -> BlockwiseRandProjSpatial:
+        """A copy whose blocks decode on ``device`` (PyTorch; None for numpy)."""
+        other = copy.copy(self)
+        other._sub = {kb: sub.with_device(device) for kb, sub in self._sub.items()}
+        return other
+
     def with_prior(self, prior_r: float | None) -> BlockwiseRandProjSpatial:
         """A copy whose ``transform="auto"`` uses the prior correlation ``prior_r``."""
         if self.transform.kind != "auto":
             raise ValueError("with_prior needs an estimator built with transform='auto'")
         sub = next(iter(self._sub.values()))
         return BlockwiseRandProjSpatial(
-            self.n, self.k, self.d, self.block_size, "auto", prior_r, sub.method, sub.rtol
+            self.n, self.k, self.d, self.block_size, "auto", prior_r, sub.method, sub.rtol,
+            device=sub.device,
         )
 
     def __repr__(self) -> str:

@@ -289,6 +289,10 @@ class RandProjSpatial(Estimator, _SpatialMixin):
         Joint solver.
     rtol : float
         Relative residual target of the matrix-free solver.
+    device : str, optional
+        Decode on this PyTorch device (``"cuda"``, ``"cuda:1"``, ``"cpu"``; needs the
+        ``rpsagg[torch]`` extra) in float64; None (default) decodes with numpy. Encode is
+        always numpy.
     """
 
     name = "rand-proj-spatial"
@@ -303,15 +307,21 @@ class RandProjSpatial(Estimator, _SpatialMixin):
         prior_r: float | None = None,
         method: str = "auto",
         rtol: float = DEFAULT_RTOL,
+        device: str | None = None,
     ) -> None:
         super().__init__(n, k, d)
         self._init_transform(transform, self.n, prior_r)
+        if device is not None:
+            from rpsagg._torch import resolve_device
+
+            device = str(resolve_device(device))
         if method not in ("auto", "exact", "cg"):
             raise ValueError(f"method must be 'auto', 'exact' or 'cg'; got {method!r}")
         if not 0 < rtol < 1:
             raise ValueError(f"rtol must be in (0, 1); got {rtol}")
         self.method = method
         self.rtol = rtol
+        self.device = device
         self.d_pad = padded_dim(self.d)
 
     def _encode(self, x: FloatArray, seed: int) -> tuple[FloatArray, NDArray[np.int64] | None]:
@@ -319,15 +329,32 @@ class RandProjSpatial(Estimator, _SpatialMixin):
 
     def _decode(self, batch: list[Encoded]) -> DecodeResult:
         n_prime = len(batch)
-        op = JointSRHT.from_seeds([m.seed for m in batch], self.k, self.d_pad)
+        seeds = [m.seed for m in batch]
         y = np.stack([m.values.astype(np.float64) for m in batch])
         c = self.transform.c_for(n_prime)
-        xt, info = joint_solve(op, y, c, method=self.method, rtol=self.rtol)
+        if self.device is not None:
+            from rpsagg._torch import device_joint_solve
+
+            xt, info = device_joint_solve(seeds, y, self.k, self.d_pad, c, device=self.device,
+                                          method=self.method, rtol=self.rtol)
+        else:
+            op = JointSRHT.from_seeds(seeds, self.k, self.d_pad)
+            xt, info = joint_solve(op, y, c, method=self.method, rtol=self.rtol)
         beta = self._beta(n_prime)
         return DecodeResult(beta * xt[: self.d], n_prime, beta, c, info, 0.0)
 
     def _beta(self, n_prime: int) -> float:
         return rps_beta(n_prime, self.k, self.d_pad, self.transform.c_for(n_prime)).beta
+
+    def with_device(self, device: str | None) -> Self:
+        """A copy that decodes on ``device`` (a PyTorch device, or None for numpy)."""
+        other = copy.copy(self)
+        if device is not None:
+            from rpsagg._torch import resolve_device
+
+            device = str(resolve_device(device))
+        other.device = device
+        return other
 
     def beta_details(self, n_prime: int | None = None) -> BetaEstimate:
         """The :class:`~rpsagg._beta.BetaEstimate` behind ``beta_for(n_prime)``."""
@@ -420,6 +447,7 @@ def make_estimator(
     method: str = "auto",
     rtol: float = DEFAULT_RTOL,
     block_size: int | None = None,
+    device: str | None = None,
 ) -> Estimator:
     """Build an estimator by name.
 
@@ -445,6 +473,9 @@ def make_estimator(
         ``block_size`` coordinates independently (for very large d; see
         ``docs/performance.md``). The message scheme becomes
         ``rand-proj-spatial:block=<block_size>``.
+    device : str, optional
+        Rand-Proj-Spatial only: decode on this PyTorch device (``"cuda"``, ``"cpu"``;
+        the ``rpsagg[torch]`` extra). None (default): numpy.
 
     Returns
     -------
@@ -455,9 +486,13 @@ def make_estimator(
             raise ValueError(f"block_size applies to rand-proj-spatial only, not {name!r}")
         from rpsagg._blockwise import BlockwiseRandProjSpatial
 
-        return BlockwiseRandProjSpatial(n, k, d, block_size, transform, prior_r, method, rtol)
+        return BlockwiseRandProjSpatial(
+            n, k, d, block_size, transform, prior_r, method, rtol, device=device
+        )
     if name == "rand-proj-spatial":
-        return RandProjSpatial(n, k, d, transform, prior_r, method, rtol)
+        return RandProjSpatial(n, k, d, transform, prior_r, method, rtol, device=device)
+    if device is not None:
+        raise ValueError(f"device applies to rand-proj-spatial only, not {name!r}")
     if name == "rand-k-spatial":
         return RandKSpatial(n, k, d, transform, prior_r)
     if transform != "avg" or prior_r is not None:
