@@ -50,6 +50,7 @@ class ServerConfig:
     kmeans_updates: int = 1
     linger: float = 2.0
     port_file: str | None = None
+    decode_device: str | None = None
     task_params: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -81,6 +82,14 @@ class ServerConfig:
             raise ValueError(f"--kmeans-updates must be 0 or 1; got {self.kmeans_updates}")
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError("--tls-client-ca (mTLS) needs --tls-cert and --tls-key")
+        if self.decode_device is not None:
+            if self.estimator != "rand-proj-spatial":
+                raise ValueError("--decode-device applies to --estimator rand-proj-spatial")
+            try:
+                from rpsagg._torch import resolve_device
+            except ImportError as exc:  # pragma: no cover - the test set-up installs torch
+                raise ValueError(f"--decode-device needs PyTorch: {exc}") from exc
+            resolve_device(self.decode_device)  # fails now, not at the first round
 
     @property
     def params(self) -> dict[str, float]:
@@ -133,6 +142,8 @@ def _parser() -> argparse.ArgumentParser:
         "kmeans_updates": "kmeans: 1 (default) clients send centroid updates, 0 whole centroids",
         "linger": "seconds to keep serving after the job is done (negative: until signalled)",
         "port_file": "write the bound gRPC port to this file once serving (for --grpc-port 0)",
+        "decode_device": "decode rand-proj-spatial rounds on this PyTorch device (cuda, "
+        "cuda:N, cpu; needs rpsagg[torch]); default: numpy on the CPU",
     }
     for f in fields(ServerConfig):
         if f.name == "task_params":

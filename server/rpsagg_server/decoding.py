@@ -98,12 +98,19 @@ def decode_round(
     *,
     tracker: CorrelationTracker | None,
     evaluate: bool,
+    device: str | None = None,
 ) -> DecodeOutcome:
     """Decode one round's submissions (already validated, sorted by client index).
 
-    ``tracker`` (transform=auto) is updated with this round's R_hat.
+    ``tracker`` (transform=auto) is updated with this round's R_hat. ``device``
+    (``--decode-device``): decode Rand-Proj-Spatial on this PyTorch device.
     """
     start = time.perf_counter()
+    if device is not None:
+        with_device = getattr(estimator, "with_device", None)
+        if with_device is None:
+            raise ValueError(f"{estimator.name} has no device decode")
+        estimator = with_device(device)
     n, k, d = estimator.n, estimator.k, estimator.d
     rows = []
     beta = c = math.nan

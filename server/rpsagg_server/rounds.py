@@ -338,7 +338,7 @@ class RoundEngine:
             outcome = await loop.run_in_executor(
                 self._executor,
                 lambda: decode_round(est, subs, live.nonce, self.m, tracker=self.tracker,
-                                     evaluate=self.cfg.eval),
+                                     evaluate=self.cfg.eval, device=self.cfg.decode_device),
             )
         except Exception as exc:  # a decode error fails the round, never the server
             log.exception("[Engine] round %d decode failed", live.round_id)
