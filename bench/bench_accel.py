@@ -23,6 +23,11 @@ Run on the GPU machine from the repository root (no install needed)::
     PYTHONPATH=common python3 bench/bench_accel.py            # JSON to $OUT if set
     PYTHONPATH=common python3 bench/bench_accel.py --smoke    # tiny shapes on the CPU
 
+Without an install the compiled kernels are compiled for the run when the machine has a C
+compiler and Python headers (else the CPU section needs fht-cpu: put it in
+``bench/.accel-deps`` with ``pip install --target bench/.accel-deps fht-cpu`` for the
+machine's Python and carry that directory).
+
 It prints progress with timestamps and writes ``$OUT/bench_accel.json`` (or ``--json``)
 after every section, so a run cut short keeps what it measured.
 """
@@ -45,11 +50,55 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT / "common") not in sys.path:
-    sys.path.insert(0, str(ROOT / "common"))
+DEPS = ROOT / "bench" / ".accel-deps"  # optional: pip install --target it (e.g. fht-cpu)
+for _path in (ROOT / "common", DEPS):
+    if _path.is_dir() and str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 T0 = time.perf_counter()
 RESULTS: dict[str, Any] = {}
+
+
+def load_native() -> str:
+    """Make ``rpsagg._fast`` importable before rpsagg is: built in place, or compiled here.
+
+    Without an install the compiled kernels (the GIL-free FWHT the threaded decode uses
+    when fht-cpu is absent) are missing; compile ``common/rpsagg/_fast.c`` with the
+    machine's C compiler into a temporary directory when it has one. Returns how.
+    """
+    import importlib.util
+    import shutil
+    import sysconfig
+    import tempfile
+
+    if os.environ.get("RPSAGG_NATIVE") == "0":
+        return "disabled (RPSAGG_NATIVE=0)"
+    built = os.environ.get("RPSAGG_BENCH_NATIVE")
+    if not built:
+        pkg = importlib.util.find_spec("rpsagg")  # finds the package, imports nothing
+        suffix = str(sysconfig.get_config_var("EXT_SUFFIX"))
+        places = list(pkg.submodule_search_locations or []) if pkg is not None else []
+        if any((Path(p) / f"_fast{suffix}").exists() for p in places):
+            return "built in the tree"
+        cc = shutil.which("cc") or shutil.which("gcc")
+        include = sysconfig.get_paths()["include"]
+        if cc is None or not (Path(include) / "Python.h").exists():
+            return "absent (no C compiler or Python headers)"
+        out = Path(tempfile.mkdtemp(prefix="rpsagg-native-")) / (
+            "_fast" + str(sysconfig.get_config_var("EXT_SUFFIX")))
+        proc = subprocess.run([cc, "-O3", "-shared", "-fPIC", f"-I{include}",
+                               str(ROOT / "common" / "rpsagg" / "_fast.c"), "-o", str(out)],
+                              capture_output=True, text=True, timeout=180)
+        if proc.returncode != 0:
+            return f"absent (compile failed: {proc.stderr[-300:]})"
+        built = str(out)
+        os.environ["RPSAGG_BENCH_NATIVE"] = built  # the CPU workers load the same file
+    spec = importlib.util.spec_from_file_location("rpsagg._fast", built)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules["rpsagg._fast"] = module
+    return f"compiled for this run ({built})"
 
 
 def log(msg: str) -> None:
@@ -107,7 +156,7 @@ def sync(torch: Any, dev: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-def env_section(device: str) -> dict[str, Any]:
+def env_section(device: str, native: str) -> dict[str, Any]:
     import scipy
     import torch
 
@@ -123,6 +172,7 @@ def env_section(device: str) -> dict[str, Any]:
         "cpu": platform.processor() or platform.machine(),
         "fwht_backend": rpsagg.FWHT_BACKEND,
         "native_kernels": _spec.NATIVE is not None,
+        "native_how": native,
         "device": device,
         "tf32": bool(torch.backends.cuda.matmul.allow_tf32),
     }
@@ -326,12 +376,20 @@ def cpu_worker(args: argparse.Namespace) -> None:
         _, info = joint_solve(op, y, c, method="cg")
         times.append(time.perf_counter() - t)
     assert info is not None
+    import rpsagg
+
     print(json.dumps({"threads": args.threads, "all_s": times, "min_s": min(times),
-                      "iterations": info.iterations, "decode_threads_param": bool(kwargs)}))
+                      "iterations": info.iterations, "decode_threads_param": bool(kwargs),
+                      "fwht_backend": rpsagg.FWHT_BACKEND}))
 
 
 def cpu_threads_section(smoke: bool, counts: list[int], deadline: float) -> dict[str, Any]:
+    import rpsagg
+
     d = 2**10 if smoke else 2**20
+    if rpsagg.FWHT_BACKEND == "numpy" and not smoke:
+        # the numpy butterfly takes ~0.25 s per 2^20 transform: ~10 minutes per decode
+        raise RuntimeError("only the numpy FWHT here (no fht-cpu, no compiled kernels)")
     msgs = _messages_path()
     if not msgs.exists():
         raise RuntimeError("no messages: the decode_2_20 section did not get to encode them")
@@ -389,6 +447,7 @@ def main() -> None:
     p.add_argument("--d", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args()
+    native = load_native()
     if args.cpu_worker:
         cpu_worker(args)
         return
@@ -406,7 +465,7 @@ def main() -> None:
     log(f"bench_accel: device {device}, smoke={args.smoke}, budget {args.budget_s:.0f}s, "
         f"json -> {out_path}")
     steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
-        ("env", lambda: env_section(device)),
+        ("env", lambda: env_section(device, native)),
         ("check", lambda: check_section(device, args.smoke)),
         ("decode_2_20", lambda: decode_2_20_section(device, args.smoke, args.repeats)),
         ("decode_2_27", lambda: decode_2_27_section(device, args.smoke,
@@ -425,6 +484,10 @@ def main() -> None:
             section(name, out_path, fn)
     finally:
         _messages_path().unlink(missing_ok=True)
+        if native.startswith("compiled for this run"):
+            import shutil
+
+            shutil.rmtree(Path(os.environ["RPSAGG_BENCH_NATIVE"]).parent, ignore_errors=True)
         RESULTS["total_seconds"] = round(time.perf_counter() - T0, 1)
         save(out_path)
     log(f"done in {time.perf_counter() - T0:.1f}s")

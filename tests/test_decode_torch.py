@@ -163,7 +163,7 @@ def test_float32_device_solve_is_close_to_float64() -> None:
 def test_device_options_are_validated() -> None:
     with pytest.raises(ValueError, match="decode device"):
         resolve_device("tpu")
-    with pytest.raises(ValueError, match="rand-proj-spatial only"):
+    with pytest.raises(ValueError, match="apply to rand-proj-spatial only"):
         rpsagg.make_estimator("rand-k", n=2, k=2, d=8, device="cpu")
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):

@@ -48,7 +48,7 @@ class BlockwiseRandProjSpatial(Estimator):
         Clients, floats per client (``k >= ceil(d / block_size)``), dimension.
     block_size : int
         A power of two; ``d`` is cut into ``ceil(d / block_size)`` blocks.
-    transform, prior_r, method, rtol, device
+    transform, prior_r, method, rtol, device, threads
         As for :class:`~rpsagg._estimators.RandProjSpatial`, applied in every block.
     """
 
@@ -65,6 +65,7 @@ class BlockwiseRandProjSpatial(Estimator):
         method: str = "auto",
         rtol: float = DEFAULT_RTOL,
         device: str | None = None,
+        threads: int | None = None,
     ) -> None:
         super().__init__(n, k, d)
         if isinstance(block_size, bool) or not isinstance(block_size, int | np.integer):
@@ -85,7 +86,7 @@ class BlockwiseRandProjSpatial(Estimator):
         self._sub = {
             kb: RandProjSpatial(
                 self.n, kb, self.block_size, transform, prior_r, method=method, rtol=rtol,
-                device=device,
+                device=device, threads=threads,
             )
             for kb in set(self.budgets)
         }
@@ -143,7 +144,7 @@ class BlockwiseRandProjSpatial(Estimator):
         sub = next(iter(self._sub.values()))
         return BlockwiseRandProjSpatial(
             self.n, self.k, self.d, self.block_size, "auto", prior_r, sub.method, sub.rtol,
-            device=sub.device,
+            device=sub.device, threads=sub.threads,
         )
 
     def __repr__(self) -> str:

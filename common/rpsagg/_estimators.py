@@ -293,6 +293,9 @@ class RandProjSpatial(Estimator, _SpatialMixin):
         Decode on this PyTorch device (``"cuda"``, ``"cuda:1"``, ``"cpu"``; needs the
         ``rpsagg[torch]`` extra) in float64; None (default) decodes with numpy. Encode is
         always numpy.
+    threads : int, optional
+        CPU threads of the numpy decode (default: every core this process may use); the
+        estimate does not depend on it, bit for bit.
     """
 
     name = "rand-proj-spatial"
@@ -308,9 +311,13 @@ class RandProjSpatial(Estimator, _SpatialMixin):
         method: str = "auto",
         rtol: float = DEFAULT_RTOL,
         device: str | None = None,
+        threads: int | None = None,
     ) -> None:
         super().__init__(n, k, d)
         self._init_transform(transform, self.n, prior_r)
+        if threads is not None and (isinstance(threads, bool) or int(threads) < 1):
+            raise ValueError(f"threads must be an integer >= 1; got {threads!r}")
+        self.threads = None if threads is None else int(threads)
         if device is not None:
             from rpsagg._torch import resolve_device
 
@@ -338,7 +345,7 @@ class RandProjSpatial(Estimator, _SpatialMixin):
             xt, info = device_joint_solve(seeds, y, self.k, self.d_pad, c, device=self.device,
                                           method=self.method, rtol=self.rtol)
         else:
-            op = JointSRHT.from_seeds(seeds, self.k, self.d_pad)
+            op = JointSRHT.from_seeds(seeds, self.k, self.d_pad, threads=self.threads)
             xt, info = joint_solve(op, y, c, method=self.method, rtol=self.rtol)
         beta = self._beta(n_prime)
         return DecodeResult(beta * xt[: self.d], n_prime, beta, c, info, 0.0)
@@ -448,6 +455,7 @@ def make_estimator(
     rtol: float = DEFAULT_RTOL,
     block_size: int | None = None,
     device: str | None = None,
+    threads: int | None = None,
 ) -> Estimator:
     """Build an estimator by name.
 
@@ -476,6 +484,8 @@ def make_estimator(
     device : str, optional
         Rand-Proj-Spatial only: decode on this PyTorch device (``"cuda"``, ``"cpu"``;
         the ``rpsagg[torch]`` extra). None (default): numpy.
+    threads : int, optional
+        Rand-Proj-Spatial only: CPU threads of the numpy decode (default: all cores).
 
     Returns
     -------
@@ -487,12 +497,15 @@ def make_estimator(
         from rpsagg._blockwise import BlockwiseRandProjSpatial
 
         return BlockwiseRandProjSpatial(
-            n, k, d, block_size, transform, prior_r, method, rtol, device=device
+            n, k, d, block_size, transform, prior_r, method, rtol, device=device,
+            threads=threads,
         )
     if name == "rand-proj-spatial":
-        return RandProjSpatial(n, k, d, transform, prior_r, method, rtol, device=device)
-    if device is not None:
-        raise ValueError(f"device applies to rand-proj-spatial only, not {name!r}")
+        return RandProjSpatial(
+            n, k, d, transform, prior_r, method, rtol, device=device, threads=threads
+        )
+    if device is not None or threads is not None:
+        raise ValueError(f"device and threads apply to rand-proj-spatial only, not {name!r}")
     if name == "rand-k-spatial":
         return RandKSpatial(n, k, d, transform, prior_r)
     if transform != "avg" or prior_r is not None:
