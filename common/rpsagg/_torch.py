@@ -367,12 +367,14 @@ def joint_solve_torch(
     method: str = "auto",
     rtol: float = DEFAULT_RTOL,
     seeds: Sequence[int] | None = None,
+    maxiter: int | None = None,
 ) -> tuple[torch.Tensor, SolveInfo]:
     """``A^T f(K) y`` (length d', on the device) and how it was obtained.
 
     The device twin of :func:`rpsagg._decode.joint_solve`, with the same choice of solver
     and fallbacks. ``seeds`` (the clients' transform seeds) are needed only where the exact
-    solver is chosen: it runs on the host with the numpy operator.
+    solver is chosen: it runs on the host with the numpy operator. ``maxiter`` caps the
+    Krylov iterations (default as in the numpy decode).
     """
     torch = _torch()
     start = time.perf_counter()
@@ -385,12 +387,13 @@ def joint_solve_torch(
         raise ValueError(f"method must be 'auto', 'exact' or 'cg'; got {method!r}")
     chosen = choose_method(nk, op.d_pad, c) if method == "auto" else method
     if chosen == "cg" and c == 1.0:
-        xt, iterations, converged, residual = solve_lsqr_torch(op, flat, rtol=rtol)
+        xt, iterations, converged, residual = solve_lsqr_torch(op, flat, rtol=rtol,
+                                                               maxiter=maxiter)
         if converged or nk > 2 * EXACT_LIMIT:
             return xt, SolveInfo("lsqr", iterations, residual, time.perf_counter() - start)
         chosen = "exact"
     if chosen == "cg":
-        z, iterations, converged = solve_krylov_torch(op, flat, c, rtol=rtol)
+        z, iterations, converged = solve_krylov_torch(op, flat, c, rtol=rtol, maxiter=maxiter)
         if converged or nk > 2 * EXACT_LIMIT:
             xt = op.adjoint(z.reshape(op.n, op.k))
             m_z = (1.0 - c) * z + c * op.forward(xt).reshape(-1)
