@@ -49,9 +49,9 @@ if [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp" ]; then
   export PIP_DISABLE_PIP_VERSION_CHECK=1
   .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
   args=(-e "common[fast,experiments]" -e server -e client)
-  # the tests also run the PyTorch decode backend (rpsagg[torch]) on the CPU; requirements-dev
-  # pins torch to the CPU build
-  [ "$role" = test ] && args=(-e "common[fast,experiments,torch]" -e server -e client
+  # the tests also run the PyTorch decode backend (rpsagg[torch]) on the CPU (requirements-dev
+  # pins torch to the CPU build) and the Ray decode backend (rpsagg-server[ray])
+  [ "$role" = test ] && args=(-e "common[fast,experiments,torch]" -e "server[ray]" -e client
                               -r requirements-dev.txt)
   .venv/bin/python -m pip install -q "${args[@]}" 2>&1 | grep -v "^WARNING: Location" || true
   .venv/bin/python -c "import rpsagg, rpsagg_server, rpsagg_client" 

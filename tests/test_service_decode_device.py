@@ -43,6 +43,38 @@ def test_decode_device_flag_is_validated() -> None:
         load_config(["--insecure", "--decode-device", "cpu", "--estimator", "rand-k"], env={})
 
 
+def test_decode_threads_and_backend_flags_are_validated() -> None:
+    cfg = load_config(["--insecure", "--decode-threads", "2"], env={})
+    assert cfg.decode_threads == 2 and cfg.decode_backend == "local"
+    assert decoding.DecodeOptions.from_config(cfg) == decoding.DecodeOptions(None, 2)
+    with pytest.raises(ValueError, match="--decode-threads"):
+        load_config(["--insecure", "--decode-threads", "0"], env={})
+    with pytest.raises(ValueError, match="--decode-backend"):
+        load_config(["--insecure", "--decode-backend", "dask"], env={})
+    with pytest.raises(ValueError, match="--ray-address goes with"):
+        load_config(["--insecure", "--ray-address", "127.0.0.1:6379"], env={})
+    with pytest.raises(ValueError, match="rand-proj-spatial"):
+        load_config(["--insecure", "--decode-backend", "ray", "--estimator", "rand-k"], env={})
+    ray_cfg = load_config(["--insecure", "--decode-backend", "ray", "--ray-address", "h:1"],
+                          env={})
+    assert decoding.DecodeOptions.from_config(ray_cfg).ray_address == "h:1"
+
+
+def test_decode_threads_option_gives_the_same_estimate() -> None:
+    est = rpsagg.make_estimator("rand-proj-spatial", n=N, k=K, d=D)
+    xs = correlated_vectors(N, D, r=1.0, seed=8)
+    subs = []
+    for i in range(N):
+        cid = f"client-{i}"
+        seed = rpsagg._spec.derive_round_seed(7 + i, 5, cid, 0)
+        subs.append(Submission(1, cid, 7 + i, (VectorPayload(est.encode(xs[i], seed).values),)))
+    one = decoding.decode_round(est, subs, 5, 1, tracker=None, evaluate=False,
+                                options=decoding.DecodeOptions(threads=1))
+    two = decoding.decode_round(est, subs, 5, 1, tracker=None, evaluate=False,
+                                options=decoding.DecodeOptions(threads=2))
+    assert np.array_equal(one.estimate, two.estimate)
+
+
 def test_decode_round_on_device_equals_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
     real = rpsagg._torch.joint_solve_torch
@@ -63,7 +95,8 @@ def test_decode_round_on_device_equals_numpy(monkeypatch: pytest.MonkeyPatch) ->
         subs.append(Submission(1, cid, 1000 + i, (VectorPayload(enc.values),)))
     want = decoding.decode_round(est, subs, nonce, 1, tracker=None, evaluate=False)
     assert not calls
-    got = decoding.decode_round(est, subs, nonce, 1, tracker=None, evaluate=False, device="cpu")
+    got = decoding.decode_round(est, subs, nonce, 1, tracker=None, evaluate=False,
+                                options=decoding.DecodeOptions(device="cpu"))
     assert len(calls) == 1
     assert got.beta == want.beta and got.c == want.c
     rel = np.linalg.norm(got.estimate - want.estimate) / np.linalg.norm(want.estimate)

@@ -334,7 +334,9 @@ class RandProjSpatial(Estimator, _SpatialMixin):
     def _encode(self, x: FloatArray, seed: int) -> tuple[FloatArray, NDArray[np.int64] | None]:
         return srht_encode(x, seed, self.k, self.d_pad), None
 
-    def _decode(self, batch: list[Encoded]) -> DecodeResult:
+    def _decode(self, batch: list[Encoded], beta: float | None = None) -> DecodeResult:
+        """Decode; ``beta`` (from :meth:`beta_for`) may be given by a caller that computed
+        it once for several decodes (the Ray backend passes it to its tasks)."""
         n_prime = len(batch)
         seeds = [m.seed for m in batch]
         y = np.stack([m.values.astype(np.float64) for m in batch])
@@ -347,7 +349,7 @@ class RandProjSpatial(Estimator, _SpatialMixin):
         else:
             op = JointSRHT.from_seeds(seeds, self.k, self.d_pad, threads=self.threads)
             xt, info = joint_solve(op, y, c, method=self.method, rtol=self.rtol)
-        beta = self._beta(n_prime)
+        beta = self._beta(n_prime) if beta is None else beta
         return DecodeResult(beta * xt[: self.d], n_prime, beta, c, info, 0.0)
 
     def _beta(self, n_prime: int) -> float:
@@ -361,6 +363,14 @@ class RandProjSpatial(Estimator, _SpatialMixin):
 
             device = str(resolve_device(device))
         other.device = device
+        return other
+
+    def with_threads(self, threads: int | None) -> Self:
+        """A copy whose numpy decode runs ``threads`` threads (None: every core)."""
+        if threads is not None and (isinstance(threads, bool) or int(threads) < 1):
+            raise ValueError(f"threads must be an integer >= 1; got {threads!r}")
+        other = copy.copy(self)
+        other.threads = None if threads is None else int(threads)
         return other
 
     def beta_details(self, n_prime: int | None = None) -> BetaEstimate:
