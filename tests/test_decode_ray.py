@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -37,14 +38,19 @@ from service_util import (
 
 import rpsagg
 
-ray = pytest.importorskip("ray", reason="scripts/setup-env.sh test installs rpsagg-server[ray]")
-
-from rpsagg_server import raydecode  # noqa: E402
-
 RAY = str(Path(sys.executable).with_name("ray"))
 # A multi-node Ray cluster always uses the host's routable address (it maps 127.0.0.1 to it;
 # a loopback-only cluster is single-node), so the nodes here listen there, as any Ray would.
-RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}
+# Ray 2.60 protects a cluster with a token, by default one shared through ~/.ray/auth_token,
+# which any other Ray started by this user on the machine rewrites (a run failed with
+# InvalidAuthToken that way): this cluster, its drivers and the server get their own.
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
+           "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+# Ray reads its auth settings when it is imported: this process's driver needs them first.
+os.environ.update(RAY_ENV)
+ray = pytest.importorskip("ray", reason="scripts/setup-env.sh test installs rpsagg-server[ray]")
+from rpsagg_server import raydecode  # noqa: E402
+
 START_TIMEOUT = 180.0
 
 
@@ -106,7 +112,6 @@ def ray_cluster() -> Iterator[Cluster]:
         "--ray-client-server-port", str(ports[1]), *node_args(ports[2:8], temp_dir),
     ]
     procs: list[subprocess.Popen[bytes]] = []
-    os.environ.update(RAY_ENV)  # the test process is a driver on this host too
     try:
         procs.append(subprocess.Popen(head_args, env=env, start_new_session=True,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
