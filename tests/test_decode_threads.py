@@ -101,3 +101,22 @@ def test_estimator_threads_option() -> None:
         rpsagg.make_estimator("rand-k", n=n, k=k, d=d, threads=2)
     with pytest.raises(ValueError, match="threads"):
         JointSRHT.from_seeds([1], 2, 8, threads=0)
+
+
+def test_threaded_decode_works_in_a_forked_child() -> None:
+    # The pools are process-wide; a child forked after a threaded decode must not wait on
+    # its parent's (absent) pool threads.
+    import multiprocessing
+
+    seeds = [3, 4, 5, 6]
+    op = JointSRHT.from_seeds(seeds, 8, 1024, threads=2)
+    u = np.random.default_rng(0).standard_normal(1024)
+    want = op.forward(u)
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply_async(_forward_in_child, (seeds, u)).get(timeout=60)
+    assert np.array_equal(got, want)
+
+
+def _forward_in_child(seeds: list[int], u: np.ndarray) -> np.ndarray:
+    return JointSRHT.from_seeds(seeds, 8, 1024, threads=2).forward(u)

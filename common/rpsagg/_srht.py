@@ -174,6 +174,16 @@ _pools: dict[int, ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
 
 
+def _forget_pools() -> None:
+    """In a forked child the parent's pool threads do not exist: start afresh."""
+    global _pools_lock
+    _pools.clear()
+    _pools_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pools)
+
+
 def _pool(threads: int) -> ThreadPoolExecutor:
     """A process-wide pool of ``threads`` workers (kept: a decode calls it every product)."""
     with _pools_lock:
