@@ -12,6 +12,7 @@ from typing import Self
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from rpsagg._auto import auto_c
 from rpsagg._beta import BetaEstimate, rps_beta, spatial_beta
 from rpsagg._decode import DEFAULT_RTOL, SolveInfo, joint_solve
 from rpsagg._encoded import Encoded
@@ -282,7 +283,8 @@ class RandProjSpatial(Estimator, _SpatialMixin):
     n, k, d : int
         Clients, per-client budget, dimension (zero-padded to ``d' = 2^ceil(log2 d)``).
     transform : {"avg", "max", "one", "auto"} or float
-        T; a float R in [0, n-1] selects corr(R).
+        T; a float R in [0, n-1] selects corr(R). ``auto`` with a prior takes the c of
+        :func:`rpsagg._auto.auto_c` (continuous; kept away from 1 where nk is close to d').
     prior_r : float, optional
         Prior correlation for ``transform="auto"``.
     method : {"auto", "exact", "cg"}
@@ -321,19 +323,32 @@ class RandProjSpatial(Estimator, _SpatialMixin):
         n_prime = len(batch)
         op = JointSRHT.from_seeds([m.seed for m in batch], self.k, self.d_pad)
         y = np.stack([m.values.astype(np.float64) for m in batch])
-        c = self.transform.c_for(n_prime)
+        c = self._c_for(n_prime)
         xt, info = joint_solve(op, y, c, method=self.method, rtol=self.rtol)
         beta = self._beta(n_prime)
         return DecodeResult(beta * xt[: self.d], n_prime, beta, c, info, 0.0)
 
+    def _c_for(self, n_prime: int) -> float:
+        """c of T for ``n_prime`` messages.
+
+        ``auto`` with a prior: :func:`rpsagg._auto.auto_c` of the prior's correlation
+        fraction at ``n_prime`` clients, a pure function of ``(n', k, d', R)``, so a server
+        that persisted the prior derives the same c; otherwise :meth:`Transform.c_for`.
+        """
+        t = self.transform
+        if t.kind == "auto" and t.r is not None and n_prime > 1:
+            frac = min(1.0, max(0.0, t.r / (t.n - 1))) if t.n > 1 else 0.0
+            return auto_c(n_prime, self.k, self.d_pad, frac * (n_prime - 1))
+        return t.c_for(n_prime)
+
     def _beta(self, n_prime: int) -> float:
-        return rps_beta(n_prime, self.k, self.d_pad, self.transform.c_for(n_prime)).beta
+        return rps_beta(n_prime, self.k, self.d_pad, self._c_for(n_prime)).beta
 
     def beta_details(self, n_prime: int | None = None) -> BetaEstimate:
         """The :class:`~rpsagg._beta.BetaEstimate` behind ``beta_for(n_prime)``."""
         n_prime = self.n if n_prime is None else n_prime
         self.beta_for(n_prime)
-        return rps_beta(n_prime, self.k, self.d_pad, self.transform.c_for(n_prime))
+        return rps_beta(n_prime, self.k, self.d_pad, self._c_for(n_prime))
 
     def __repr__(self) -> str:
         return f"RandProjSpatial(n={self.n}, k={self.k}, d={self.d}, T={self.transform.label()})"
