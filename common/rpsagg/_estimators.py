@@ -12,6 +12,7 @@ from typing import Self
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from rpsagg._auto import auto_c
 from rpsagg._beta import BetaEstimate, rps_beta, spatial_beta
 from rpsagg._decode import DEFAULT_RTOL, SolveInfo, joint_solve
 from rpsagg._encoded import Encoded
@@ -295,7 +296,8 @@ class RandProjSpatial(Estimator, _SpatialMixin):
     n, k, d : int
         Clients, per-client budget, dimension.
     transform : {"avg", "max", "one", "auto"} or float
-        T; a float R in [0, n-1] selects corr(R).
+        T; a float R in [0, n-1] selects corr(R). ``auto`` with a prior takes the c of
+        :func:`rpsagg._auto.auto_c` (continuous; kept away from 1 where nk is close to d').
     prior_r : float, optional
         Prior correlation for ``transform="auto"``.
     method : {"auto", "exact", "cg"}
@@ -366,7 +368,7 @@ class RandProjSpatial(Estimator, _SpatialMixin):
         n_prime = len(batch)
         seeds = [m.seed for m in batch]
         y = np.stack([m.values.astype(np.float64) for m in batch])
-        c = self.transform.c_for(n_prime)
+        c = self._c_for(n_prime)
         if self.device is not None:
             from rpsagg._torch import device_joint_solve
 
@@ -379,11 +381,24 @@ class RandProjSpatial(Estimator, _SpatialMixin):
         beta = self._beta(n_prime) if beta is None else beta
         return DecodeResult(beta * xt[: self.d], n_prime, beta, c, info, 0.0)
 
+    def _c_for(self, n_prime: int) -> float:
+        """c of T for ``n_prime`` messages.
+
+        ``auto`` with a prior: :func:`rpsagg._auto.auto_c` of the prior's correlation
+        fraction at ``n_prime`` clients, a pure function of ``(n', k, d', R)``, so a server
+        that persisted the prior derives the same c; otherwise :meth:`Transform.c_for`.
+        """
+        t = self.transform
+        if t.kind == "auto" and t.r is not None and n_prime > 1:
+            frac = min(1.0, max(0.0, t.r / (t.n - 1))) if t.n > 1 else 0.0
+            return auto_c(n_prime, self.k, self.d_pad, frac * (n_prime - 1))
+        return t.c_for(n_prime)
+
     def _beta(self, n_prime: int) -> float:
         return self._beta_estimate(n_prime).beta
 
     def _beta_estimate(self, n_prime: int) -> BetaEstimate:
-        c = self.transform.c_for(n_prime)
+        c = self._c_for(n_prime)
         return rps_beta(n_prime, self.k, self.d_pad, c, projection=self.projection)
 
     def with_device(self, device: str | None) -> Self:
