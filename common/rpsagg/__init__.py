@@ -20,6 +20,7 @@ from rpsagg._decode import SolveInfo
 from rpsagg._encoded import Encoded
 from rpsagg._estimators import (
     ESTIMATOR_NAMES,
+    QUANTIZER_NAMES,
     DecodeResult,
     Estimator,
     make_estimator,
@@ -35,6 +36,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ESTIMATOR_NAMES",
     "FWHT_BACKEND",
+    "QUANTIZER_NAMES",
     "SPEC_VERSION",
     "BetaEstimate",
     "CorrelationTracker",

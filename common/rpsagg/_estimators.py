@@ -15,6 +15,7 @@ from numpy.typing import ArrayLike, NDArray
 from rpsagg._beta import BetaEstimate, rps_beta, spatial_beta
 from rpsagg._decode import DEFAULT_RTOL, SolveInfo, joint_solve
 from rpsagg._encoded import Encoded
+from rpsagg._quantize import check_value_bits, dequantize, quantize_uniform
 from rpsagg._spec import (
     TAG_INDUCED,
     TAG_WANGNI,
@@ -38,6 +39,10 @@ ESTIMATOR_NAMES = (
     "rand-k-wangni",
     "induced",
 )
+#: Quantizer baselines (``bits=``; library and experiments, not yet served by the service).
+QUANTIZER_NAMES = ("eden", "qsgd")
+#: Estimators whose k values may be sent as b-bit codes (``value_bits``).
+QUANTIZABLE = ("rand-k", "rand-k-spatial", "rand-proj-spatial")
 SPATIAL = ("rand-k-spatial", "rand-proj-spatial")
 
 
@@ -79,6 +84,10 @@ class Estimator(ABC):
     # True where every sent value depends on every coordinate of x (so a NaN/Inf in x shows
     # in the output and the input need not be scanned separately).
     _mixes_all_inputs: bool = False
+    #: Bits per sent value: 32 sends float32; fewer sends codes (see ``rpsagg._quantize``).
+    value_bits: int = 32
+    #: The code book of quantized values (``rpsagg._quantize.CODEBOOKS``).
+    codebook: str = "uniform"
 
     def __init__(self, n: int, k: int, d: int) -> None:
         self.n, self.k, self.d = check_dims(n, k, d)
@@ -104,7 +113,17 @@ class Estimator(ABC):
         if self._mixes_all_inputs and not np.all(np.isfinite(values)):
             check_vector(vec, self.d)  # raises the usual message for NaN/Inf in x
             raise ValueError("x is too large: its transform overflows float64")
-        return Encoded(self.name, seed, self.k, self.d, values.astype(np.float32), indices)
+        if self.value_bits == 32:
+            return Encoded(self.name, seed, self.k, self.d, values.astype(np.float32), indices)
+        codes, scale = self._quantize(values, seed)
+        scales = np.array([scale], dtype=np.float32)
+        if not np.isfinite(scales[0]):
+            raise ValueError("x is too large: its quantization scale overflows float32")
+        return Encoded(
+            self.name, seed, self.k, self.d,
+            dequantize(self.codebook, codes, scales, self.value_bits), indices,
+            value_bits=self.value_bits, codes=codes, scales=scales,
+        )  # fmt: skip
 
     def decode(self, encoded: Sequence[Encoded]) -> FloatArray:
         """Unbiased estimate of the mean of the vectors behind ``encoded``.
@@ -130,6 +149,7 @@ class Estimator(ABC):
             k=self.k,
             d=self.d,
             values_per_message=self.values_per_message,
+            value_bits=self.value_bits,
         )
         start = time.perf_counter()
         result = self._decode(batch)
@@ -161,9 +181,19 @@ class Estimator(ABC):
         return self.k
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(n={self.n}, k={self.k}, d={self.d})"
+        return f"{type(self).__name__}(n={self.n}, k={self.k}, d={self.d}{self._bits_label()})"
+
+    def _bits_label(self) -> str:
+        return "" if self.value_bits == 32 else f", value_bits={self.value_bits}"
 
     # -- implementation --------------------------------------------------------------------
+    def _set_value_bits(self, value_bits: int) -> None:
+        self.value_bits = check_value_bits(value_bits)
+
+    def _quantize(self, values: FloatArray, seed: int) -> tuple[NDArray[np.uint32], np.float32]:
+        """Codes and scale of ``values`` (value_bits < 32): unbiased uniform rounding."""
+        return quantize_uniform(values, self.value_bits, seed)
+
     @abstractmethod
     def _encode(self, x: FloatArray, seed: int) -> tuple[FloatArray, NDArray[np.int64] | None]:
         """Values (float64) and indices (or None)."""
@@ -271,7 +301,10 @@ class RandKSpatial(RandK, _SpatialMixin):
         return spatial_beta(n_prime, self.k, self.d, self.transform.c_for(n_prime))
 
     def __repr__(self) -> str:
-        return f"RandKSpatial(n={self.n}, k={self.k}, d={self.d}, T={self.transform.label()})"
+        return (
+            f"RandKSpatial(n={self.n}, k={self.k}, d={self.d}, T={self.transform.label()}"
+            f"{self._bits_label()})"
+        )
 
 
 class RandProjSpatial(Estimator, _SpatialMixin):
@@ -336,7 +369,10 @@ class RandProjSpatial(Estimator, _SpatialMixin):
         return rps_beta(n_prime, self.k, self.d_pad, self.transform.c_for(n_prime))
 
     def __repr__(self) -> str:
-        return f"RandProjSpatial(n={self.n}, k={self.k}, d={self.d}, T={self.transform.label()})"
+        return (
+            f"RandProjSpatial(n={self.n}, k={self.k}, d={self.d}, T={self.transform.label()}"
+            f"{self._bits_label()})"
+        )
 
 
 def wangni_probabilities(x: FloatArray, k: int) -> FloatArray:
@@ -413,13 +449,15 @@ def make_estimator(
     name: str,
     *,
     n: int,
-    k: int,
+    k: int | None = None,
     d: int,
     transform: str | float = "avg",
     prior_r: float | None = None,
     method: str = "auto",
     rtol: float = DEFAULT_RTOL,
     block_size: int | None = None,
+    bits: int | None = None,
+    value_bits: int = 32,
 ) -> Estimator:
     """Build an estimator by name.
 
@@ -427,9 +465,10 @@ def make_estimator(
     ----------
     name : str
         ``"full"``, ``"rand-k"``, ``"rand-k-spatial"``, ``"rand-proj-spatial"``,
-        ``"rand-k-wangni"`` or ``"induced"``.
+        ``"rand-k-wangni"``, ``"induced"``, ``"eden"`` or ``"qsgd"``.
     n, k, d : int
-        Number of clients (``>= 1``), per-client budget (``1 <= k <= d``), dimension.
+        Number of clients (``>= 1``), per-client budget (``1 <= k <= d``; not used by
+        ``"eden"`` and ``"qsgd"``, which send every coordinate), dimension.
     transform : {"avg", "max", "one", "auto"} or float
         Spatial schemes only. A float R in ``[0, n-1]`` is the corr(R) transform;
         ``"auto"`` uses corr(``prior_r``), or avg while there is no prior.
@@ -445,11 +484,59 @@ def make_estimator(
         ``block_size`` coordinates independently (for very large d; see
         ``docs/performance.md``). The message scheme becomes
         ``rand-proj-spatial:block=<block_size>``.
+    bits : int, optional
+        ``"eden"`` (1, 2, 4 or 8 bits per coordinate of the rotated vector) and ``"qsgd"``
+        (``s = 2^bits - 1`` levels plus a sign bit, bits in [1, 16]) only; required there.
+    value_bits : int
+        ``"rand-k"``, ``"rand-k-spatial"`` and ``"rand-proj-spatial"``: bits per sent value
+        (1..32); below 32 the k values are sent as unbiased stochastically rounded b-bit
+        codes with one float32 scale per message (``rpsagg._quantize``).
 
     Returns
     -------
     Estimator
     """
+    if name in ("eden", "qsgd"):
+        if transform != "avg" or prior_r is not None or block_size is not None:
+            raise ValueError(f"transform, prior_r and block_size do not apply to {name!r}")
+        if value_bits != 32:
+            raise ValueError(f"{name!r} takes bits=, not value_bits=")
+        if bits is None:
+            raise ValueError(f"{name!r} needs bits=")
+        if k is not None and k != d:
+            raise ValueError(f"{name!r} sends every coordinate; leave k out (or k = d)")
+        if name == "eden":
+            from rpsagg._eden import Eden
+
+            return Eden(n, d, bits)
+        from rpsagg._qsgd import Qsgd
+
+        return Qsgd(n, d, bits)
+    if bits is not None:
+        raise ValueError(f"bits applies to 'eden' and 'qsgd'; use value_bits for {name!r}")
+    if k is None:
+        raise ValueError(f"{name!r} needs k=")
+    if value_bits != 32 and name not in QUANTIZABLE:
+        raise ValueError(f"value_bits applies to {', '.join(QUANTIZABLE)}, not {name!r}")
+    est = _make_float_estimator(name, n, k, d, transform, prior_r, method, rtol, block_size)
+    if value_bits != 32:
+        if block_size is not None:
+            raise ValueError("value_bits is not supported with block_size")
+        est._set_value_bits(value_bits)
+    return est
+
+
+def _make_float_estimator(
+    name: str,
+    n: int,
+    k: int,
+    d: int,
+    transform: str | float,
+    prior_r: float | None,
+    method: str,
+    rtol: float,
+    block_size: int | None,
+) -> Estimator:
     if block_size is not None:
         if name != "rand-proj-spatial":
             raise ValueError(f"block_size applies to rand-proj-spatial only, not {name!r}")
@@ -470,6 +557,7 @@ def make_estimator(
     }
     if name not in simple:
         raise ValueError(
-            f"unknown estimator {name!r}; expected one of {', '.join(ESTIMATOR_NAMES)}"
+            f"unknown estimator {name!r}; expected one of "
+            f"{', '.join(ESTIMATOR_NAMES + QUANTIZER_NAMES)}"
         )
     return simple[name](n, k, d)
