@@ -18,8 +18,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rpsagg import CorrelationTracker, Encoded, Estimator, make_estimator
+from rpsagg._quantize import dequantize
 from rpsagg._spec import derive_round_seed
-from rpsagg.v1.serde import Submission
+from rpsagg.v1.serde import Submission, VectorPayload
 
 log = logging.getLogger("rpsagg.server")
 FloatArray = NDArray[np.float64]
@@ -55,15 +56,34 @@ class DecodeOutcome:
     eval_errors: tuple[float, ...] | None
 
 
+def codebook_for(scheme: str) -> str:
+    """The code book of a scheme's quantized values (``rpsagg._quantize.CODEBOOKS``)."""
+    return scheme if scheme in ("eden", "qsgd") else "uniform"
+
+
+def payload_values(v: VectorPayload, codebook: str) -> NDArray[np.float32]:
+    """The values a vector sends: its float32 values, or its codes decoded with its scale
+    (``ValueError`` for codes outside the code book)."""
+    if v.codes is None:
+        return v.values
+    return dequantize(codebook, v.codes, np.array([v.scale], np.float32), v.value_bits)
+
+
 def messages(
     subs: Sequence[Submission], nonce: int, scheme: str, k: int, d: int, j: int
 ) -> list[Encoded]:
     """The ``Encoded`` messages of vector ``j`` of every submission, in the given order."""
     out = []
+    codebook = codebook_for(scheme)
     for s in subs:
         v = s.vectors[j]
         seed = derive_round_seed(s.client_seed, nonce, s.client_id, j)
-        out.append(Encoded(scheme, seed, k, d, v.values, v.indices))
+        if v.codes is None:
+            out.append(Encoded(scheme, seed, k, d, v.values, v.indices))
+        else:
+            out.append(Encoded(scheme, seed, k, d, payload_values(v, codebook), v.indices,
+                               value_bits=v.value_bits, codes=v.codes,
+                               scales=np.array([v.scale], np.float32)))
     return out
 
 
