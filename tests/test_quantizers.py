@@ -233,3 +233,51 @@ def test_mixed_value_bits_do_not_decode_together() -> None:
     eight = rpsagg.make_estimator("rand-k", n=2, k=5, d=50, value_bits=8)
     with pytest.raises(ValueError, match="4-bit values; expected 8-bit"):
         eight.decode([four.encode(x, 1), eight.encode(x, 2)])
+
+
+# -- golden vectors (docs/wire-format.md, "Quantized values") -----------------------------------
+# x_j = (j mod 7) - 3, d = 20, seed 0x0123456789ABCDEF: packed codes (hex), the scale's
+# binary32 bit pattern, and Encoded.bits. A change here changes the wire format.
+GOLDEN = [
+    ("rand-k", {"k": 6, "value_bits": 3}, "748101", 0x40400000, 114),
+    ("rand-proj-spatial", {"k": 6, "value_bits": 3}, "28e700", 0x40131406, 114),
+    ("eden", {"bits": 1}, "3dfb6c7e", 0x401D8D2C, 128),
+    ("eden", {"bits": 2}, "e25e9abbe12da97b", 0x3FD838C3, 160),
+    ("qsgd", {"bits": 2}, "d23652dbc64a1b09", 0x410A9067, 156),
+]
+GOLDEN_SEED = 0x0123456789ABCDEF
+
+
+@pytest.mark.parametrize(("name", "kwargs", "packed", "scale_bits", "size"), GOLDEN)
+def test_golden_quantized_messages(
+    name: str, kwargs: dict, packed: str, scale_bits: int, size: int
+) -> None:
+    x = np.array([(j % 7) - 3 for j in range(20)], dtype=np.float64)
+    msg = rpsagg.make_estimator(name, n=2, d=20, **kwargs).encode(x, GOLDEN_SEED)
+    assert msg.codes is not None and msg.scales is not None
+    assert pack_codes(msg.codes, msg.value_bits).hex() == packed
+    assert int(msg.scales.view(np.uint32)[0]) == scale_bits
+    assert msg.bits == size
+
+
+def test_golden_rand_k_codes_from_the_documented_rule() -> None:
+    # plain-Python reference of the uniform code book: m = max |v| rounded up to binary32,
+    # t = L (v + m) / (2 m), code = floor(t) + (uniform(seed, rpsQRND_, j) < frac(t)),
+    # packed least significant bit first
+    from rpsagg._quantize import TAG_QROUND
+    from rpsagg._spec import uniforms
+
+    x = [float((j % 7) - 3) for j in range(20)]
+    plain = rpsagg.make_estimator("rand-k", n=2, k=6, d=20).encode(np.array(x), GOLDEN_SEED)
+    v = [float(a) for a in plain.values]
+    m, top = max(abs(a) for a in v), 7
+    u = uniforms(GOLDEN_SEED, TAG_QROUND, len(v))
+    codes = []
+    for a, uj in zip(v, u, strict=True):
+        t = top * (a + m) / (2 * m)
+        codes.append(math.floor(t) + (1 if float(uj) < t - math.floor(t) else 0))
+    stream = [(c >> i) & 1 for c in codes for i in range(3)]
+    stream += [0] * (-len(stream) % 8)
+    packed = bytes(sum(bit << i for i, bit in enumerate(stream[p : p + 8]))
+                   for p in range(0, len(stream), 8))
+    assert packed.hex() == GOLDEN[0][2]
