@@ -195,7 +195,7 @@ def plot_bits(rows: Sequence[dict[str, Any]], path: Path) -> Path:
     settings = list(dict.fromkeys(r["setting"] for r in rows))
     cols = 2
     nrows = (len(settings) + cols - 1) // cols
-    fig, axes = plt.subplots(nrows, cols, figsize=(11, 4.2 * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, cols, figsize=(12, 5 * nrows), squeeze=False)
     for ax, setting in zip(axes.flat, settings, strict=False):
         sub = [r for r in rows if r["setting"] == setting]
         for scheme in BITS_COLORS:
@@ -212,6 +212,8 @@ def plot_bits(rows: Sequence[dict[str, Any]], path: Path) -> Path:
                 where="post", color="black", lw=1.6, label="Pareto frontier")
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.set_xlim(0.05, 40)
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("bits per coordinate (per client, with seed and scale)")
         ax.set_ylabel("squared error of the mean")
         ax.set_title(setting if setting == "power-iteration" else f"n = 10, d = 1024, {setting}")
@@ -219,8 +221,8 @@ def plot_bits(rows: Sequence[dict[str, Any]], path: Path) -> Path:
     for ax in list(axes.flat)[len(settings):]:
         ax.axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     fig.legend(handles, labels, loc="lower center", ncol=7, fontsize=7)
-    fig.subplots_adjust(bottom=0.14)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(fig)
