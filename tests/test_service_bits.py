@@ -61,6 +61,9 @@ def test_quantized_rounds(changes: dict, bits_per_value: int, count: int) -> Non
                for m in msgs)
     assert res.wire_bytes < N * (8 + 4 * count)  # below what float32 values would cost
     assert math.isfinite(res.eval_sq_error)
+    # shadows (Rand-k, Rand-k-Spatial at the job's k) only for the sketching schemes
+    has_k = cfg.estimator not in ("eden", "qsgd")
+    assert math.isfinite(res.eval_sq_error_rand_k) == has_k
 
 
 def test_mismatched_value_bits_are_rejected() -> None:

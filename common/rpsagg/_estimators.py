@@ -39,7 +39,7 @@ ESTIMATOR_NAMES = (
     "rand-k-wangni",
     "induced",
 )
-#: Quantizer baselines (``bits=``; library and experiments, not yet served by the service).
+#: Quantizer baselines (``bits=``): every coordinate, rotated (EDEN) or not (QSGD), as codes.
 QUANTIZER_NAMES = ("eden", "qsgd")
 #: Estimators whose k values may be sent as b-bit codes (``value_bits``).
 QUANTIZABLE = ("rand-k", "rand-k-spatial", "rand-proj-spatial")

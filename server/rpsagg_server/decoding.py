@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from rpsagg import CorrelationTracker, Encoded, Estimator, make_estimator
+from rpsagg import QUANTIZER_NAMES, CorrelationTracker, Encoded, Estimator, make_estimator
 from rpsagg._quantize import dequantize
 from rpsagg._spec import derive_round_seed
 from rpsagg.v1.serde import Submission, VectorPayload
@@ -147,15 +147,19 @@ def decode_round(
 
                     r_hat = estimate_correlation(batch)
     estimate = np.stack(rows)
-    errors = evaluation_errors(estimate, subs, nonce, n, k, d) if evaluate else None
+    # the shadows run Rand-k and Rand-k-Spatial at the job's k; EDEN and QSGD have none
+    shadows = estimator.name not in QUANTIZER_NAMES
+    errors = evaluation_errors(estimate, subs, nonce, n, k, d, shadows) if evaluate else None
     return DecodeOutcome(estimate, len(subs), beta, c, time.perf_counter() - start, r_hat, errors)
 
 
 def evaluation_errors(
-    estimate: FloatArray, subs: Sequence[Submission], nonce: int, n: int, k: int, d: int
+    estimate: FloatArray, subs: Sequence[Submission], nonce: int, n: int, k: int, d: int,
+    shadows: bool = True,
 ) -> tuple[float, float, float, float]:
     """Squared errors of the estimate, Rand-k and Rand-k-Spatial(avg) against the references,
-    and ``||x_bar||^2`` (what the relative errors divide by).
+    and ``||x_bar||^2`` (what the relative errors divide by). ``shadows=False`` (EDEN, QSGD:
+    no k to compare at) leaves the two shadow errors NaN.
 
     Best-effort: each is NaN when it cannot be computed (an overflow, a shadow decode that
     refuses its input); evaluation never fails the round or touches its estimate.
@@ -170,11 +174,13 @@ def evaluation_errors(
     except (ValueError, TypeError, FloatingPointError, ArithmeticError):
         log.warning("evaluation: squared error not computable", exc_info=True)
         return nan, nan, nan, nan
+    err_k = err_s = nan
     try:
-        seeds = [[derive_round_seed(s.client_seed, nonce, s.client_id, j) for j in range(m)]
-                 for s in subs]
-        with np.errstate(over="ignore", invalid="ignore"):
-            err_k, err_s = shadow_errors(refs, seeds, n, k, d)
+        if shadows:
+            seeds = [[derive_round_seed(s.client_seed, nonce, s.client_id, j)
+                      for j in range(m)] for s in subs]
+            with np.errstate(over="ignore", invalid="ignore"):
+                err_k, err_s = shadow_errors(refs, seeds, n, k, d)
     except (ValueError, TypeError, FloatingPointError, ArithmeticError):
         log.warning("evaluation: shadow errors not computable", exc_info=True)
         err_k = err_s = nan
