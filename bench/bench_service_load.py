@@ -1,13 +1,19 @@
-"""Load benchmark (acceptance 7; not a test): 200 concurrent clients in one round.
+"""Load benchmark (not a test): many concurrent clients submitting in one round.
 
-Starts ``rpsagg-server`` as a separate process (grpc.aio, SQLite WAL on a temporary file,
-group commit), joins 200 clients from this process, pre-encodes one Rand-Proj-Spatial
-submission each (k=128, d=4096), then
-fires all submissions concurrently from an asyncio client and reports submissions/s and
-p50/p99 submit latency. Afterwards it checks that every acked submission is committed in
-the database and that the round decoded with n'=200.
+For each configuration it starts ``rpsagg-server`` as a separate process (grpc.aio, SQLite
+WAL with ``synchronous=FULL`` on a temporary file, group commit), joins the clients from
+this process, pre-encodes one Rand-Proj-Spatial submission each, then fires all
+submissions at once from one asyncio process over a few HTTP/2 connections and prints:
+submissions/s (clients / wall time of the burst), Submit latency p50/p99/max, the server's
+RSS (now and peak), and the CPU time the server and this load generator spent in the burst
+(CPU ms per submission is what the 2-core machine's other load does not change much; the
+wall figures move with it, so the load average is printed too). Afterwards it checks that
+every acked submission is committed in the database and that the round decoded with n' = n.
 
-    python bench/bench_service_load.py [--clients 200] [--k 128] [--d 4096] [--db PATH]
+    python bench/bench_service_load.py                 # 200 clients k=128, 1000 clients k=64
+    python bench/bench_service_load.py --repeat 3      # each configuration 3 times
+    python bench/bench_service_load.py --clients 500 --k 64 --d 4096
+    python bench/bench_service_load.py --profile /tmp/server.txt   # py-spy collapsed stacks
 """
 
 from __future__ import annotations
@@ -16,11 +22,13 @@ import argparse
 import asyncio
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -37,35 +45,58 @@ from rpsagg.v1.serde import (
 )
 from rpsagg_server.store import Store
 
+CONFIGS = ((200, 128, 4096), (1000, 64, 4096))  # (clients, k, d): the issue's two cases
+TICK = os.sysconf("SC_CLK_TCK")
 
-async def main_async(args: argparse.Namespace) -> None:
-    n, k, d = args.clients, args.k, args.d
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def _rss_mib(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of a process in MiB."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(value.split()[0]) / 1024
+    return out["VmRSS"], out["VmHWM"]
+
+
+async def run_once(n: int, k: int, d: int, channels_n: int, profile: str | None,
+                   db_path: str | None) -> dict[str, Any]:
+    """One server, one round of ``n`` concurrent submissions; returns the figures."""
     work = Path(tempfile.mkdtemp(prefix="rpsagg-load-"))
-    db = args.db or str(work / "load.db")
+    db = db_path or str(work / "load.db")
     port_file = work / "port"
+    prefix = (["py-spy", "record", "--format", "raw", "--rate", "250", "--nonblocking", "--threads",
+               "-o", profile, "--"] if profile else [])
     # transform one: c = 0 and beta is exact, so no Monte Carlo in the way
     server = subprocess.Popen([
-        sys.executable, "-m", "rpsagg_server.server", "--insecure", "--host", "127.0.0.1",
-        "--grpc-port", "0", "--http-port", "0", "--n", str(n), "--k", str(k), "--d", str(d),
-        "--task", "mean", "--rounds", "1", "--round-timeout", "600", "--db", db,
-        "--transform", "one", "--linger", "-1", "--port-file", str(port_file),
+        *prefix, sys.executable, "-m", "rpsagg_server.server", "--insecure", "--host",
+        "127.0.0.1", "--grpc-port", "0", "--http-port", "0", "--n", str(n), "--k", str(k),
+        "--d", str(d), "--task", "mean", "--rounds", "1", "--round-timeout", "600",
+        "--db", db, "--transform", "one", "--linger", "-1", "--port-file", str(port_file),
     ], env=dict(os.environ, RPSAGG_LOG_LEVEL="WARNING"))
     while not port_file.exists():
         if server.poll() is not None:
             raise SystemExit("server failed to start")
         await asyncio.sleep(0.05)
     port = int(port_file.read_text())
+    pid = server.pid if not profile else None
     try:
         opts = [("grpc.max_receive_message_length", 64 << 20)]
         channels = [grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=opts)
-                    for _ in range(args.channels)]
+                    for _ in range(channels_n)]
         join = [ch.unary_unary(serde.method_path("Join"), serde.serializer("Join"),
                                serde.deserializer("Join")) for ch in channels]
         submit = [ch.unary_unary(serde.method_path("Submit"), serde.serializer("Submit"),
                                  serde.deserializer("Submit")) for ch in channels]
         ids = [f"load-{i:04d}" for i in range(n)]
-        for i, cid in enumerate(ids):
-            await join[i % len(join)](JoinRequest(cid), timeout=30)
+        await asyncio.gather(*(join[i % len(join)](JoinRequest(cid), timeout=60)
+                               for i, cid in enumerate(ids)))
         get_round = channels[0].unary_unary(serde.method_path("GetRound"),
                                             serde.serializer("GetRound"),
                                             serde.deserializer("GetRound"))
@@ -87,37 +118,60 @@ async def main_async(args: argparse.Namespace) -> None:
             await submit[i % len(submit)](subs[i], timeout=120)
             latencies.append(time.perf_counter() - t0)
 
+        load = os.getloadavg()[0]
+        cpu_server0 = _cpu_seconds(pid) if pid else float("nan")
+        cpu_self0 = time.process_time()
         start = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(n)))
         wall = time.perf_counter() - start
+        cpu_self = time.process_time() - cpu_self0
+        cpu_server = (_cpu_seconds(pid) - cpu_server0) if pid else float("nan")
+        rss, hwm = _rss_mib(pid) if pid else (float("nan"), float("nan"))
         res = await get_result(GetResultRequest(rnd.round_id, True), timeout=600)
         for ch in channels:
             await ch.close()
     finally:
-        server.terminate()
+        server.send_signal(signal.SIGINT if profile else signal.SIGTERM)
         server.wait(30)
     store = Store(db)
     committed = len(store.submissions(rnd.round_id))
     store.close()
     lat = np.array(latencies) * 1000
-    print(f"clients={n} k={k} d={d} channels={args.channels} db={db}")
-    print(f"acked={len(latencies)} committed={committed} decoded n'={res.n_prime} "
-          f"state={res.state} decode={res.decode_seconds:.2f}s")
-    print(f"throughput: {n / wall:.0f} submissions/s ({wall * 1000:.0f} ms for all)")
-    print(f"submit latency: p50 {np.percentile(lat, 50):.1f} ms, "
-          f"p99 {np.percentile(lat, 99):.1f} ms, max {lat.max():.1f} ms")
     if committed != n or len(latencies) != n or res.n_prime != n:
-        raise SystemExit("LOST SUBMISSIONS")
+        raise SystemExit(f"LOST SUBMISSIONS: acked={len(latencies)} committed={committed} "
+                         f"decoded n'={res.n_prime}")
+    return {"n": n, "k": k, "d": d, "rate": n / wall, "wall_ms": wall * 1000,
+            "p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99)),
+            "max": float(lat.max()), "rss": rss, "hwm": hwm, "load": load,
+            "server_cpu_ms": cpu_server * 1000 / n, "client_cpu_ms": cpu_self * 1000 / n,
+            "committed": committed, "n_prime": res.n_prime}
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--clients", type=int, default=200)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--clients", type=int, default=None,
+                   help="one configuration with this many clients (default: both cases)")
     p.add_argument("--k", type=int, default=128)
     p.add_argument("--d", type=int, default=4096)
     p.add_argument("--channels", type=int, default=8, help="client-side HTTP/2 connections")
+    p.add_argument("--repeat", type=int, default=1, help="runs per configuration")
     p.add_argument("--db", default=None)
-    asyncio.run(main_async(p.parse_args()))
+    p.add_argument("--profile", default=None, metavar="FILE",
+                   help="run the server under py-spy and write collapsed stacks to FILE")
+    args = p.parse_args()
+    configs = CONFIGS if args.clients is None else ((args.clients, args.k, args.d),)
+    print(f"{os.cpu_count()} CPUs; figures per run (load = 1-min load average at the burst)")
+    print("clients    k     d  subs/s  wall ms  p50 ms  p99 ms  max ms  server RSS/peak MiB"
+          "  CPU ms/sub server client  load")
+    for n, k, d in configs:
+        for _ in range(args.repeat):
+            r = asyncio.run(run_once(n, k, d, args.channels, args.profile, args.db))
+            print(f"{n:7d} {k:4d} {d:5d} {r['rate']:7.0f} {r['wall_ms']:8.0f} "
+                  f"{r['p50']:7.1f} {r['p99']:7.1f} {r['max']:7.1f} "
+                  f"{r['rss']:10.0f}/{r['hwm']:<8.0f} "
+                  f"{r['server_cpu_ms']:13.3f} {r['client_cpu_ms']:6.3f} {r['load']:5.1f}",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -194,7 +194,7 @@ def check_rounds_against_inprocess(db: str, n: int, k: int, d: int, scheme: str)
             got = np.frombuffer(r.estimate, dtype="<f8").reshape(len(subs[0].vectors), d)
             est = make_estimator(scheme, n=n, k=k, d=d)
             for j in range(got.shape[0]):
-                want = est.decode(messages(subs, r.nonce, scheme, k, d, j))
+                want = est.decode(messages(subs, r.nonce, est.name, k, d, j))
                 assert np.max(np.abs(got[j] - want)) <= 1e-12, (r.round_id, j)
             checked += 1
         return checked
@@ -256,3 +256,40 @@ def veth_star(prefix: str, spokes: int, tag: str) -> Iterator[tuple[str, list[Sp
         for ns in reversed(made):  # deleting a namespace deletes its veth ends
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
             shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, what: str,
+               interval: float = 0.02) -> None:
+    """Poll ``predicate`` until it is true; fails the test after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def committed_clients(db: str, round_id: int) -> set[str]:
+    """Client ids with a committed submission in ``round_id``, read by a second connection."""
+    import sqlite3
+
+    conn = sqlite3.connect(db, timeout=30)
+    try:
+        rows = conn.execute("SELECT client_id FROM submissions WHERE round_id = ?",
+                            (round_id,)).fetchall()
+    finally:
+        conn.close()
+    return {r[0] for r in rows}
+
+
+@contextmanager
+def write_lock(db: str) -> Iterator[None]:
+    """Hold SQLite's write lock on ``db`` from a second connection (``BEGIN IMMEDIATE``)."""
+    import sqlite3
+
+    conn = sqlite3.connect(db, isolation_level=None, timeout=30)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    finally:
+        conn.execute("ROLLBACK")
+        conn.close()

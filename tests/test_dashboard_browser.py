@@ -261,8 +261,13 @@ def test_task_panel_clients_view_round_detail_and_downloads(
         for series in ("rand_k", "rand_k_spatial"):
             assert points(browser, "rel-chart", series) == done
         # the task panel: distance to the top eigenvector and the eigenvalue gap per round
-        wait_for(browser, "task progress", lambda d: points(d, "task-chart", "eigvec") == done)
-        assert points(browser, "task-chart", "gap") == done
+        # (and the starting state at round 0, so the fall to the noise floor shows)
+        with_start = [0, *done]
+        wait_for(browser, "task progress",
+                 lambda d: points(d, "task-chart", "eigvec") == with_start)
+        assert points(browser, "task-chart", "gap") == with_start
+        start = server.api("/api/status")["task_start"]
+        assert start is not None and 0.0 <= start["eigenvector_distance"] <= 1.0
         task = server.api(f"/api/rounds/{ROUNDS}")["task_progress"]
         line = text_of(browser, "task-line")
         assert f"after round {ROUNDS}: Rayleigh quotient" in line

@@ -8,6 +8,7 @@ Prometheus registry.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -272,9 +273,11 @@ def test_metrics_counters_move_by_the_expected_amounts_over_a_round(harness: Har
     join_all(harness)
     before = scrape(harness.http)
     rnd, subs, _, _ = harness.run_round()
-    # A submission for a finished round is rejected with FAILED_PRECONDITION.
+    # A new (not byte-identical) submission for a finished round is rejected with
+    # FAILED_PRECONDITION (an identical retry would be acknowledged as a duplicate).
     with pytest.raises(grpc.RpcError) as rejected:
-        harness.clients[0].submit_encoded(subs[0])
+        harness.clients[0].submit_encoded(
+            dataclasses.replace(subs[0], client_seed=subs[0].client_seed ^ 1))
     assert rejected.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     after = scrape(harness.http)
     r = harness.http.get(f"/api/rounds/{rnd.round_id}").json()

@@ -121,6 +121,7 @@ def test_power_iteration_progress_matches_an_independent_eigendecomposition() ->
     top = vecs[:, -1]
     with live(cfg) as (_, http, clients):
         states = {}
+        states_before_1 = clients[0].current_round().global_state  # round 1's input
         for _ in range(3):
             rid, _, _ = submit(clients, list(range(N)), rng)
             res = clients[0].result(rid, wait=True)
@@ -129,7 +130,16 @@ def test_power_iteration_progress_matches_an_independent_eigendecomposition() ->
             r for r in http.get("/api/rounds").json()["rounds"] if r["task_progress"]
         ] if all(http.get(f"/api/rounds/{i}").json()["task_progress"] for i in states)
             else None)
-        assert http.get("/api/status").json()["task_metrics_note"] == ""
+        status = http.get("/api/status").json()
+        assert status["task_metrics_note"] == ""
+    # round 0: the starting state the engine opened round 1 with, measured the same way
+    start = np.asarray(states_before_1).reshape(-1)
+    ts = status["task_start"]
+    cos0 = abs(float(top @ start)) / float(np.linalg.norm(start))
+    assert ts["eigenvector_distance"] == pytest.approx(np.sqrt(1 - cos0 ** 2), abs=1e-6)
+    assert ts["value"] == pytest.approx(
+        np.mean([float((s.x @ start) @ (s.x @ start)) / s.x.shape[0] for s in shards]),
+        rel=1e-9)
     for r in rounds:
         v = np.asarray(states[r["round_id"]]).reshape(-1)
         tp = r["task_progress"]
@@ -213,7 +223,10 @@ def test_clients_view_counts_contributions_misses_bytes_and_flags_stragglers(
     assert [a["payload_bytes"] for a in arrivals] == [s.payload_bytes for s in subs2]
     assert sum(a["wire_bytes"] for a in arrivals) == detail["bytes"]["wire"]
     ts = detail["timestamps"]
-    assert all(ts["first_submission"] <= a["received_at"] <= ts["closed"] for a in arrivals)
+    # received_at is when the request reached the server (the deadline counts arrivals);
+    # first_submission is when the round's first write committed, so it is no earlier
+    assert all(a["received_at"] <= ts["closed"] for a in arrivals)
+    assert min(a["received_at"] for a in arrivals) <= ts["first_submission"]
 
     # A restart on the same database: the figures are rebuilt from the stored rounds.
     with live(cfg, n=0) as (_, http, _):

@@ -144,204 +144,37 @@ def golden_x(d: int) -> list[float]:
 
 
 # --------------------------------------------------------------------------------------
-# Golden values (generated once with rpsagg 0.1.0, checked against the reference above).
-# Keys: stream key mix64(seed ^ tag). Sign words: words 0..3 of the rpsSIGNS stream.
+# Golden values: docs/wire-vectors.json, the language-neutral file beside the spec (moved
+# there from this file; generated once with rpsagg 0.1.0 and checked against the reference
+# above). Keys: stream key mix64(seed ^ tag). Sign words: words 0..3 of the rpsSIGNS stream.
 # Cases: sign_bits = sum_j b_j 2^j over the first min(64, d') bits; y = float32 bit
 # patterns of the encoding of golden_x(d); induced = the k - k//2 indices of rpsINDCD.
 # Round: (client_seed, nonce, client_id, vector_index, derive_round_seed(...)).
 # --------------------------------------------------------------------------------------
-TAG_NAMES = {
-    "SIGNS": "rpsSIGNS",
-    "ROWS": "rpsROWS_",
-    "RANDK": "rpsRANDK",
-    "WANGNI": "rpsWNGNI",
-    "INDUCED": "rpsINDCD",
-    "MCBETA": "rpsMCBTA",
-    "ROUND": "rpsROUND",
-}
+VECTORS_PATH = Path(__file__).resolve().parents[1] / "docs" / "wire-vectors.json"
+VECTORS: dict[str, Any] = json.loads(VECTORS_PATH.read_text(encoding="utf-8"))
 
-# SplitMix64's published first outputs (Vigna's splitmix64.c) for state 0 and 1234567.
+TAG_NAMES: dict[str, str] = {n: t for n, t in VECTORS["tags"].items() if n != "SHIFT"}
 PUBLISHED_SPLITMIX64 = {
-    0: [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F],
-    1234567: [6457827717110365317, 3203168211198807973, 9817491932198370423],
+    int(state): [int(w, 16) for w in words]
+    for state, words in VECTORS["published_splitmix64"].items()
 }
-
 GOLDEN_KEYS = {
-    0x0: {
-        "SIGNS": 0x6CDCDE3AF782BF76,
-        "ROWS": 0xE34A9F4C0EE125FB,
-        "RANDK": 0x6B593C8127E6006B,
-        "WANGNI": 0xF3E8C0B2C4046E80,
-        "INDUCED": 0xD9664B463966858E,
-        "MCBETA": 0x3B18C362244341FF,
-        "ROUND": 0xA5E2700C7355842C,
-    },
-    0x1: {
-        "SIGNS": 0x46CD1D801095F9F8,
-        "ROWS": 0x4F921510EE45370,
-        "RANDK": 0xC0C03984E9E995C8,
-        "WANGNI": 0xA33DEA3D20BBDE94,
-        "INDUCED": 0xB4128AF98358BAD,
-        "MCBETA": 0x196A2A207B25082C,
-        "ROUND": 0x2942ECBDAC59E323,
-    },
-    0xFFFFFFFFFFFFFFFF: {
-        "SIGNS": 0x5D6A3488424A0793,
-        "ROWS": 0xBA4C863E9D3F027,
-        "RANDK": 0x48BF0C15F6D6CBC2,
-        "WANGNI": 0x2F822684794F326E,
-        "INDUCED": 0x42B5C4A4665D0AC8,
-        "MCBETA": 0x7542BEE7E2F1E475,
-        "ROUND": 0x53EE6FEACA727F62,
-    },
-    0x9F143CDEF6E1B1FA: {
-        "SIGNS": 0x5C6960C93385BF1F,
-        "ROWS": 0x5A9DC66903FE2175,
-        "RANDK": 0xB8A8035117AC464D,
-        "WANGNI": 0x8F136E9E553A6D9D,
-        "INDUCED": 0xAF11BFC6366EC1B3,
-        "MCBETA": 0xA3022524E86EB086,
-        "ROUND": 0x9E2724B4E9D2FDF2,
-    },
+    int(seed, 16): {n: int(v, 16) for n, v in keys.items() if n != "SHIFT"}
+    for seed, keys in VECTORS["keys"].items()
 }
 GOLDEN_SIGN_WORDS = {
-    0x0: [0x300680BEB790FE4, 0x46F71765EF9D976D, 0x78198DFF7F5F7EBF, 0x49CDFFB586C51680],
-    0x1: [0xE590BEA4ADE76226, 0x85F4C56104875DA1, 0x88CA9D22109268A3, 0x39F4442669BF2BF0],
-    0xFFFFFFFFFFFFFFFF: [
-        0x72DDCB9D5A699DFB,
-        0xEC3B393D51D2A483,
-        0x35A9611B64AA31E4,
-        0x52222EF66701D711,
-    ],
-    0x9F143CDEF6E1B1FA: [
-        0xA9BAE5DAE7EBE0,
-        0xCD4AF606F2FA8C27,
-        0x6742C7E360F51785,
-        0xDA646B31E0B8E1BF,
-    ],
+    int(seed, 16): [int(w, 16) for w in words] for seed, words in VECTORS["sign_words"].items()
 }
 GOLDEN_CASES: list[dict[str, Any]] = [
-    {
-        "seed": 0x0,
-        "k": 4,
-        "d": 100,
-        "d_pad": 128,
-        "sign_bits": 0x300680BEB790FE4,
-        "rows": [81, 76, 45, 2],
-        "randk": [33, 13, 35, 24],
-        "induced": [17, 89],
-        "wangni_u": ["0x1.95095e443d049p-1", "0x1.66c51caa79690p-1", "0x1.09d3b066dbf74p-2"],
-        "y": [0xC0514DB9, 0xBE87C3B6, 0xC0240C7C, 0x3EE24630],
-    },
-    {
-        "seed": 0x1,
-        "k": 16,
-        "d": 128,
-        "d_pad": 128,
-        "sign_bits": 0xE590BEA4ADE76226,
-        "rows": [87, 124, 29, 107, 51, 1, 35, 74, 127, 84, 123, 90, 80, 30, 66, 38],
-        "randk": [63, 57, 126, 58, 6, 81, 54, 113, 55, 108, 48, 42, 35, 95, 60, 114],
-        "induced": [28, 99, 46, 52, 87, 30, 92, 107],
-        "wangni_u": ["0x1.0b327e0afe3dap-1", "0x1.b368a58b8decfp-1", "0x1.0f7609c724380p-7"],
-        "y": [
-            0xBEE24630,
-            0x3F1E6455,
-            0x3FED967F,
-            0xBE87C3B6,
-            0x4045FD6A,
-            0x3EE24630,
-            0xBFA9B4A4,
-            0x4045FD6A,
-            0x40514DB9,
-            0x3F931406,
-            0xC00D6BDE,
-            0xC0021B8F,
-            0x3E87C3B6,
-            0x40733EA7,
-            0x3FA9B4A4,
-            0x405C9E08,
-        ],
-    },
-    {
-        "seed": 0xFFFFFFFFFFFFFFFF,
-        "k": 5,
-        "d": 1000,
-        "d_pad": 1024,
-        "sign_bits": 0x72DDCB9D5A699DFB,
-        "rows": [688, 883, 607, 477, 267],
-        "randk": [532, 814, 487, 901, 711],
-        "induced": [445, 1, 488],
-        "wangni_u": ["0x1.e62c0778ec7e3p-1", "0x1.962d23bbc95d0p-5", "0x1.83b5376d93ebcp-3"],
-        "y": [0xBFC40000, 0xC05A0000, 0xBF180000, 0x3F280000, 0xBF840000],
-    },
-    {
-        "seed": 0x8BADF00DDEADBEEF,
-        "k": 7,
-        "d": 100,
-        "d_pad": 128,
-        "sign_bits": 0xE7423B3EFC9A6FB4,
-        "rows": [21, 30, 112, 81, 70, 74, 117],
-        "randk": [18, 92, 88, 55, 80, 44, 6],
-        "induced": [53, 98, 86, 8],
-        "wangni_u": ["0x1.30f7dbd240187p-1", "0x1.036f461bc4976p-2", "0x1.c12ed9bd8606cp-1"],
-        "y": [0xC018BC2D, 0xBE87C3B6, 0x3F78E6CE, 0x40240C7C, 0x4045FD6A, 0xBFD6F5E1, 0xBFC05542],
-    },
-    {
-        "seed": 0x2A,
-        "k": 12,
-        "d": 12,
-        "d_pad": 16,
-        "sign_bits": 0xC837,
-        "rows": [0, 14, 9, 4, 1, 2, 3, 11, 8, 5, 7, 6],
-        "randk": [10, 2, 11, 0, 7, 6, 1, 4, 5, 8, 3, 9],
-        "induced": [6, 1, 5, 9, 2, 7],
-        "wangni_u": ["0x1.a154bae6bc500p-8", "0x1.90b07e93dd964p-2", "0x1.44f0e719cf082p-1"],
-        "y": [
-            0xBE800000,
-            0x40100000,
-            0x40100000,
-            0x3FA00000,
-            0x40100000,
-            0xBE800000,
-            0xBFE00000,
-            0xBF400000,
-            0x3FE00000,
-            0xBFA00000,
-            0x3F400000,
-            0x3FA00000,
-        ],
-    },
-    {
-        "seed": 0x5,
-        "k": 1,
-        "d": 1,
-        "d_pad": 1,
-        "sign_bits": 0x0,
-        "rows": [0],
-        "randk": [0],
-        "induced": [0],
-        "wangni_u": ["0x1.5756c8aa396dep-2", "0x1.bae48c556e7b2p-1", "0x1.d2375bfeb6411p-1"],
-        "y": [0xC0400000],
-    },
-    {
-        "seed": 0x3,
-        "k": 3,
-        "d": 3,
-        "d_pad": 4,
-        "sign_bits": 0x4,
-        "rows": [1, 3, 2],
-        "randk": [2, 1, 0],
-        "induced": [2, 0],
-        "wangni_u": ["0x1.ac48e4dc26928p-3", "0x1.018a0f0010158p-1", "0x1.982a62ddfd542p-2"],
-        "y": [0x00000000, 0xBF800000, 0xC0400000],
-    },
+    dict(c, seed=int(c["seed"], 16), sign_bits=int(c["sign_bits"], 16),
+         y=[int(v, 16) for v in c["y"]])
+    for c in VECTORS["srht_cases"]
 ]
 GOLDEN_ROUND = [
-    (0x0, 0x0, "", 0, 0x3A9E1EB6A48BBFFB),
-    (0x1, 0x2, "client-0", 0, 0xDDFC6760C0D058EA),
-    (0x1, 0x2, "client-0", 1, 0xC5E9BBF600EA0398),
-    (0xFFFFFFFFFFFFFFFF, 0xFFFFFFFFFFFFFFFF, "Zoë-Ω", 7, 0x9397898FC54DCC59),
-    (0x75BCD15, 0x3ADE68B1, "alice", 0, 0xEAFEB130C2E6E550),
+    (int(r["client_seed"], 16), int(r["nonce"], 16), r["client_id"], r["vector_index"],
+     int(r["seed"], 16))
+    for r in VECTORS["round"]
 ]
 
 
@@ -357,7 +190,7 @@ def library_snapshot() -> dict[str, Any]:
         seed, k, d = case["seed"], case["k"], case["d"]
         d_pad = _spec.padded_dim(d)
         bits = _spec.sign_bits(seed, d_pad)[:64]
-        est = rpsagg.make_estimator("rand-proj-spatial", n=2, k=k, d=d)
+        est = rpsagg.make_estimator("rand-proj-spatial", n=2, k=k, d=d, projection="srht")
         y = est.encode(np.array(golden_x(d)), seed=seed).values
         snap["cases"].append(
             {
@@ -406,7 +239,8 @@ def expected_snapshot() -> dict[str, Any]:
 # The reference against itself and against published values
 # --------------------------------------------------------------------------------------
 def test_spec_version() -> None:
-    assert rpsagg.SPEC_VERSION == _spec.SPEC_VERSION == "rpsagg-seed-v1"
+    assert rpsagg.SPEC_VERSION == _spec.SPEC_VERSION == VECTORS["spec"] == "rpsagg-seed-v2"
+    assert _spec.SPEC_VERSIONS == ("rpsagg-seed-v1", "rpsagg-seed-v2")
 
 
 def test_reference_matches_published_splitmix64() -> None:
@@ -423,6 +257,7 @@ def test_tags_are_the_documented_ascii_names() -> None:
     assert ref_tag("rpsINDCD") == _spec.TAG_INDUCED
     assert ref_tag("rpsMCBTA") == _spec.TAG_MCBETA
     assert ref_tag("rpsROUND") == _spec.TAG_ROUND
+    assert ref_tag("rpsSHIFT") == _spec.TAG_SHIFT
 
 
 # --------------------------------------------------------------------------------------
@@ -671,7 +506,7 @@ def test_encode_matches_reference_exactly_on_integer_input(d: int, encode_path: 
     x = golden_x(d)
     for seed in _random_seeds(3, 100 + d):
         k = max(1, min(d, 9))
-        est = rpsagg.make_estimator("rand-proj-spatial", n=2, k=k, d=d)
+        est = rpsagg.make_estimator("rand-proj-spatial", n=2, k=k, d=d, projection="srht")
         msg = est.encode(np.array(x), seed=seed)
         ref = ref_encode(x, seed, k)
         assert msg.values.dtype == np.float32
@@ -742,7 +577,7 @@ def test_srht_matrix_agrees_with_encoding(seed: int, k: int, d: int) -> None:
     x = np.zeros(g.shape[1])
     x[:d] = rng.standard_normal(d)
     np.testing.assert_allclose(g @ x, srht_encode(x, seed, k), rtol=1e-12, atol=1e-13)
-    est = rpsagg.make_estimator("rand-proj-spatial", n=2, k=k, d=d)
+    est = rpsagg.make_estimator("rand-proj-spatial", n=2, k=k, d=d, projection="srht")
     y32 = est.encode(x[:d], seed=seed).values
     np.testing.assert_allclose(y32, g @ x, rtol=1e-6, atol=1e-6)
 
@@ -911,7 +746,7 @@ def test_worked_example_of_the_document() -> None:
     assert _spec.randk_indices(1, 3, 5).tolist() == [3, 0, 2]
     assert _spec.sample_distinct(1, _spec.TAG_INDUCED, 2, 5).tolist() == [1, 2]
     assert _spec.uniforms(1, _spec.TAG_WANGNI, 1)[0] == 0.5218696010989519
-    est = rpsagg.make_estimator("rand-proj-spatial", n=2, k=3, d=5)
+    est = rpsagg.make_estimator("rand-proj-spatial", n=2, k=3, d=5, projection="srht")
     y = est.encode([1.0, 2.0, 3.0, 4.0, 5.0], seed=1).values
     assert y.view(np.uint32).tolist() == [0xC04BA592, 0x3FE24630, 0x3EB504F3]
     assert _spec.client_id_word("client-0") == 0x16C2885525297D11

@@ -120,11 +120,17 @@ UNBIASED_CASES = [
 
 @pytest.mark.parametrize(("name", "transform", "n_prime"), UNBIASED_CASES)
 def test_unbiased(name: str, transform: str | float, n_prime: int) -> None:
-    # correlated, non-identical vectors with R = 4, d = 100 (padded to d' = 128 for SRHT)
+    # correlated, non-identical vectors with R = 4, d = 100: Rand-Proj-Spatial uses its
+    # default projection for d = 100, the randomized DCT (no padding), except max: there
+    # nk = d makes A square, and max's A^+ y on non-identical vectors is unbiased but so
+    # heavy-tailed (relative MSE ~1e6 against 5 for the SRHT padded to d' = 128, see
+    # docs/performance.md) that no sample of 2000 trials measures its mean; max runs on the
+    # padded SRHT here, and tests/test_dct.py checks the DCT's max at nk < d.
     n, k, d, trials = 10, 10, 100, 2000
     xs = correlated_vectors(n, d, 4.0, seed=5)[:n_prime] * np.linspace(0.5, 2.0, d)
     x_bar = xs.mean(axis=0)
-    est = rpsagg.make_estimator(name, n=n, k=k, d=d, transform=transform)
+    extra = {"projection": "srht"} if (name, transform) == ("rand-proj-spatial", "max") else {}
+    est = rpsagg.make_estimator(name, n=n, k=k, d=d, transform=transform, **extra)
     estimates = run_trials(est, xs, trials, offset=40_000)
     if name == "full":
         np.testing.assert_allclose(estimates.mean(axis=0), x_bar, atol=1e-6)

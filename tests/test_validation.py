@@ -78,11 +78,11 @@ def test_decode_errors(name: str) -> None:
         e.decode([msgs[0], est(name, k=3).encode(x, 9)])
     with pytest.raises(ValueError, match="mixed k/d"):
         e.decode([msgs[0], est(name, d=19).encode(x[:19], 9)])
-    bad = rpsagg.Encoded(name, 9, 4, 20, np.r_[msgs[0].values[:-1], np.nan], msgs[0].indices)
+    bad = rpsagg.Encoded(e.name, 9, 4, 20, np.r_[msgs[0].values[:-1], np.nan], msgs[0].indices)
     with pytest.raises(ValueError, match="non-finite"):
         e.decode([msgs[1], bad])
     if e.values_per_message is not None:
-        short = rpsagg.Encoded(name, 9, 4, 20, msgs[0].values[:-1], None)
+        short = rpsagg.Encoded(e.name, 9, 4, 20, msgs[0].values[:-1], None)
         with pytest.raises(ValueError, match="values; expected"):
             e.decode([short])
     with pytest.raises(ValueError, match="n_prime must be in"):
@@ -135,3 +135,18 @@ def test_srht_encoders_catch_non_finite_input_through_the_output(block_size: int
                 e.encode(x, 3)
     with pytest.raises(ValueError, match="too large"):
         e.encode(np.full(20, 1e308), 3)
+
+
+@pytest.mark.parametrize("name", ["full", "rand-k", "rand-proj-spatial", "induced"])
+@pytest.mark.parametrize("d", [16, 20])
+def test_values_beyond_binary32_are_refused_not_sent_as_infinity(name: str, d: int) -> None:
+    # docs/wire-format.md section 7: a value that rounds to +-inf in binary32 is never sent.
+    # 1e39 is finite in float64 but beyond binary32's 3.4028235e38 (the SRHT and DCT keep
+    # the norm, so some sketch value of a constant vector is at least as large).
+    e = rpsagg.make_estimator(name, n=2, k=4, d=d)
+    with pytest.raises(ValueError, match=r"beyond binary32's largest finite value 3\.4028235e\+38"):
+        e.encode(np.full(d, 1e39), 3)
+    if name != "induced":  # (its random part is scaled up by d / (k - k//2))
+        # just below the limit is sent as it is (rounded to nearest)
+        ok = e.encode(np.full(d, 3.0e38 / np.sqrt(d)), 3)
+        assert np.all(np.isfinite(ok.values))

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from service_util import base_config, in_process_server
 
+import rpsagg
 from rpsagg.v1 import aggregation_pb2 as pb
 from rpsagg.v1 import serde
 from rpsagg.v1.serde import Submission, VectorPayload
@@ -32,9 +33,11 @@ def field_len(payload: int) -> int:
 
 
 def documented_wire_bytes(round_id: int, client_id: str, values: list[int],
-                          indices: list[int]) -> int:
+                          indices: list[int], spec_version: str = "") -> int:
     """docs/protocol.md's formula (round_id >= 1 and client_seed != 0, so both are sent)."""
     total = 1 + varint_len(round_id) + field_len(len(client_id.encode())) + 9
+    if spec_version:  # an empty string is not sent
+        total += field_len(len(spec_version.encode()))
     for count, idx in zip(values, indices, strict=True):
         inner = field_len(4 * count) + (field_len(4 * idx) if idx else 0)
         total += field_len(inner)
@@ -105,6 +108,8 @@ def test_round_wire_bytes_reported_by_the_server(eval_mode: bool) -> None:
             for c in clients:
                 c.close()
     assert res.state == "done"
-    # the same count whether the references rode along or not: 4k + 20 + len(id) + 2 here
+    # the same count whether the references rode along or not: 4k + 20 + len(id) + 2 here,
+    # plus the spec version the client sends
+    assert sub.spec_version == rpsagg.SPEC_VERSION
     assert res.wire_bytes == expected == n * documented_wire_bytes(
-        rnd.round_id, "client-0", [k], [0])
+        rnd.round_id, "client-0", [k], [0], rpsagg.SPEC_VERSION)

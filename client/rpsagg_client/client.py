@@ -31,7 +31,14 @@ import grpc
 import numpy as np
 from numpy.typing import ArrayLike
 
-from rpsagg import QUANTIZER_NAMES, Estimator, make_estimator
+from rpsagg import (
+    QUANTIZER_NAMES,
+    SPEC_VERSION,
+    SPEC_VERSIONS,
+    Estimator,
+    check_spec_version,
+    make_estimator,
+)
 from rpsagg._spec import derive_round_seed
 from rpsagg.v1 import serde
 from rpsagg.v1.serde import (
@@ -134,7 +141,7 @@ class AggregationClient:
         self._watch = self._channel.unary_stream(
             serde.method_path("WatchRounds"), request_serializer=serde.serializer("WatchRounds"),
             response_deserializer=serde.deserializer("WatchRounds"), _registered_method=True)
-        self._estimators: dict[tuple[str, int, int, int, int, int], Estimator] = {}
+        self._estimators: dict[tuple[str, int, int, int, str, int, int, int], Estimator] = {}
 
     # -- plumbing --------------------------------------------------------------------------
     def _call(self, name: str, request: Any, timeout: float | None = None,
@@ -196,15 +203,7 @@ class AggregationClient:
             raise ValueError(f"round {rnd.round_id} expects vectors of shape ({rnd.m}, {rnd.d});"
                              f" got {xs.shape}")
         seed = secrets.randbits(64) if client_seed is None else client_seed
-        key = (rnd.scheme, rnd.n, rnd.k, rnd.d, rnd.value_bits, rnd.bits)
-        est = self._estimators.get(key)
-        if est is None:
-            if rnd.scheme in QUANTIZER_NAMES:
-                est = make_estimator(rnd.scheme, n=rnd.n, d=rnd.d, bits=rnd.bits)
-            else:
-                est = make_estimator(rnd.scheme, n=rnd.n, k=rnd.k, d=rnd.d,
-                                     value_bits=rnd.value_bits)
-            self._estimators[key] = est
+        est = self.estimator_for(rnd)
         payloads = []
         for j, x in enumerate(xs):
             enc = est.encode(x, derive_round_seed(seed, rnd.nonce, self.client_id, j))
@@ -214,7 +213,38 @@ class AggregationClient:
             else:
                 payloads.append(VectorPayload(np.empty(0, np.float32), enc.indices, ref,
                                               enc.codes, enc.value_bits, float(enc.scales[0])))
-        return Submission(rnd.round_id, self.client_id, seed, tuple(payloads))
+        return Submission(rnd.round_id, self.client_id, seed, tuple(payloads),
+                          spec_version=SPEC_VERSION)
+
+    def estimator_for(self, rnd: RoundInfo) -> Estimator:
+        """The encoder ``rnd`` announces (scheme, projection, block size, spec version).
+
+        A server from before these fields sends none: its Rand-Proj-Spatial is the SRHT of
+        ``rpsagg-seed-v1``. Raises ``ValueError`` when the round needs a wire format this
+        client does not speak.
+        """
+        if rnd.spec_version:
+            try:
+                check_spec_version(SPEC_VERSION, rnd.spec_version)
+            except ValueError:
+                raise ValueError(
+                    f"round {rnd.round_id} needs wire format {rnd.spec_version!r}; this "
+                    f"client speaks {', '.join(SPEC_VERSIONS)}"
+                ) from None
+        projection = rnd.projection or ("srht" if rnd.scheme == "rand-proj-spatial" else "auto")
+        key = (rnd.scheme, rnd.n, rnd.k, rnd.d, projection, rnd.block_size, rnd.value_bits,
+               rnd.bits)
+        est = self._estimators.get(key)
+        if est is None:
+            if rnd.scheme in QUANTIZER_NAMES:
+                est = make_estimator(rnd.scheme, n=rnd.n, d=rnd.d, bits=rnd.bits)
+            else:
+                est = make_estimator(
+                    rnd.scheme, n=rnd.n, k=rnd.k, d=rnd.d, projection=projection,
+                    block_size=rnd.block_size or None, value_bits=rnd.value_bits,
+                )
+            self._estimators[key] = est
+        return est
 
     def submit(self, rnd: RoundInfo, vectors: ArrayLike) -> SubmitReply:
         """Encode and submit; returns once the server has durably committed it."""

@@ -1,6 +1,7 @@
 """rpsagg: communication-efficient distributed mean estimation with Rand-Proj-Spatial.
 
-Clients compress their vectors with a seeded SRHT (``Estimator.encode``) and send ``k``
+Clients compress their vectors with a seeded projection (the SRHT, or the randomized DCT when
+d is not a power of two; ``Estimator.encode``) and send ``k``
 floats plus a seed; the server regenerates every transform from its seed and decodes all
 clients jointly (``Estimator.decode``).
 
@@ -16,6 +17,7 @@ Examples
 
 from rpsagg._beta import BetaEstimate, cache_dir, spatial_beta
 from rpsagg._correlation import CorrelationTracker, correlation_terms, estimate_correlation
+from rpsagg._dct import dct_matrix
 from rpsagg._decode import SolveInfo
 from rpsagg._encoded import Encoded
 from rpsagg._estimators import (
@@ -28,7 +30,8 @@ from rpsagg._estimators import (
 )
 from rpsagg._fwht import BACKEND as FWHT_BACKEND
 from rpsagg._fwht import fwht
-from rpsagg._spec import SPEC_VERSION, padded_dim
+from rpsagg._projection import PROJECTIONS, round_encoding
+from rpsagg._spec import SPEC_VERSION, SPEC_VERSIONS, check_spec_version, padded_dim
 from rpsagg._srht import srht_matrix
 
 __version__ = "0.1.0"
@@ -36,8 +39,10 @@ __version__ = "0.1.0"
 __all__ = [
     "ESTIMATOR_NAMES",
     "FWHT_BACKEND",
+    "PROJECTIONS",
     "QUANTIZER_NAMES",
     "SPEC_VERSION",
+    "SPEC_VERSIONS",
     "BetaEstimate",
     "CorrelationTracker",
     "DecodeResult",
@@ -46,11 +51,14 @@ __all__ = [
     "SolveInfo",
     "__version__",
     "cache_dir",
+    "check_spec_version",
     "correlation_terms",
+    "dct_matrix",
     "estimate_correlation",
     "fwht",
     "make_estimator",
     "padded_dim",
+    "round_encoding",
     "spatial_beta",
     "srht_matrix",
     "wangni_probabilities",

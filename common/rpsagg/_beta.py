@@ -26,8 +26,15 @@ from pathlib import Path
 import numpy as np
 
 from rpsagg._decode import EXACT_LIMIT, eig_tolerance, solve_krylov, solve_lsqr
-from rpsagg._spec import SPEC_VERSION, TAG_MCBETA, TAG_MCPROBE, stream_key, stream_words, uniforms
-from rpsagg._srht import JointSRHT
+from rpsagg._spec import (
+    SPEC_V1,
+    SPEC_VERSION,
+    TAG_MCBETA,
+    TAG_MCPROBE,
+    stream_key,
+    stream_words,
+    uniforms,
+)
 
 log = logging.getLogger("rpsagg")
 
@@ -95,8 +102,10 @@ _memory: dict[str, BetaEstimate] = {}
 _lock = threading.Lock()
 
 
-def _key(scheme: str, n: int, k: int, d_pad: int, c: float) -> str:
-    return f"{scheme}|n={n}|k={k}|dpad={d_pad}|c={c!r}|{SPEC_VERSION}|{MC_VERSION}"
+def _key(scheme: str, n: int, k: int, d_pad: int, c: float, projection: str = "srht") -> str:
+    # The SRHT's numbers are the same in every spec version: its keys (and caches) stay v1's.
+    proj, spec = ("", SPEC_V1) if projection == "srht" else (f"|proj={projection}", SPEC_VERSION)
+    return f"{scheme}|n={n}|k={k}|dpad={d_pad}|c={c!r}{proj}|{spec}|{MC_VERSION}"
 
 
 def _load(key: str) -> BetaEstimate | None:
@@ -130,13 +139,21 @@ def mc_seeds(sample: int, n: int) -> list[int]:
     return [int(w) for w in words]
 
 
-def spectral_sample(n: int, k: int, d_pad: int, c: float, sample: int) -> tuple[float, str]:
-    """One unbiased sample of ``sum_j l_j / T(l_j)`` for the clients of sample ``sample``."""
+def spectral_sample(
+    n: int, k: int, d_pad: int, c: float, sample: int, projection: str = "srht"
+) -> tuple[float, str]:
+    """One unbiased sample of ``sum_j l_j / T(l_j)`` for the clients of sample ``sample``.
+
+    ``d_pad`` is the dimension the projection acts in (``d`` for ``projection="dct"``).
+    """
     import scipy.linalg
 
-    op = JointSRHT.from_seeds(mc_seeds(sample, n), k, d_pad)
+    from rpsagg._projection import joint_operator
+
+    op = joint_operator(projection, mc_seeds(sample, n), k, d_pad)
     nk = n * k
-    if nk <= EXACT_LIMIT:
+    # The randomized DCT's Gram matrix costs (nk)^2 d; where that is too much, Hutchinson.
+    if nk <= EXACT_LIMIT and getattr(op, "exact_affordable", lambda: True)():
         gram = op.gram()
         if c == 1.0 and nk <= d_pad:
             # full rank iff the Cholesky factorization succeeds and is well conditioned
@@ -187,9 +204,14 @@ def rps_beta(
     *,
     target_rel_se: float = TARGET_REL_SE,
     time_budget: float = DEFAULT_TIME_BUDGET,
+    projection: str = "srht",
 ) -> BetaEstimate:
-    """beta of Rand-Proj-Spatial with ``T(l) = (1 - c) + c l`` for ``n`` clients."""
-    key = _key("rand-proj-spatial", n, k, d_pad, c)
+    """beta of Rand-Proj-Spatial with ``T(l) = (1 - c) + c l`` for ``n`` clients.
+
+    ``d_pad`` is the dimension the projection acts in: ``d'`` for the SRHT, ``d`` for the
+    randomized DCT (``projection="dct"``), whose beta is ``d / E[...]`` by the same argument.
+    """
+    key = _key("rand-proj-spatial", n, k, d_pad, c, projection)
     with _lock:
         if key in _memory:
             return _memory[key]
@@ -203,7 +225,7 @@ def rps_beta(
         with _lock:
             _memory[key] = cached
         return cached
-    est = _monte_carlo(n, k, d_pad, c, key, target_rel_se, time_budget)
+    est = _monte_carlo(n, k, d_pad, c, key, target_rel_se, time_budget, projection)
     _store(est)
     with _lock:
         _memory[key] = est
@@ -211,7 +233,14 @@ def rps_beta(
 
 
 def _monte_carlo(
-    n: int, k: int, d_pad: int, c: float, key: str, target: float, budget: float
+    n: int,
+    k: int,
+    d_pad: int,
+    c: float,
+    key: str,
+    target: float,
+    budget: float,
+    projection: str = "srht",
 ) -> BetaEstimate:
     start = time.monotonic()
     last_report = start
@@ -219,7 +248,7 @@ def _monte_carlo(
     method = "mc-eig"
     rel_se = math.inf
     while len(values) < MAX_SAMPLES:
-        value, method = spectral_sample(n, k, d_pad, c, len(values))
+        value, method = spectral_sample(n, k, d_pad, c, len(values), projection)
         values.append(value)
         count = len(values)
         minimum = MIN_SAMPLES_HUTCHINSON if method == "mc-hutchinson" else MIN_SAMPLES

@@ -51,6 +51,7 @@ class BlockwiseRandProjSpatial(Estimator):
     """
 
     _mixes_all_inputs = True  # every block sends >= 1 value mixing all its coordinates
+    projection = "srht"  # every block is an SRHT of dimension block_size
 
     def __init__(
         self,

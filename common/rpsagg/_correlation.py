@@ -1,7 +1,7 @@
 """Estimating the inter-client correlation R from the sketches alone.
 
-With ``D`` the transform's dimension (d' for the SRHT, d for Rand-k) and ``E[(D/k) G^T G] = I``,
-``G G^T = I_k``::
+With ``D`` the transform's dimension (d' for the SRHT, d for the randomized DCT and Rand-k),
+``E[(D/k) G^T G] = I`` and ``G G^T = I_k``::
 
     sum_i ||x_i||^2          ~ (D/k) sum_i ||y_i||^2
     sum_{i != l} <x_i, x_l>  ~ (D/k)^2 (||sum_i G_i^T y_i||^2 - sum_i ||y_i||^2)
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from rpsagg._encoded import Encoded
-from rpsagg._spec import padded_dim, randk_indices
-from rpsagg._srht import JointSRHT
+from rpsagg._projection import joint_operator, operator_dim, projection_of_scheme
+from rpsagg._spec import randk_indices
 
-_SUPPORTED = ("rand-proj-spatial", "rand-k", "rand-k-spatial")
+_SUPPORTED = ("rand-proj-spatial", "rand-proj-spatial:dct", "rand-k", "rand-k-spatial")
 
 
 def correlation_terms(encoded: Sequence[Encoded]) -> tuple[float, float]:
@@ -50,9 +50,10 @@ def correlation_terms(encoded: Sequence[Encoded]) -> tuple[float, float]:
         raise ValueError("the same seed appears twice in one estimate_correlation call")
     k = first.k
     y = np.stack([m.values.astype(np.float64) for m in batch])
-    if first.scheme == "rand-proj-spatial":
-        dim = padded_dim(first.d)
-        back = JointSRHT.from_seeds([m.seed for m in batch], k, dim).adjoint(y)
+    projection = projection_of_scheme(first.scheme)
+    if projection is not None:
+        dim = operator_dim(projection, first.d)
+        back = joint_operator(projection, [m.seed for m in batch], k, dim).adjoint(y)
     else:
         dim = first.d
         back = np.zeros(dim)

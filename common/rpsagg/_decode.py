@@ -1,4 +1,4 @@
-"""Joint decoding of SRHT sketches without forming S (d' x d').
+"""Joint decoding of SRHT and randomized-DCT sketches without forming S (d' x d').
 
 ``T(S)^+ A^T y = A^T f(K) y`` with ``K = A A^T`` (nk x nk) and ``f = 1/T`` on the non-zero
 spectrum of K. For the affine ``T(l) = (1 - c) + c l`` this is ``A^T ((1-c) I + c K)^-1 y``
@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from rpsagg._srht import JointSRHT
-
 if TYPE_CHECKING:  # scipy is imported lazily: encoding clients never load it
     from scipy.sparse.linalg import LinearOperator
+
+    from rpsagg._projection import JointOperator
 
 FloatArray = NDArray[np.float64]
 log = logging.getLogger("rpsagg")
@@ -132,7 +132,7 @@ def solve_exact(gram: FloatArray, y: FloatArray, c: float, d_pad: int) -> tuple[
     return _spectral_apply(gram, y, c, d_pad)
 
 
-def system_operator(op: JointSRHT, c: float) -> LinearOperator:
+def system_operator(op: JointOperator, c: float) -> LinearOperator:
     """``M = (1 - c) I + c K`` as a matrix-free operator on vectors of length nk."""
     from scipy.sparse.linalg import LinearOperator
 
@@ -147,7 +147,7 @@ def system_operator(op: JointSRHT, c: float) -> LinearOperator:
 
 
 def solve_krylov(
-    op: JointSRHT,
+    op: JointOperator,
     y: FloatArray,
     c: float,
     *,
@@ -176,7 +176,7 @@ def solve_krylov(
 
 
 def solve_lsqr(
-    op: JointSRHT, y: FloatArray, *, rtol: float = DEFAULT_RTOL, maxiter: int | None = None
+    op: JointOperator, y: FloatArray, *, rtol: float = DEFAULT_RTOL, maxiter: int | None = None
 ) -> tuple[FloatArray, int, bool, float]:
     """``A^+ y = A^T K^+ y`` (length d') by LSQR on the matrix-free A.
 
@@ -201,8 +201,18 @@ def solve_lsqr(
     return np.asarray(x), int(itn), istop in (1, 2, 4), residual
 
 
+def _exact_affordable(op: JointOperator) -> bool:
+    """Whether the operator's Gram matrix is cheap enough for ``method="auto"`` to build it.
+
+    The SRHT's costs ``n^2`` FWHTs (always affordable where :func:`choose_method` picks it);
+    the DCT's is built from its dense sampled rows and says so itself.
+    """
+    check = getattr(op, "exact_affordable", None)
+    return True if check is None else bool(check())
+
+
 def joint_solve(
-    op: JointSRHT,
+    op: JointOperator,
     y: FloatArray,
     c: float,
     *,
@@ -213,8 +223,8 @@ def joint_solve(
 
     Parameters
     ----------
-    op : JointSRHT
-        The clients' transforms.
+    op : JointSRHT or JointDCT
+        The clients' transforms (``op.d_pad`` is the dimension they act in).
     y : ndarray, shape (n, k)
         Received sketches (float64).
     c : float
@@ -235,6 +245,8 @@ def joint_solve(
     if method not in ("auto", "exact", "cg"):
         raise ValueError(f"method must be 'auto', 'exact' or 'cg'; got {method!r}")
     chosen = choose_method(nk, op.d_pad, c) if method == "auto" else method
+    if method == "auto" and chosen == "exact" and not _exact_affordable(op):
+        chosen = "cg"  # the DCT's Gram matrix costs (nk)^2 d: too much at large d
     if chosen == "cg" and c == 1.0:
         xt, iterations, converged, residual = solve_lsqr(op, flat, rtol=rtol)
         if converged or nk > 2 * EXACT_LIMIT:

@@ -16,16 +16,21 @@ from rpsagg._beta import BetaEstimate, rps_beta, spatial_beta
 from rpsagg._decode import DEFAULT_RTOL, SolveInfo, joint_solve
 from rpsagg._encoded import Encoded
 from rpsagg._quantize import check_value_bits, dequantize, quantize_uniform
+from rpsagg._projection import (
+    SCHEMES,
+    encode,
+    joint_operator,
+    operator_dim,
+    resolve_projection,
+)
 from rpsagg._spec import (
     TAG_INDUCED,
     TAG_WANGNI,
     check_seed,
-    padded_dim,
     randk_indices,
     sample_distinct,
     uniforms,
 )
-from rpsagg._srht import JointSRHT, srht_encode
 from rpsagg._transform import Transform, parse_transform
 from rpsagg._validation import check_batch, check_dims, check_vector
 
@@ -114,7 +119,15 @@ class Estimator(ABC):
             check_vector(vec, self.d)  # raises the usual message for NaN/Inf in x
             raise ValueError("x is too large: its transform overflows float64")
         if self.value_bits == 32:
-            return Encoded(self.name, seed, self.k, self.d, values.astype(np.float32), indices)
+            with np.errstate(over="ignore"):
+                sent = values.astype(np.float32)
+            if not np.all(np.isfinite(sent)):  # docs/wire-format.md section 7: never send +-inf
+                worst = float(np.max(np.abs(values)))
+                raise ValueError(
+                    f"x is too large: a value to send is {worst:.6g}, beyond binary32's largest "
+                    f"finite value {float(np.finfo(np.float32).max):.8g}; scale x down"
+                )
+            return Encoded(self.name, seed, self.k, self.d, sent, indices)
         codes, scale = self._quantize(values, seed)
         scales = np.array([scale], dtype=np.float32)
         if not np.isfinite(scales[0]):
@@ -308,12 +321,12 @@ class RandKSpatial(RandK, _SpatialMixin):
 
 
 class RandProjSpatial(Estimator, _SpatialMixin):
-    """Rand-Proj-Spatial with a seeded SRHT: ``x_hat = beta T(S)^+ sum_i G_i^T y_i``.
+    """Rand-Proj-Spatial with a seeded projection: ``x_hat = beta T(S)^+ sum_i G_i^T y_i``.
 
     Parameters
     ----------
     n, k, d : int
-        Clients, per-client budget, dimension (zero-padded to ``d' = 2^ceil(log2 d)``).
+        Clients, per-client budget, dimension.
     transform : {"avg", "max", "one", "auto"} or float
         T; a float R in [0, n-1] selects corr(R).
     prior_r : float, optional
@@ -322,6 +335,11 @@ class RandProjSpatial(Estimator, _SpatialMixin):
         Joint solver.
     rtol : float
         Relative residual target of the matrix-free solver.
+    projection : {"auto", "srht", "dct"}
+        ``"srht"``: the SRHT on x zero-padded to ``d' = 2^ceil(log2 d)`` (scheme
+        ``rand-proj-spatial``); ``"dct"``: the subsampled randomized DCT on x itself (scheme
+        ``rand-proj-spatial:dct``, wire format ``rpsagg-seed-v2``); ``"auto"``: the SRHT when
+        d is a power of two, the DCT otherwise.
     """
 
     name = "rand-proj-spatial"
@@ -336,6 +354,7 @@ class RandProjSpatial(Estimator, _SpatialMixin):
         prior_r: float | None = None,
         method: str = "auto",
         rtol: float = DEFAULT_RTOL,
+        projection: str = "auto",
     ) -> None:
         super().__init__(n, k, d)
         self._init_transform(transform, self.n, prior_r)
@@ -345,14 +364,17 @@ class RandProjSpatial(Estimator, _SpatialMixin):
             raise ValueError(f"rtol must be in (0, 1); got {rtol}")
         self.method = method
         self.rtol = rtol
-        self.d_pad = padded_dim(self.d)
+        self.projection = resolve_projection(projection, self.d)
+        self.name = SCHEMES[self.projection]
+        #: The dimension the projection acts in: d' (SRHT, padded) or d (DCT).
+        self.d_pad = operator_dim(self.projection, self.d)
 
     def _encode(self, x: FloatArray, seed: int) -> tuple[FloatArray, NDArray[np.int64] | None]:
-        return srht_encode(x, seed, self.k, self.d_pad), None
+        return encode(self.projection, x, seed, self.k), None
 
     def _decode(self, batch: list[Encoded]) -> DecodeResult:
         n_prime = len(batch)
-        op = JointSRHT.from_seeds([m.seed for m in batch], self.k, self.d_pad)
+        op = joint_operator(self.projection, [m.seed for m in batch], self.k, self.d_pad)
         y = np.stack([m.values.astype(np.float64) for m in batch])
         c = self.transform.c_for(n_prime)
         xt, info = joint_solve(op, y, c, method=self.method, rtol=self.rtol)
@@ -360,18 +382,22 @@ class RandProjSpatial(Estimator, _SpatialMixin):
         return DecodeResult(beta * xt[: self.d], n_prime, beta, c, info, 0.0)
 
     def _beta(self, n_prime: int) -> float:
-        return rps_beta(n_prime, self.k, self.d_pad, self.transform.c_for(n_prime)).beta
+        return self._beta_estimate(n_prime).beta
+
+    def _beta_estimate(self, n_prime: int) -> BetaEstimate:
+        c = self.transform.c_for(n_prime)
+        return rps_beta(n_prime, self.k, self.d_pad, c, projection=self.projection)
 
     def beta_details(self, n_prime: int | None = None) -> BetaEstimate:
         """The :class:`~rpsagg._beta.BetaEstimate` behind ``beta_for(n_prime)``."""
         n_prime = self.n if n_prime is None else n_prime
-        self.beta_for(n_prime)
-        return rps_beta(n_prime, self.k, self.d_pad, self.transform.c_for(n_prime))
+        self.beta_for(n_prime)  # validates n_prime
+        return self._beta_estimate(n_prime)
 
     def __repr__(self) -> str:
         return (
-            f"RandProjSpatial(n={self.n}, k={self.k}, d={self.d}, T={self.transform.label()}"
-            f"{self._bits_label()})"
+            f"RandProjSpatial(n={self.n}, k={self.k}, d={self.d}, T={self.transform.label()}, "
+            f"projection={self.projection}{self._bits_label()})"
         )
 
 
@@ -458,6 +484,7 @@ def make_estimator(
     block_size: int | None = None,
     bits: int | None = None,
     value_bits: int = 32,
+    projection: str = "auto",
 ) -> Estimator:
     """Build an estimator by name.
 
@@ -491,14 +518,22 @@ def make_estimator(
         ``"rand-k"``, ``"rand-k-spatial"`` and ``"rand-proj-spatial"``: bits per sent value
         (1..32); below 32 the k values are sent as unbiased stochastically rounded b-bit
         codes with one float32 scale per message (``rpsagg._quantize``).
+    projection : {"auto", "srht", "dct"}
+        Rand-Proj-Spatial only: the seeded projection (see :class:`RandProjSpatial`;
+        ``"auto"``: the SRHT when d is a power of two, the randomized DCT otherwise). The
+        blockwise estimator always uses the SRHT.
 
     Returns
     -------
     Estimator
     """
     if name in ("eden", "qsgd"):
-        if transform != "avg" or prior_r is not None or block_size is not None:
-            raise ValueError(f"transform, prior_r and block_size do not apply to {name!r}")
+        if transform != "avg" or prior_r is not None or block_size is not None or (
+            projection != "auto"
+        ):
+            raise ValueError(
+                f"transform, prior_r, block_size and projection do not apply to {name!r}"
+            )
         if value_bits != 32:
             raise ValueError(f"{name!r} takes bits=, not value_bits=")
         if bits is None:
@@ -516,9 +551,11 @@ def make_estimator(
         raise ValueError(f"bits applies to 'eden' and 'qsgd'; use value_bits for {name!r}")
     if k is None:
         raise ValueError(f"{name!r} needs k=")
-    if value_bits != 32 and name not in QUANTIZABLE:
+    if value_bits != 32 and name not in (*QUANTIZABLE, SCHEMES["dct"]):
         raise ValueError(f"value_bits applies to {', '.join(QUANTIZABLE)}, not {name!r}")
-    est = _make_float_estimator(name, n, k, d, transform, prior_r, method, rtol, block_size)
+    est = _make_float_estimator(
+        name, n, k, d, transform, prior_r, method, rtol, block_size, projection
+    )
     if value_bits != 32:
         if block_size is not None:
             raise ValueError("value_bits is not supported with block_size")
@@ -536,15 +573,24 @@ def _make_float_estimator(
     method: str,
     rtol: float,
     block_size: int | None,
+    projection: str,
 ) -> Estimator:
+    if name == SCHEMES["dct"]:  # the message scheme names its projection
+        name, projection = "rand-proj-spatial", resolve_projection("dct", d)
+    if projection != "auto" and name != "rand-proj-spatial":
+        raise ValueError(f"projection applies to rand-proj-spatial only, not {name!r}")
     if block_size is not None:
         if name != "rand-proj-spatial":
             raise ValueError(f"block_size applies to rand-proj-spatial only, not {name!r}")
+        if projection not in ("auto", "srht"):
+            raise ValueError(
+                f"the blockwise estimator uses the SRHT; got projection={projection!r}"
+            )
         from rpsagg._blockwise import BlockwiseRandProjSpatial
 
         return BlockwiseRandProjSpatial(n, k, d, block_size, transform, prior_r, method, rtol)
     if name == "rand-proj-spatial":
-        return RandProjSpatial(n, k, d, transform, prior_r, method, rtol)
+        return RandProjSpatial(n, k, d, transform, prior_r, method, rtol, projection)
     if name == "rand-k-spatial":
         return RandKSpatial(n, k, d, transform, prior_r)
     if transform != "avg" or prior_r is not None:

@@ -1,9 +1,9 @@
-"""Seed-to-randomness derivation (wire format ``rpsagg-seed-v1``).
+"""Seed-to-randomness derivation (wire format ``rpsagg-seed-v2``; ``v1`` is its subset).
 
 Everything a client and the server must agree on is derived here from a 64-bit
 seed with SplitMix64 in counter mode, using only unsigned 64-bit integer
 arithmetic. ``docs/wire-format.md`` is the normative description; this module is
-its reference implementation and the golden vectors in ``tests/test_spec.py``
+its reference implementation and the golden vectors in ``docs/wire-vectors.json``
 pin it down. NumPy ``Generator`` streams are never used for these quantities.
 """
 
@@ -34,7 +34,38 @@ def _load_native() -> ModuleType | None:
 #: None: then every quantity comes from the numpy code below, with identical bits.
 NATIVE: ModuleType | None = _load_native()
 
-SPEC_VERSION = "rpsagg-seed-v1"
+#: The derivation this library encodes with. ``rpsagg-seed-v2`` adds the subsampled
+#: randomized DCT (projection ``"dct"``, stream ``rpsSHIFT``) to ``rpsagg-seed-v1``, whose
+#: every number it keeps: an SRHT message encodes identically under both.
+SPEC_VERSION = "rpsagg-seed-v2"
+SPEC_V1 = "rpsagg-seed-v1"
+#: Every version this library decodes, oldest first.
+SPEC_VERSIONS = (SPEC_V1, SPEC_VERSION)
+
+
+def check_spec_version(sent: str, required: str = SPEC_V1) -> str:
+    """The version a message claims (``""``: a sender from before versions were sent, v1).
+
+    Raises ``ValueError`` (``UnknownSpecVersion``) for a version this library does not
+    speak and ``ValueError`` (``SpecTooOld``) for one older than ``required``.
+    """
+    version = sent or SPEC_V1
+    if version not in SPEC_VERSIONS:
+        raise UnknownSpecVersion(
+            f"spec version {sent!r} is not spoken here; known: {', '.join(SPEC_VERSIONS)}"
+        )
+    if SPEC_VERSIONS.index(version) < SPEC_VERSIONS.index(required):
+        shown = version if sent else f"{SPEC_V1} (no spec_version sent)"
+        raise SpecTooOld(f"encoded with {shown}; this needs {required} or later")
+    return version
+
+
+class UnknownSpecVersion(ValueError):
+    """A wire-format version this library does not implement."""
+
+
+class SpecTooOld(ValueError):
+    """A known wire-format version that lacks what is asked for."""
 
 MASK64 = (1 << 64) - 1
 GAMMA = 0x9E3779B97F4A7C15
@@ -58,6 +89,7 @@ TAG_MCBETA = _tag(b"rpsMCBTA")  # Monte Carlo seeds for beta (server side only)
 TAG_MCPROBE = _tag(b"rpsMCPRB")  # Hutchinson probe vectors for beta (server side only)
 TAG_BLOCK = _tag(b"rpsBLOCK")  # blockwise SRHT: per-block transform seeds
 TAG_ROUND = _tag(b"rpsROUND")  # service: transform seed of a round submission
+TAG_SHIFT = _tag(b"rpsSHIFT")  # v2, randomized DCT: the cyclic shift
 
 
 def mix64(z: int) -> int:
@@ -330,6 +362,11 @@ def uniforms(seed: int, tag: int, count: int) -> NDArray[np.float64]:
 def srht_rows(seed: int, k: int, d_pad: int) -> NDArray[np.int64]:
     """The ``k`` rows E samples from the ``d_pad`` rows of H D."""
     return sample_distinct(seed, TAG_ROWS, k, d_pad)
+
+
+def dct_shift(seed: int, d: int) -> int:
+    """The cyclic shift of the randomized DCT (v2): ``sample_distinct(seed, rpsSHIFT, 1, d)``."""
+    return int(sample_distinct(seed, TAG_SHIFT, 1, d)[0])
 
 
 def randk_indices(seed: int, k: int, d: int) -> NDArray[np.int64]:

@@ -8,7 +8,9 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from rpsagg._encoded import Encoded
-from rpsagg._spec import SPEC_VERSION, check_seed
+from rpsagg._spec import SPEC_V1, SPEC_VERSION, SPEC_VERSIONS, check_seed
+
+DCT_SCHEME = "rand-proj-spatial:dct"  # the one scheme rpsagg-seed-v1 does not define
 
 
 def check_int(name: str, value: object, minimum: int) -> int:
@@ -85,10 +87,15 @@ def check_batch(
                 f"mixed k/d in one decode: message {pos} has k={msg.k}, d={msg.d}; "
                 f"expected k={k}, d={d}"
             )
-        if msg.spec_version != SPEC_VERSION:
+        if msg.spec_version not in SPEC_VERSIONS:
             raise ValueError(
                 f"message {pos} uses spec {msg.spec_version!r}; this decoder implements "
-                f"{SPEC_VERSION!r}"
+                f"{', '.join(SPEC_VERSIONS)}"
+            )
+        if msg.spec_version == SPEC_V1 and scheme == DCT_SCHEME:
+            raise ValueError(
+                f"message {pos} claims {SPEC_V1!r}, which has no {scheme!r} (it needs "
+                f"{SPEC_VERSION!r})"
             )
         if msg.value_bits != value_bits:
             raise ValueError(

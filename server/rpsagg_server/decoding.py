@@ -24,7 +24,7 @@ from rpsagg.v1.serde import Submission, VectorPayload
 
 log = logging.getLogger("rpsagg.server")
 FloatArray = NDArray[np.float64]
-R_HAT_SCHEMES = ("rand-proj-spatial", "rand-k", "rand-k-spatial")
+R_HAT_SCHEMES = ("rand-proj-spatial", "rand-proj-spatial:dct", "rand-k", "rand-k-spatial")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from rpsagg import Estimator, padded_dim
+from rpsagg import SPEC_VERSIONS, Estimator, check_spec_version, padded_dim
+from rpsagg._spec import SpecTooOld, UnknownSpecVersion
 from rpsagg.v1.serde import Submission
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.decoding import DecodeOutcome, codebook_for, payload_values
@@ -39,6 +40,27 @@ def check_client_id(client_id: str) -> None:
         raise Rejected("INVALID_ARGUMENT",
                        f"client_id must be 1..{MAX_CLIENT_ID} characters of [A-Za-z0-9._-]; "
                        f"got {client_id!r}")
+
+
+def check_submission_spec(sub: Submission, required: str, projection: str) -> None:
+    """Refuse a submission encoded with a wire format that cannot describe this round.
+
+    A version the server does not speak is INVALID_ARGUMENT (the message names the versions
+    it speaks); a known version older than the round's (e.g. ``rpsagg-seed-v1`` for a round
+    of the randomized DCT) is FAILED_PRECONDITION. No ``spec_version`` (a client from before
+    the field) counts as ``rpsagg-seed-v1``.
+    """
+    try:
+        check_spec_version(sub.spec_version, required)
+    except SpecTooOld as exc:
+        what = f"projection {projection!r}" if projection else "this round"
+        raise Rejected("FAILED_PRECONDITION", f"submission {exc}; {what} is defined from "
+                       f"{required} on (see RoundInfo.spec_version)") from None
+    except UnknownSpecVersion:
+        raise Rejected("INVALID_ARGUMENT",
+                       f"submission encoded with spec version {sub.spec_version!r}, which "
+                       f"this server does not speak; it speaks {', '.join(SPEC_VERSIONS)}"
+                       ) from None
 
 
 def validate_submission(sub: Submission, cfg: ServerConfig, m: int) -> None:

@@ -18,12 +18,21 @@ decode waits for it.
 Every state change is committed to the :class:`~rpsagg_server.store.Store` before it is
 acknowledged. After a crash the last round resumes with every committed submission (a
 collecting round gets a fresh deadline); finished rounds stay queryable.
+
+A submission's state machine: once its write is queued, the write's outcome decides. The
+in-memory update runs in a callback of the store's future, independent of the handler, so a
+caller that goes away (deadline, cancel) never undoes a write that commits. Committed means
+in memory and acknowledged on an identical retry (``duplicate = true``) in every later state
+of its round, closed, finished and after a restart included. A write that fails is
+answered UNAVAILABLE with the reason, and nothing of it is kept. Engine-owned writes (round
+rows) are retried until they commit, so a round never wedges on a transient database error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -31,10 +40,17 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import NoReturn
 
 import numpy as np
 
-from rpsagg import QUANTIZER_NAMES, CorrelationTracker, Estimator, make_estimator
+from rpsagg import (
+    QUANTIZER_NAMES,
+    CorrelationTracker,
+    Estimator,
+    make_estimator,
+    round_encoding,
+)
 from rpsagg.tasks import Task, make_task
 from rpsagg.v1 import serde
 from rpsagg.v1.serde import (
@@ -49,11 +65,12 @@ from rpsagg.v1.serde import (
 from rpsagg_server.betawarm import BetaWarmup
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.decoding import DecodeOutcome, decode_round
-from rpsagg_server.live import LiveRound, Rejected, validate_submission
+from rpsagg_server.live import LiveRound, Rejected, check_submission_spec, validate_submission
 from rpsagg_server.state import ClientView, JobView, ServerState
 from rpsagg_server.store import (
     Store,
     StoredSubmission,
+    WriteError,
     op_client,
     op_meta,
     op_round,
@@ -63,6 +80,11 @@ from rpsagg_server.store import (
 log = logging.getLogger("rpsagg.server")
 SPATIAL = ("rand-k-spatial", "rand-proj-spatial")
 CONFIG_KEYS = ("n", "k", "d", "estimator", "transform", "task", "eval")
+# a deadline timer that fires this late means the process was stalled (SIGSTOP, swapping):
+# submissions may be waiting in gRPC's queues, so the close waits until arrivals are quiet
+STALL_SLACK = 0.2
+SETTLE_QUIET = 0.5
+SETTLE_MAX = 10.0
 
 
 class RoundEngine:
@@ -83,9 +105,18 @@ class RoundEngine:
         self.task: Task = make_task(config.task, config.d, config.params)
         self.m = self.task.m
         self.tracker = CorrelationTracker() if config.transform == "auto" else None
+        #: Rand-Proj-Spatial's projection: "auto" (by d) for a new job; a recovered job keeps
+        #: the one it was started with (its stored submissions were encoded with it).
+        self.projection = "auto"
         self._base = self._make_estimator(None)
+        #: (spec_version, projection, block_size) every round announces: what clients need
+        #: to encode (the projection follows from d; the prior of auto does not change it).
+        self.encoding = round_encoding(self._base)
         self.clients: dict[str, int] = {}
-        self._joining: dict[str, asyncio.Future[int]] = {}
+        self._joining: dict[str, tuple[int, asyncio.Future[None]]] = {}
+        self._round_writes = asyncio.Lock()  # round rows commit in the order they change
+        self._view_due = False
+        self._last_arrival = 0.0  # loop.time() when the last Submit reached the engine
         self.current: LiveRound | None = None
         self.results: dict[int, RoundResult] = {}
         self.steps_done = 0
@@ -114,9 +145,35 @@ class RoundEngine:
         transform: str | float = c.transform
         if transform not in ("avg", "max", "one", "auto"):
             transform = float(transform)
+        projection = self.projection if c.estimator == "rand-proj-spatial" else "auto"
         return make_estimator(c.estimator, n=c.n, k=c.k, d=c.d, transform=transform,
                               prior_r=prior if transform == "auto" else None,
-                              value_bits=c.value_bits)
+                              projection=projection, value_bits=c.value_bits)
+
+    def _recover_encoding(self, job_exists: bool) -> None:
+        """Keep the projection a job was started with; record it for a new job.
+
+        Stored submissions are decoded with the projection they were encoded with, so a
+        job recovered by a newer server keeps it even where the default has changed: a job
+        from before the projection was recorded (meta ``encoding`` absent) used the SRHT.
+        If recording it fails, start-up fails (nothing was announced to clients yet).
+        """
+        saved = self.store.get_meta("encoding")
+        if saved is not None:
+            projection = str(json.loads(saved)[1])
+        elif job_exists:
+            projection = "srht" if self.cfg.estimator == "rand-proj-spatial" else ""
+        else:
+            projection = self.encoding[1]
+        if projection and projection != self.encoding[1]:
+            log.warning("[Engine] job in %s was started with projection %r; keeping it "
+                        "(a new job with d=%d would use %r)", self.cfg.db, projection,
+                        self.cfg.d, self.encoding[1])
+            self.projection = projection
+            self._base = self._make_estimator(None)
+            self.encoding = round_encoding(self._base)
+        if saved is None:
+            self.store.write_sync([op_meta("encoding", json.dumps(list(self.encoding)))])
 
     def _transform_label(self, est: Estimator) -> str:
         tr = getattr(est, "transform", None)
@@ -135,6 +192,7 @@ class RoundEngine:
                     f"database {self.cfg.db} belongs to a job with other settings: {detail}")
         else:
             self.store.write_sync([op_meta("config", json.dumps(mine))])
+        self._recover_encoding(job_exists=saved is not None)
         for cid, idx, joined in self.store.clients():
             self.clients[cid] = idx
             self.state._put_client(ClientView(cid, idx, joined))
@@ -184,7 +242,10 @@ class RoundEngine:
         if live.state == "decoding" or len(live.subs) >= self.cfg.n:
             live.state = "collecting"
             self._spawn(self._close(live, "recovered"))
-        elif live.subs:
+        elif live.subs:  # collecting (or open when its row's update did not land)
+            live.state = "collecting"
+            if live.first_at is None:
+                live.first_at = min(live.received_at.values())
             live.deadline = time.time() + self.cfg.round_timeout
             self._arm_deadline(live)
         self.state._put_round(live.view(self.cfg, self.clients), current=True)
@@ -195,33 +256,69 @@ class RoundEngine:
         if client_id in self.clients:
             idx = self.clients[client_id]
         elif client_id in self._joining:
-            idx = await self._joining[client_id]
+            idx, fut = self._joining[client_id]
+            await self._outcome(fut)
         else:
-            taken = len(self.clients) + len(self._joining)
-            if taken >= self.cfg.n:
+            used = set(self.clients.values()) | {i for i, _ in self._joining.values()}
+            if len(used) >= self.cfg.n:
                 raise Rejected("RESOURCE_EXHAUSTED",
                                f"all n={self.cfg.n} client slots are taken; "
                                f"client {client_id!r} cannot join")
-            fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-            self._joining[client_id] = fut
+            idx = next(i for i in range(self.cfg.n) if i not in used)
             now = time.time()
-            try:
-                await self.store.write([op_client(client_id, taken, now)])
-            except BaseException as exc:
-                fut.set_exception(exc)
-                fut.exception()
-                raise
-            finally:
-                del self._joining[client_id]
-            fut.set_result(taken)
-            idx = taken
-            self.clients[client_id] = idx
-            self.state._put_client(ClientView(client_id, idx, now))
-            log.info("[Engine.Join] client %s -> index %d", client_id, idx)
-            if self.current is not None:
-                self.state._put_round(self.current.view(self.cfg, self.clients), current=True)
+            fut = self.store.enqueue([op_client(client_id, idx, now)])
+            self._joining[client_id] = (idx, fut)
+            fut.add_done_callback(functools.partial(self._joined, client_id, idx, now))
+            await self._outcome(fut)
         hint = self.cfg.data if self.cfg.data != "synthetic" else f"synthetic:r={self.cfg.data_r}"
         return JoinReply(idx, self.cfg.n, self.cfg.task, hint, self.cfg.params)
+
+    def _joined(self, client_id: str, idx: int, now: float, fut: asyncio.Future[None]) -> None:
+        """The join's write finished (whoever still waits for it)."""
+        del self._joining[client_id]
+        if fut.exception() is not None:
+            return
+        self.clients[client_id] = idx
+        self.state._put_client(ClientView(client_id, idx, now))
+        log.info("[Engine.Join] client %s -> index %d", client_id, idx)
+        self._view_changed()
+
+    @staticmethod
+    async def _outcome(fut: asyncio.Future[None]) -> None:
+        """Wait for a queued write without owning it: cancelling the caller leaves the write
+        (and its callbacks) alone; a failed write is UNAVAILABLE with the reason.
+        """
+        try:
+            await asyncio.shield(fut)
+        except WriteError as exc:
+            raise Rejected("UNAVAILABLE", exc.reason) from None
+
+    async def _durable(self, ops: list[tuple[str, tuple[object, ...]]]) -> None:
+        """Commit an engine-owned write (round rows, job state), retrying until it lands."""
+        delay = 0.05
+        async with self._round_writes:
+            while True:
+                try:
+                    await self.store.write(ops)
+                    return
+                except WriteError as exc:
+                    log.warning("[Engine] %s; retrying in %.2fs", exc.reason, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(2.0, delay * 2)
+
+    def _view_changed(self) -> None:
+        """Refresh the current round's dashboard view once per loop pass (not per request)."""
+        if self._view_due:
+            return
+        self._view_due = True
+
+        def refresh() -> None:
+            self._view_due = False
+            live = self.current
+            if live is not None:
+                self.state._put_round(live.view(self.cfg, self.clients), current=True)
+
+        asyncio.get_running_loop().call_soon(refresh)
 
     # -- rounds ----------------------------------------------------------------------------
     def round_info(self, client_id: str = "") -> RoundInfo:
@@ -236,12 +333,14 @@ class RoundEngine:
                 self._seen(client_id)
             return RoundInfo(0, 0, c.estimator, c.n, c.k, c.d, "", c.task, self.m, None,
                              "unspecified", 0, c.eval, self.job_done, self.steps_done,
-                             c.rounds, self.job_failure, c.value_bits, c.bits)
+                             c.rounds, self.job_failure, *self.encoding,
+                             value_bits=c.value_bits, bits=c.bits)
         return RoundInfo(
             live.round_id, live.nonce, c.estimator, c.n, c.k, c.d, live.transform, c.task,
             self.m, live.global_state, live.state,
             0 if live.deadline is None else int(live.deadline * 1000), c.eval, False,
-            live.task_step, c.rounds, "", c.value_bits, c.bits,
+            live.task_step, c.rounds, "", *self.encoding,
+            value_bits=c.value_bits, bits=c.bits,
         )
 
     # -- the drained job end ---------------------------------------------------------------
@@ -268,6 +367,15 @@ class RoundEngine:
         return True
 
     async def _open_round(self, global_state: np.ndarray, round_id: int) -> None:
+        """Open the first round of this process (start-up: a write error is fatal here)."""
+        live = self._new_round(global_state, round_id)
+        await self.store.write([op_round(live.stored())])
+        self._install(live)
+
+    def _new_round(self, global_state: np.ndarray, round_id: int) -> LiveRound:
+        """A new round; its row must be durable before :meth:`_install` shows its nonce, so
+        a committed submission always has its round row (a restart resumes the same round).
+        """
         prior = None if self.tracker is None else self.tracker.prior(self.cfg.n)
         est = self._make_estimator(prior)
         live = LiveRound(
@@ -276,80 +384,100 @@ class RoundEngine:
             global_state=np.asarray(global_state, dtype=np.float64), opened_at=time.time(),
         )
         live.estimator = est
+        return live
+
+    def _install(self, live: LiveRound) -> None:
         self.current = live
         self.state._put_round(live.view(self.cfg, self.clients), current=True)
-        self._broadcast(RoundEvent(round_id, "open"))
-        log.info("[Engine] round %d open (step %d, transform %s)", round_id, live.task_step,
-                 live.transform)
+        self._broadcast(RoundEvent(live.round_id, "open"))
+        log.info("[Engine] round %d open (step %d, transform %s)", live.round_id,
+                 live.task_step, live.transform)
 
-    async def submit(self, sub: Submission) -> SubmitReply:
-        """Validate, commit durably, then acknowledge; closes the round when all n are in."""
-        live = self.current
+    async def submit(self, sub: Submission, arrived: float | None = None,
+                     raw: bytes | None = None) -> SubmitReply:
+        """Validate, commit durably, then acknowledge; closes the round when all n are in.
+
+        ``arrived`` is when the request reached the handler (unix seconds; now if None);
+        ``raw`` the request bytes ``sub`` was parsed from (stored as they are; re-encoded
+        when None).
+        """
+        arrived = time.time() if arrived is None else arrived
+        self._last_arrival = asyncio.get_running_loop().time()
         if sub.client_id not in self.clients:
             raise Rejected("FAILED_PRECONDITION",
                            f"client {sub.client_id!r} has not joined; call Join first")
+        live = self.current
         if live is None or sub.round_id != live.round_id:
-            self._reject_round(sub.round_id)
-        assert live is not None
+            return await self._finished_retry(sub)
+        pending = live.pending.get(sub.client_id)
+        if pending is not None:  # the same client's write is queued: its outcome decides
+            digest, fut = pending
+            if digest != sub.digest:
+                raise self._different(sub)
+            await self._outcome(fut)
+        committed = live.subs.get(sub.client_id)
+        if committed is not None and committed.digest == sub.digest:
+            self.state._emit("submission", "duplicate")
+            return SubmitReply(live.round_id, len(live.subs), True)
         if live.state not in ("open", "collecting"):
             raise Rejected("FAILED_PRECONDITION",
                            f"round {live.round_id} is closed ({live.state}); "
                            "no more submissions")
-        prior = live.subs.get(sub.client_id)
-        if prior is not None:
-            if prior.digest == sub.digest:
-                self.state._emit("submission", "duplicate")
-                return SubmitReply(live.round_id, len(live.subs), True)
-            raise Rejected("ALREADY_EXISTS",
-                           f"client {sub.client_id!r} already submitted a different "
-                           f"submission in round {live.round_id}")
-        pending = live.pending.get(sub.client_id)
-        if pending is not None:
-            digest, fut = pending
-            if digest != sub.digest:
-                raise Rejected("ALREADY_EXISTS",
-                               f"client {sub.client_id!r} already submitted a different "
-                               f"submission in round {live.round_id}")
-            await asyncio.shield(fut)
-            self.state._emit("submission", "duplicate")
-            return SubmitReply(live.round_id, len(live.subs), True)
+        if committed is not None:
+            raise self._different(sub)
+        check_submission_spec(sub, self.encoding[0], self.encoding[1])
         validate_submission(sub, self.cfg, self.m)
-        fut = asyncio.get_running_loop().create_future()
-        live.pending[sub.client_id] = (sub.digest, fut)
-        now = time.time()
         ops = [op_submission(StoredSubmission(live.round_id, sub.client_id, sub.client_seed,
-                                              sub.digest, serde.encode_submission(sub), now))]
-        first = live.first_at is None
-        if first:
-            live.first_at = now
-            live.deadline = now + self.cfg.round_timeout
-            live.state = "collecting"
-            ops.append(op_round(live.stored()))
-        try:
-            await self.store.write(ops)
-        except BaseException as exc:
-            del live.pending[sub.client_id]
-            if first:
-                live.first_at = live.deadline = None
-                live.state = "open"
-            fut.set_exception(exc)
-            fut.exception()
-            raise
+                                              sub.digest,
+                                              serde.encode_submission(sub) if raw is None
+                                              else raw, arrived))]
+        fut = self.store.enqueue(ops)
+        live.pending[sub.client_id] = (sub.digest, fut)
+        fut.add_done_callback(functools.partial(self._landed, live, sub, arrived))
+        await self._outcome(fut)
+        return SubmitReply(live.round_id, len(live.subs), False)
+
+    def _landed(self, live: LiveRound, sub: Submission, arrived: float,
+                fut: asyncio.Future[None]) -> None:
+        """A submission's write finished: a commit enters memory whether or not its caller
+        is still there (runs before any waiter resumes: it was the first callback).
+        """
         del live.pending[sub.client_id]
-        live.add(sub, now)
-        fut.set_result(None)
-        if first:
+        if fut.exception() is not None:
+            return
+        live.add(sub, arrived)
+        if live.first_at is None:  # the first commit starts the deadline
+            live.first_at = time.time()
+            live.deadline = live.first_at + self.cfg.round_timeout
+            live.state = "collecting"
             self._arm_deadline(live)
+            self._spawn(self._durable([op_round(live.stored())]))
         self.state._emit("submission", "ok")
         self.state._emit("bytes_received", "wire", float(sub.wire_bytes))
         self.state._emit("bytes_received", "payload", float(sub.payload_bytes))
-        self.state._put_round(live.view(self.cfg, self.clients), current=True)
-        received = len(live.subs)
-        if received >= self.cfg.n and live.state == "collecting":
+        self._view_changed()
+        if len(live.subs) >= self.cfg.n and live.state == "collecting":
             self._spawn(self._close(live, "all clients submitted"))
-        return SubmitReply(live.round_id, received, False)
 
-    def _reject_round(self, round_id: int) -> None:
+    def _different(self, sub: Submission) -> Rejected:
+        return Rejected("ALREADY_EXISTS",
+                        f"client {sub.client_id!r} already submitted a different "
+                        f"submission in round {sub.round_id}")
+
+    async def _finished_retry(self, sub: Submission) -> SubmitReply:
+        """A submission for a round that is not the current one: an identical retry of a
+        committed submission is acknowledged (``duplicate``), anything else refused.
+        """
+        if sub.round_id not in self.results:
+            self._reject_round(sub.round_id)
+        digest, count = await asyncio.to_thread(self.store.committed, sub.round_id,
+                                                sub.client_id)
+        if digest is not None and digest == sub.digest:
+            self.state._emit("submission", "duplicate")
+            return SubmitReply(sub.round_id, count, True)
+        self._reject_round(sub.round_id)
+
+    def _reject_round(self, round_id: int) -> NoReturn:
         if round_id in self.results:
             r = self.results[round_id]
             raise Rejected("FAILED_PRECONDITION",
@@ -363,7 +491,27 @@ class RoundEngine:
         assert live.deadline is not None
         delay = max(0.0, live.deadline - time.time())
         loop = asyncio.get_running_loop()
-        live.timer = loop.call_later(delay, lambda: self._spawn(self._close(live, "deadline")))
+        live.timer = loop.call_later(delay, lambda: self._spawn(self._deadline(live)))
+
+    async def _deadline(self, live: LiveRound) -> None:
+        """The deadline timer fired. If it fired late, the process was stalled and requests
+        that reached the server before the deadline may still wait in gRPC's queues: keep
+        admitting until no submission has arrived for ``SETTLE_QUIET`` seconds (at most
+        ``SETTLE_MAX``), then close.
+        """
+        assert live.deadline is not None
+        late = time.time() - live.deadline
+        if late > STALL_SLACK and live.state == "collecting":
+            loop = asyncio.get_running_loop()
+            fired = loop.time()
+            log.warning("[Engine] round %d: deadline timer %.1fs late (stalled); admitting "
+                        "submissions already received", live.round_id, late)
+            while loop.time() < fired + SETTLE_MAX:
+                quiet = loop.time() - max(fired, self._last_arrival)
+                if quiet >= SETTLE_QUIET:
+                    break
+                await asyncio.sleep(SETTLE_QUIET - quiet)
+        await self._close(live, "deadline")
 
     def _spawn(self, coro: object) -> None:
         task = asyncio.ensure_future(coro)  # type: ignore[call-overload]
@@ -379,11 +527,11 @@ class RoundEngine:
         live.closed_at = time.time()
         self.state._put_round(live.view(self.cfg, self.clients), current=True)
         self._broadcast(RoundEvent(live.round_id, "decoding", why, received=len(live.subs)))
-        if live.pending:  # acked-to-be writes that passed validation before the close
+        if live.pending:  # queued writes decide before the set is closed
             await asyncio.gather(*(f for _, f in list(live.pending.values())),
                                  return_exceptions=True)
         # the closed set is durable: after a crash the round is decoded from exactly this set
-        await self.store.write([op_round(live.stored())])
+        await self._durable([op_round(live.stored())])
         if len(live.subs) < self.cfg.min_clients:
             await self._finish(live, None, f"{why}: {len(live.subs)} of the minimum "
                                f"{self.cfg.min_clients} clients submitted")
@@ -436,7 +584,12 @@ class RoundEngine:
             ops.append(op_meta("job_done", "1"))
         if failure:
             ops.append(op_meta("job_failure", failure))
-        await self.store.write(ops)
+        if job_done:
+            nxt = None
+        else:  # the next round opens in the same transaction
+            nxt = self._new_round(next_state, live.round_id + 1)
+            ops.append(op_round(nxt.stored()))
+        await self._durable(ops)
         self.job_done = job_done
         self.job_failure = failure
         self.results[live.round_id] = self._result(live)
@@ -455,7 +608,8 @@ class RoundEngine:
             log.info("[Engine] job done after %d steps", self.steps_done)
             self.done_event.set()
         else:
-            await self._open_round(next_state, live.round_id + 1)
+            assert nxt is not None
+            self._install(nxt)
         self._publish_job()
 
     def _publish_job(self) -> None:

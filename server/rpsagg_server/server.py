@@ -41,7 +41,7 @@ from rpsagg_server.startup import (
     probe_grpc_address,
 )
 from rpsagg_server.state import ServerState
-from rpsagg_server.store import Store
+from rpsagg_server.store import Store, WriteError
 from rpsagg_server.taskeval import TaskMonitor
 
 log = logging.getLogger("rpsagg.server")
@@ -152,12 +152,16 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
             await engine.start()
         except sqlite3.Error as exc:  # e.g. a read-only file or directory
             raise StartupError(f"--db {cfg.db}: {exc}") from None
+        except WriteError as exc:  # the first round's row could not be written (full disk)
+            raise StartupError(f"--db {cfg.db}: {exc.reason}") from None
     except BaseException:
         if monitor is not None:
             monitor.close()
         store.close()
         raise
-    for rid in sorted(engine.results):  # finished before a restart: measure them again
+    # where the task starts (round 0), then rounds finished before a restart, again
+    engine._spawn(monitor.on_round(0, engine.task.initial_state(cfg.seed)))
+    for rid in sorted(engine.results):
         res = engine.results[rid]
         if res.state == "done" and res.global_state is not None:
             engine._spawn(monitor.on_round(rid, res.global_state))
@@ -167,7 +171,7 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
     log.info("[Server] listening on %s:%d (%s), max request %d bytes", cfg.host, port,
              "TLS" if creds else "insecure", limit)
     running = RunningServer(server, engine, state, store, health, port, task_monitor=monitor)
-    state._add_check("database", lambda: store.get_meta("config") is not None)
+    state._add_check("database", store.writable)  # the last transaction (or heartbeat) committed
     state._add_check("grpc", lambda: running.serving)
     state._add_check("beta", engine.beta.ready.is_set)
     return running, port

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -147,11 +148,12 @@ class AggregationServicer:
 
     async def Submit(self, raw: bytes, context: Any) -> serde.SubmitReply:
         """Validate and durably commit a submission; the reply is the ack."""
+        arrived = time.time()  # first thing: the deadline is judged by arrival
         try:
             self._authenticate(context, None)
             sub = self._parse("Submit", raw)
             self._authenticate(context, sub.client_id)
-            return await self.engine.submit(sub)
+            return await self.engine.submit(sub, arrived, raw)
         except Rejected as exc:
             self.engine.state._emit("submission", exc.code)
             await self._abort(context, "Submit", exc)

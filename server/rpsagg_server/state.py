@@ -341,7 +341,8 @@ class ServerState:
         return client_stats(self.clients(), list(self._rounds.values()))
 
     def task_metrics(self, round_id: int) -> TaskMetrics | None:
-        """The task's metrics after round ``round_id`` (None while unknown)."""
+        """The task's metrics after round ``round_id`` (None while unknown); round 0 is the
+        task's starting state."""
         return self._task_metrics.get(round_id)
 
     def task_metrics_note(self) -> str:

@@ -3,6 +3,9 @@
 An ack is sent only after the submission's transaction has committed with
 ``synchronous=FULL``. Writes go through one writer thread that commits whatever is queued
 in a single transaction (group commit), so many concurrent submissions share one fsync.
+A transaction that fails (a lock held past the busy timeout, a full disk, an I/O error) is
+rolled back and reported to each waiting caller as :class:`WriteError`; the writer keeps
+serving, and an idle heartbeat transaction keeps :meth:`Store.writable` (readiness) current.
 Reads for recovery happen once at start-up, before serving.
 """
 
@@ -14,6 +17,7 @@ import logging
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -58,7 +62,9 @@ class StoredRound:
 
 @dataclass(frozen=True)
 class StoredSubmission:
-    """A committed submission: the canonical request bytes and when they arrived."""
+    """A committed submission: its request bytes (as received; ``digest`` is the SHA-256 of
+    their canonical form) and when they arrived.
+    """
 
     round_id: int
     client_id: str
@@ -70,80 +76,202 @@ class StoredSubmission:
 
 _Op = tuple[str, tuple[Any, ...]]
 _STOP = object()
+_PROBE = object()
+# errors that belong to one write's data: isolate it and commit the rest of its batch. Any
+# other error (busy/locked past the timeout, disk full, I/O) fails the whole batch at once.
+_PER_WRITE = (sqlite3.IntegrityError, sqlite3.DataError, sqlite3.ProgrammingError,
+              sqlite3.InterfaceError)
+
+
+class WriteError(Exception):
+    """A transaction did not commit; ``reason`` says why in words for the caller.
+
+    Nothing of the write is in the database (its transaction was rolled back).
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def describe(exc: BaseException) -> str:
+    """The reason a write failed, for logs and for clients (UNAVAILABLE messages)."""
+    name = getattr(exc, "sqlite_errorname", "") or type(exc).__name__
+    text = str(exc)
+    if name.startswith("SQLITE_FULL") or "disk is full" in text or "No space" in text:
+        return (f"database write failed: the disk holding the database is full ({name}: "
+                f"{text}); the server recovers once space is freed")
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in text:
+        return (f"database write failed: the database is locked by another connection "
+                f"({name}: {text})")
+    return f"database write failed ({name}: {text})"
 
 
 class Store:
     """SQLite persistence with an asynchronous group-commit writer.
 
+    Every write is a transaction that either commits (its future resolves) or is rolled back
+    (its future raises :class:`WriteError`); the writer thread survives any failed
+    transaction and keeps serving. :meth:`writable` says whether the last transaction (a
+    write or the writer's idle heartbeat) committed: readiness.
+
     Parameters
     ----------
     path : str
         Database file, or ``":memory:"`` (nothing survives the process).
+    busy_timeout : float
+        Seconds a transaction waits for a lock held by another connection before it fails.
+    heartbeat : float
+        Seconds of writer idleness after which a probe transaction checks that a write can
+        still commit (so readiness notices a lock or a full disk without client traffic,
+        and notices recovery).
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, busy_timeout: float = 5.0, heartbeat: float = 2.0) -> None:
         self.path = path
-        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
+                                     timeout=busy_timeout)
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=FULL")
         self._conn.executescript(SCHEMA)
         self._lock = threading.Lock()
+        self._reader: sqlite3.Connection | None = None
+        self._read_lock = threading.Lock()
+        if path not in ("", ":memory:"):
+            self._reader = sqlite3.connect(path, check_same_thread=False,
+                                           isolation_level=None, timeout=busy_timeout)
+        self.heartbeat = heartbeat
+        self.last_error: str | None = None
+        self._ok = True
         self._queue: queue.Queue[Any] = queue.Queue()
         self._thread = threading.Thread(target=self._writer, name="rpsagg-store", daemon=True)
         self._thread.start()
 
     # -- writes ----------------------------------------------------------------------------
+    def set_busy_timeout(self, seconds: float) -> None:
+        """Change how long a write waits for another connection's lock (tests, operators)."""
+        with self._lock:
+            self._conn.execute(f"PRAGMA busy_timeout={int(seconds * 1000)}")
+
+    def set_max_pages(self, pages: int) -> int:
+        """Cap the database at ``pages`` pages (SQLite's ``max_page_count``; a write that
+        needs more fails with SQLITE_FULL, as on a full disk). Returns the cap in force.
+        """
+        with self._lock:
+            return int(self._conn.execute(f"PRAGMA max_page_count={int(pages)}").fetchone()[0])
+
+    def page_count(self) -> int:
+        """Pages the database file uses now."""
+        with self._lock:
+            return int(self._conn.execute("PRAGMA page_count").fetchone()[0])
+
+    def writable(self) -> bool:
+        """Whether the writer is alive and its last transaction committed (readiness)."""
+        return self._ok and self._thread.is_alive()
+
+    def _transaction(self, ops: list[_Op]) -> None:
+        """Run ``ops`` in one transaction; on any error roll back (if one is active) and
+        re-raise. Caller holds ``self._lock``.
+        """
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+            for sql, args in ops:
+                self._conn.execute(sql, args)
+            self._conn.execute("COMMIT")
+        except BaseException:
+            if self._conn.in_transaction:
+                try:
+                    self._conn.execute("ROLLBACK")
+                except sqlite3.Error:  # SQLite already rolled back (e.g. after SQLITE_FULL)
+                    log.exception("[Store] ROLLBACK failed")
+            raise
+
+    def _run(self, ops: list[_Op]) -> BaseException | None:
+        with self._lock:
+            try:
+                self._transaction(ops)
+            except Exception as exc:
+                return exc
+            return None
+
+    def _note(self, error: BaseException | None) -> None:
+        """Record the outcome of a transaction; log each change of state or of reason."""
+        reason = None if error is None else describe(error)
+        if error is None and not self._ok:
+            log.warning("[Store] writes commit again")
+        elif reason is not None and reason != self.last_error:
+            log.error("[Store] %s", reason)
+        self._ok = error is None
+        self.last_error = reason
+
     def _writer(self) -> None:
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=self.heartbeat)
+            except queue.Empty:
+                item = _PROBE
             if item is _STOP:
                 return
+            if item is _PROBE:  # idle: prove that a write can commit
+                self._note(self._run([op_meta("heartbeat", repr(time.time()))]))
+                continue
             batch = [item]
+            stop = False
             while True:
                 try:
                     nxt = self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if nxt is _STOP:
-                    self._queue.put(_STOP)
+                    stop = True
                     break
                 batch.append(nxt)
-            error: BaseException | None = None
-            with self._lock:
-                try:
-                    self._conn.execute("BEGIN IMMEDIATE")
-                    for ops, _, _ in batch:
-                        for sql, args in ops:
-                            self._conn.execute(sql, args)
-                    self._conn.execute("COMMIT")
-                except sqlite3.Error as exc:
-                    error = exc
-                    self._conn.execute("ROLLBACK")
-            if error is not None and len(batch) > 1:
-                for one in batch:  # isolate the failing write; commit the others
-                    self._queue.put(one)
-                continue
-            for _, loop, fut in batch:
-                loop.call_soon_threadsafe(_resolve, fut, error)
+            try:
+                self._commit(batch)
+            except BaseException:  # never let the writer die: fail the batch, keep serving
+                log.exception("[Store] writer error")
+                for _, loop, fut in batch:
+                    loop.call_soon_threadsafe(_resolve, fut, WriteError("internal error"))
+            if stop:
+                return
 
-    async def write(self, ops: list[_Op]) -> None:
-        """Commit ``ops`` (SQL, args) atomically; returns once durable."""
+    def _commit(self, batch: list[tuple[list[_Op], Any, Any]]) -> None:
+        error = self._run([op for ops, _, _ in batch for op in ops])
+        if error is not None and len(batch) > 1 and isinstance(error, _PER_WRITE):
+            # one write's data is at fault: commit each on its own so the others still land
+            outcomes = [self._run(ops) for ops, _, _ in batch]
+        else:
+            outcomes = [error] * len(batch)
+        failed = all(e is not None for e in outcomes) and not isinstance(error, _PER_WRITE)
+        self._note(error if failed else None)
+        by_loop: dict[Any, list[tuple[asyncio.Future[None], BaseException | None]]] = {}
+        for (_, loop, fut), err in zip(batch, outcomes, strict=True):
+            by_loop.setdefault(loop, []).append(
+                (fut, None if err is None else WriteError(describe(err))))
+        for loop, results in by_loop.items():  # one wake-up of the event loop per batch
+            loop.call_soon_threadsafe(_resolve_all, results)
+
+    def enqueue(self, ops: list[_Op]) -> asyncio.Future[None]:
+        """Queue ``ops`` for one atomic transaction; the future resolves once it is durable
+        or raises :class:`WriteError` (nothing written). Call from the event loop.
+
+        The write happens whether or not anyone awaits the future: its outcome decides.
+        """
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         self._queue.put((ops, loop, fut))
-        await fut
+        return fut
+
+    async def write(self, ops: list[_Op]) -> None:
+        """Commit ``ops`` (SQL, args) atomically; returns once durable (raises
+        :class:`WriteError` if the transaction failed).
+        """
+        await self.enqueue(ops)
 
     def write_sync(self, ops: list[_Op]) -> None:
         """Commit ``ops`` from a thread that is not the event loop (start-up, tests)."""
         with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                for sql, args in ops:
-                    self._conn.execute(sql, args)
-                self._conn.execute("COMMIT")
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
+            self._transaction(ops)
 
     def close(self) -> None:
         """Stop the writer after the queued writes and close the database."""
@@ -151,6 +279,24 @@ class Store:
         self._thread.join(timeout=10)
         with self._lock:
             self._conn.close()
+        if self._reader is not None:
+            with self._read_lock:
+                self._reader.close()
+
+    def committed(self, round_id: int, client_id: str) -> tuple[bytes | None, int]:
+        """``(digest or None, submissions in the round)`` of a committed submission; reads
+        through a second connection (WAL readers never wait for the writer), so it may be
+        called from a worker thread while writes are queued.
+        """
+        sql = ("SELECT (SELECT digest FROM submissions WHERE round_id = ? AND client_id = ?),"
+               " (SELECT COUNT(*) FROM submissions WHERE round_id = ?)")
+        args = (round_id, client_id, round_id)
+        if self._reader is None:
+            row = self._rows(sql, args)[0]
+        else:
+            with self._read_lock:
+                row = self._reader.execute(sql, args).fetchone()
+        return (None if row[0] is None else bytes(row[0])), int(row[1])
 
     # -- reads (start-up) ------------------------------------------------------------------
     def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -189,6 +335,11 @@ class Store:
         )
         return [StoredSubmission(int(r[0]), r[1], int(r[2]), bytes(r[3]), bytes(r[4]),
                                  float(r[5])) for r in rows]
+
+
+def _resolve_all(results: list[tuple[asyncio.Future[None], BaseException | None]]) -> None:
+    for fut, error in results:
+        _resolve(fut, error)
 
 
 def _resolve(fut: asyncio.Future[None], error: BaseException | None) -> None:

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from rpsagg._spec import padded_dim
-
 
 def rand_k_identical(n: int, k: int, d: int) -> float:
     """MSE of Rand-k for n identical unit vectors: ``(1/n)(d/k - 1)``."""
@@ -45,10 +43,12 @@ def rand_k_spatial_max_identical(n: int, k: int, d: int) -> float:
 
 def rand_proj_spatial_max_identical(n: int, k: int, d: int) -> float:
     """MSE of Rand-Proj-Spatial(max) for n identical unit vectors when S has full rank nk:
-    ``d'/(nk) - 1``."""
-    if n * k > padded_dim(d):
-        raise ValueError(f"the closed form needs nk <= d'; got nk={n * k}, d'={padded_dim(d)}")
-    return padded_dim(d) / (n * k) - 1.0
+    ``d/(nk) - 1`` with the default projection (the SRHT when d is a power of two, the
+    randomized DCT of length d otherwise: neither pads). The SRHT padded to ``d' > d`` does
+    not reach it (its truncated estimate's error lies between d/(nk) - 1 and d'/(nk) - 1)."""
+    if n * k > d:
+        raise ValueError(f"the closed form needs nk <= d; got nk={n * k}, d={d}")
+    return d / (n * k) - 1.0
 
 
 CLOSED_FORMS = {

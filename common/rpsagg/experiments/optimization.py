@@ -29,10 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from rpsagg._beta import rps_beta
 from rpsagg._correlation import CorrelationTracker
 from rpsagg._estimators import Estimator, make_estimator
-from rpsagg._spec import derive_round_seed, padded_dim
+from rpsagg._spec import derive_round_seed
 from rpsagg.experiments.runtime import TAGS, parallel_map, seed_of, write_csv
 from rpsagg.experiments.splits import Dataset, fashion_mnist, shards, ujiindoorloc
 from rpsagg.experiments.varying_correlation import quantized_prior
@@ -236,14 +235,14 @@ def settings(task: str, split: str, grid: str) -> list[tuple[int, int]]:
 def prewarm_betas(jobs: Sequence[Job], workers: int, progress: bool) -> None:
     """Compute (and cache on disk) the Monte Carlo betas of the avg transform up front, so
     that the pool's workers do not compute the same one twice."""
-    keys = sorted({(j.n, j.k, padded_dim(DIM[j.task])) for j in jobs
+    keys = sorted({(j.n, j.k, DIM[j.task]) for j in jobs
                    if LINEUP[j.estimator][0] == "rand-proj-spatial"})
     parallel_map(_beta_avg, keys, workers=workers, desc="betas", progress=progress)
 
 
 def _beta_avg(key: tuple[int, int, int]) -> float:
-    n, k, d_pad = key
-    return rps_beta(n, k, d_pad, n / (2.0 * (n - 1))).beta
+    n, k, d = key  # the default projection for d, as the jobs' estimators use it
+    return make_estimator("rand-proj-spatial", n=n, k=k, d=d, transform="avg").beta_bar
 
 
 def summarize(traces: Sequence[Trace]) -> list[dict[str, Any]]:

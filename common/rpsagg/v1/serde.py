@@ -83,6 +83,9 @@ class RoundInfo:
     task_step: int
     total_rounds: int = 0
     job_failure: str = ""
+    spec_version: str = ""
+    projection: str = ""
+    block_size: int = 0
     value_bits: int = 32
     bits: int = 0
 
@@ -131,6 +134,9 @@ class Submission:
         submissions (a retry).
     wire_bytes : int
         Size of the serialized request minus the eval references (communication cost).
+    spec_version : str
+        Wire format the vectors were encoded with, as sent; ``""`` (a client from before the
+        field) stands for ``rpsagg-seed-v1``.
     """
 
     round_id: int
@@ -139,6 +145,7 @@ class Submission:
     vectors: tuple[VectorPayload, ...]
     digest: bytes = b""
     wire_bytes: int = 0
+    spec_version: str = ""
 
     @property
     def payload_bytes(self) -> int:
@@ -286,8 +293,9 @@ def _enc_round(r: RoundInfo) -> bytes:
         transform=r.transform, task=r.task, m=r.m, global_state=_tensor(r.global_state),
         state=STATES.index(r.state), deadline_unix_ms=r.deadline_unix_ms, eval=r.eval,
         job_done=r.job_done, task_step=r.task_step, total_rounds=r.total_rounds,
-        job_failure=r.job_failure, value_bits=0 if r.value_bits == 32 else r.value_bits,
-        bits=r.bits,
+        job_failure=r.job_failure,
+        spec_version=r.spec_version, projection=r.projection, block_size=r.block_size,
+        value_bits=0 if r.value_bits == 32 else r.value_bits, bits=r.bits,
     )
     return bytes(msg.SerializeToString())
 
@@ -298,7 +306,7 @@ def _dec_round(raw: bytes) -> RoundInfo:
         m.round_id, m.nonce, m.scheme, m.n, m.k, m.d, m.transform, m.task, m.m,
         _from_tensor(m.global_state, "global_state"), STATES[m.state], m.deadline_unix_ms,
         m.eval, m.job_done, m.task_step, m.total_rounds, m.job_failure,
-        m.value_bits or 32, m.bits,
+        m.spec_version, m.projection, m.block_size, m.value_bits or 32, m.bits,
     )
 
 
@@ -317,7 +325,8 @@ def _submit_pb(s: Submission) -> pb.SubmitRequest:
             vec.reference_f64 = np.ascontiguousarray(v.reference, dtype="<f8").tobytes()
         vectors.append(vec)
     return pb.SubmitRequest(
-        round_id=s.round_id, client_id=s.client_id, client_seed=s.client_seed, vectors=vectors
+        round_id=s.round_id, client_id=s.client_id, client_seed=s.client_seed, vectors=vectors,
+        spec_version=s.spec_version,
     )
 
 
@@ -365,7 +374,7 @@ def _dec_submit(raw: bytes) -> Submission:
         wire -= with_refs - m.ByteSize()
     return Submission(
         m.round_id, m.client_id, m.client_seed, tuple(vectors),
-        hashlib.sha256(canonical).digest(), wire,
+        hashlib.sha256(canonical).digest(), wire, m.spec_version,
     )
 
 

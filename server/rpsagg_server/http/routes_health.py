@@ -1,4 +1,5 @@
-"""``GET /healthz`` (the process answers), ``GET /readyz`` (database, gRPC and beta ready)."""
+"""``GET /healthz`` (the process answers), ``GET /readyz`` (writes commit, gRPC serves, beta
+ready)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ def healthz() -> schemas.Health:
 @router.get("/readyz", response_model=schemas.Readiness, summary="Readiness",
             responses={503: {"model": schemas.Readiness, "description": "Not ready"}})
 def readyz(state: StateDep, response: Response) -> schemas.Readiness:
-    """200 when every readiness check passes (the database answers a query, the gRPC
-    server is serving, beta for n has been computed); 503 with the failing checks otherwise,
-    or when none is registered."""
+    """200 when every readiness check passes (``database``: the last write transaction, or
+    the writer's idle heartbeat every 2 s, committed; ``grpc``: the gRPC server is serving;
+    ``beta``: beta for n has been computed); 503 with the failing checks otherwise, or when
+    none is registered."""
     checks = state.readiness()
     ready = bool(checks) and all(checks.values())
     if not ready:

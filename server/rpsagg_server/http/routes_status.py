@@ -22,6 +22,7 @@ def get_status(state: StateDep) -> schemas.Status:
     clients = state.clients()
     job = state.job()
     beta = state.beta()
+    start = state.task_metrics(0)  # the starting state, before round 1
     return schemas.Status(
         config=schemas.from_config(state.config()),
         current_round=None if current is None else schemas.from_round(
@@ -33,6 +34,7 @@ def get_status(state: StateDep) -> schemas.Status:
         job=None if job is None else schemas.from_job(job),
         beta=None if beta is None else schemas.from_beta(beta, time.time()),
         task_metrics_note=state.task_metrics_note(),
+        task_start=None if start is None else schemas.from_task(start),
         uptime_seconds=state.uptime_seconds(),
         started_at=state.started_at,
         versions=schemas.versions(),

@@ -71,7 +71,8 @@ class Arrival(BaseModel):
     """One accepted submission of a round."""
 
     client_id: str
-    received_at: float = Field(description="Unix seconds when it was committed.")
+    received_at: float = Field(description="Unix seconds when the request reached the "
+                               "server (what the deadline is compared with).")
     wire_bytes: int
     payload_bytes: int
 
@@ -195,7 +196,8 @@ class Beta(BaseModel):
 class Versions(BaseModel):
     """Versions of the specifications the server implements."""
 
-    seed_spec: str = Field(description="Seeded-SRHT derivation (clients must match).")
+    seed_spec: str = Field(description="Newest wire format (docs/wire-format.md) the server "
+                           "speaks; submissions may use it or an older one its rounds allow.")
     protocol: str = Field(description="gRPC protocol package.")
     rpsagg: str = Field(description="Library version.")
 
@@ -216,6 +218,9 @@ class Status(BaseModel):
     task_metrics_note: str = Field(
         description="Why rounds carry no task_progress (empty when the server measures "
         "the task).")
+    task_start: TaskProgress | None = Field(
+        default=None, description="The task measured on its starting state, before round 1 "
+        "(evaluation mode, where the server measures the task): where the progress starts.")
     uptime_seconds: float
     started_at: float
     versions: Versions
@@ -232,6 +237,12 @@ class Readiness(BaseModel):
 
     ready: bool
     checks: dict[str, bool]
+
+
+def from_task(task: TaskMetrics) -> TaskProgress:
+    """The API model of :class:`~rpsagg_server.state.TaskMetrics`."""
+    return TaskProgress(name=task.name, value=task.value, optimum=task.optimum,
+                        eigenvector_distance=task.eigenvector_distance)
 
 
 def from_round(view: RoundView, task: TaskMetrics | None = None) -> Round:
@@ -261,9 +272,7 @@ def from_round(view: RoundView, task: TaskMetrics | None = None) -> Round:
         arrivals=[Arrival(client_id=a.client_id, received_at=a.received_at,
                           wire_bytes=a.wire_bytes, payload_bytes=a.payload_bytes)
                   for a in view.arrivals],
-        task_progress=None if task is None else TaskProgress(
-            name=task.name, value=task.value, optimum=task.optimum,
-            eigenvector_distance=task.eigenvector_distance),
+        task_progress=None if task is None else from_task(task),
     )
 
 

@@ -104,21 +104,23 @@ function renderTask(st, done) {
   const withTp = done.filter((r) => r.task_progress);
   const last = withTp.length ? withTp[withTp.length - 1].task_progress : null;
   $("task-name").textContent = st.config.task;
+  // the starting state (before round 1) is drawn at x = 0, so the progress shows
+  const rows = (withTp.length && st.task_start
+    ? [{ round_id: 0, task_progress: st.task_start, start: true }] : []).concat(withTp);
+  const at = (r, y) => r.start
+    ? { x: 0, y, title: `start (before round 1): ${fmtNum(y)}` } : pt(r, y, fmtNum(y));
   let series = [];
   if (last && last.eigenvector_distance !== null) {
     series = [
       { key: "eigvec", label: "distance to the top eigenvector (sin ∠)", color: css("--s0"),
-        points: withTp.map((r) => pt(r, r.task_progress.eigenvector_distance,
-                                     fmtNum(r.task_progress.eigenvector_distance))) },
+        points: rows.map((r) => at(r, r.task_progress.eigenvector_distance)) },
       { key: "gap", label: "top eigenvalue − Rayleigh quotient", color: css("--s2"),
         dashed: true,
-        points: withTp.map((r) => pt(r, r.task_progress.optimum - r.task_progress.value,
-                                     fmtNum(r.task_progress.optimum - r.task_progress.value))) },
+        points: rows.map((r) => at(r, r.task_progress.optimum - r.task_progress.value)) },
     ];
   } else if (last) {
     series = [{ key: "value", label: last.name, color: css("--s0"),
-                points: withTp.map((r) => pt(r, r.task_progress.value,
-                                             fmtNum(r.task_progress.value))) }];
+                points: rows.map((r) => at(r, r.task_progress.value)) }];
   }
   let line = "";
   if (last) {

@@ -1,0 +1,239 @@
+"""Any d without padding loss: the candidate projections compared at d not a power of two.
+
+Candidates (all with random signs, uniform rows and, for the two new ones, a random cyclic
+shift, which makes ``E[T(S)^+ G_i^T G_i]`` a multiple of the identity):
+
+* ``srht-pad``: today's SRHT on x zero-padded to d' (library, ``projection="srht"``);
+* ``dct``: the subsampled randomized DCT of length d (library, ``projection="dct"``);
+* ``blocks``: an exact split of d into power-of-two blocks (its binary expansion, e.g.
+  300 = 256 + 32 + 8 + 4) with a normalized Hadamard per block; rows uniform over all d, so
+  every block keeps the ratio k/d in expectation (a fixed per-block budget cannot: at
+  k = 9, d = 300 the blocks' shares are 7.68, 0.96, 0.24, 0.12). A dense prototype here
+  (numpy randomness, not a wire format), to measure what the split would give.
+
+MSE: every candidate decoded by the same dense formula ``beta A^T f(K) y`` with its own Monte
+Carlo beta (``d_op / E[sum_j l_j / T(l_j)]``, separate seeds); printed with the standard
+error over the trials. Encode: median time of one encode of a vector of length d (srht-pad
+at d', dct at d, blocks: one FWHT per block, as an encoder would do it).
+
+Usage (one BLAS thread: on a loaded 2-core machine OpenBLAS's threads make a 400 x 400
+eigendecomposition 40x slower)::
+
+    OPENBLAS_NUM_THREADS=1 python bench/bench_anyd.py          # MSE at the targets, encode
+    OPENBLAS_NUM_THREADS=1 python bench/bench_anyd.py --quick  # fewer trials and sizes
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections.abc import Callable
+
+import numpy as np
+from numpy.typing import NDArray
+
+from rpsagg._dct import dct_encode, dct_matrix
+from rpsagg._fwht import fwht
+from rpsagg._spec import padded_dim
+from rpsagg._srht import srht_encode, srht_matrix
+
+FloatArray = NDArray[np.float64]
+Maker = Callable[[int, int, int], FloatArray]  # (seed, k, d) -> dense k x d_op matrix
+
+
+def block_sizes(d: int) -> list[int]:
+    """The binary expansion of d, largest block first."""
+    return [1 << b for b in range(d.bit_length() - 1, -1, -1) if d >> b & 1]
+
+
+def _hadamard(m: int) -> FloatArray:
+    h = np.ones((1, 1))
+    while h.shape[0] < m:
+        h = np.block([[h, h], [h, -h]])
+    return h / math.sqrt(m)
+
+
+def blocks_matrix(seed: int, k: int, d: int) -> FloatArray:
+    """Dense G = E W P D of the block-split prototype (W = blockdiag of Hadamards)."""
+    rng = np.random.default_rng(seed)
+    signs = rng.choice([-1.0, 1.0], size=d)
+    shift = int(rng.integers(d))
+    rows = rng.choice(d, size=k, replace=False)
+    w = np.zeros((d, d))
+    lo = 0
+    for b in block_sizes(d):
+        w[lo : lo + b, lo : lo + b] = _hadamard(b)
+        lo += b
+    perm = (np.arange(d) + shift) % d  # (P v)[(j + s) mod d] = v[j]
+    wp = w[:, perm]  # W P: column j of W P is column (j + s) mod d of W
+    return np.asarray(wp[rows] * signs[None, :])
+
+
+def srht_pad_matrix(seed: int, k: int, d: int) -> FloatArray:
+    return srht_matrix(seed, k, d)
+
+
+MAKERS: dict[str, Maker] = {"srht-pad": srht_pad_matrix, "dct": dct_matrix,
+                            "blocks": blocks_matrix}
+
+
+def spectral_sum(a: FloatArray, c: float) -> float:
+    """sum_j l_j / T(l_j) over the non-zero eigenvalues of K = A A^T."""
+    w = np.linalg.eigvalsh(a @ a.T)
+    w = w[w > 1e-9 * max(1.0, float(w.max()))]
+    return float(np.sum(w / ((1.0 - c) + c * w)))
+
+
+def mse(maker: Maker, xs: FloatArray, k: int, c: float, beta_samples: int,
+        salt: int) -> tuple[float, float]:
+    """Mean and standard error of ||x_hat - x_bar||^2 over the trials xs (T, n, d)."""
+    trials, n, d = xs.shape
+    d_op = maker(0, 1, d).shape[1]
+    sums = [spectral_sum(np.vstack([maker(10**9 + s * n + i, k, d) for i in range(n)]), c)
+            for s in range(beta_samples)]
+    beta = d_op / float(np.mean(sums))
+    errors = np.empty(trials)
+    for t in range(trials):
+        a = np.vstack([maker(salt + t * n + i, k, d) for i in range(n)])
+        xpad = np.zeros((n, d_op))
+        xpad[:, :d] = xs[t]
+        y = np.concatenate([a[i * k : (i + 1) * k] @ xpad[i] for i in range(n)])
+        kmat = a @ a.T
+        if c == 1.0:
+            z = np.linalg.pinv(kmat, rcond=1e-10, hermitian=True) @ y
+        else:
+            z = np.linalg.solve((1.0 - c) * np.eye(n * k) + c * kmat, y)
+        est = beta * (a.T @ z)[:d]
+        err = est - xs[t].mean(axis=0)
+        errors[t] = err @ err
+    return float(errors.mean()), float(errors.std(ddof=1) / math.sqrt(trials))
+
+
+def blocks_encode(x: FloatArray, seed: int, k: int) -> FloatArray:
+    """What an encoder of the block split does: signs, shift, one FWHT per block, k rows."""
+    d = x.shape[0]
+    rng = np.random.default_rng(seed)
+    v = np.roll(x * rng.choice(np.array([-1.0, 1.0]), size=d), int(rng.integers(d)))
+    lo = 0
+    for b in block_sizes(d):
+        fwht(v[lo : lo + b], inplace=True)
+        lo += b
+    return np.take(v, rng.choice(d, size=k, replace=False))
+
+
+def median_ms(fn: Callable[[], object], reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * float(np.median(times))
+
+
+def decode_times() -> None:
+    """Median decode time (avg, beta computed first) of the padded SRHT and the DCT."""
+    import rpsagg
+
+    print("\ndecode, avg, median of 3 (beta computed before timing)")
+    for n, k, d in ((10, 30, 300), (20, 100, 3000), (20, 64, 30_000)):
+        xs = np.random.default_rng(1).standard_normal((n, d))
+        for proj in ("srht", "dct"):
+            est = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d, transform="avg",
+                                        projection=proj)
+            _ = est.beta_bar
+            msgs = [est.encode(x, 100 + i) for i, x in enumerate(xs)]
+            times, info = [], None
+            for _rep in range(3):
+                start = time.perf_counter()
+                info = est.decode_with_info(msgs).solve
+                times.append(time.perf_counter() - start)
+            assert info is not None
+            print(f"  {(n, k, d)} {proj:4s} dim {est.d_pad:6d}: {np.median(times):.3f} s "  # type: ignore[attr-defined]
+                  f"({info.method}, {info.iterations} iterations)", flush=True)
+
+
+def max_near_full_rank() -> None:
+    """Relative MSE of max and avg on correlated, non-identical vectors as nk approaches d."""
+    import rpsagg
+    from rpsagg.synthetic import correlated_vectors
+
+    n, d, trials = 10, 100, 300
+    xs = correlated_vectors(n, d, 4.0, seed=5) * np.linspace(0.5, 2.0, d)
+    x_bar = xs.mean(axis=0)
+    print(f"\nrelative MSE, R = 4, n = {n}, d = {d}, {trials} trials: mean (median)")
+    for k in (10, 9, 8, 5):
+        cells = []
+        for proj in ("dct", "srht"):
+            for transform in ("max", "avg"):
+                est = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d,
+                                            transform=transform, projection=proj)
+                errs = np.empty(trials)
+                for t in range(trials):
+                    msgs = [est.encode(x, 40_000 + t * n + i) for i, x in enumerate(xs)]
+                    e = est.decode(msgs) - x_bar
+                    errs[t] = (e @ e) / (x_bar @ x_bar)
+                cells.append(f"{proj} {transform} {errs.mean():.4g} ({np.median(errs):.4g})")
+        print(f"  k = {k:2d} (nk = {n * k}): " + "; ".join(cells), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--trials", type=int, default=None, help="trials per MSE (400)")
+    parser.add_argument("--beta-samples", type=int, default=None, help="beta samples (300)")
+    parser.add_argument("--sections", default="mse,encode,decode,max",
+                        help="comma-separated subset of mse,encode,decode,max")
+    args = parser.parse_args()
+    trials = args.trials or (100 if args.quick else 400)
+    beta_samples = args.beta_samples or (50 if args.quick else 300)
+    d = 300
+    rng = np.random.default_rng(2026)
+    cases = []
+    # the issue's targets: one on independent vectors, max on identical ones
+    indep = rng.standard_normal((trials, 4, d))
+    indep /= np.linalg.norm(indep, axis=2, keepdims=True)
+    cases.append(("one, independent, n=4 k=100", indep, 100, 0.0, (d / 100 - 1) / 4))
+    u = rng.standard_normal(d)
+    u /= np.linalg.norm(u)
+    cases.append(("max, identical, n=7 k=9", np.broadcast_to(u, (trials, 7, d)), 9, 1.0,
+                  d / 63 - 1))
+    # between the two: avg on correlated vectors (common part plus independent noise)
+    corr = u[None, None, :] + 0.7 * rng.standard_normal((trials, 7, d)) / math.sqrt(d)
+    cases.append(("avg, correlated, n=7 k=9", corr, 9, 7 / 12, float("nan")))
+    sections = set(args.sections.split(","))
+    if "mse" in sections:
+        print(f"MSE at d = {d} (d' = {padded_dim(d)}), {trials} trials, beta from "
+              f"{beta_samples} Monte Carlo samples; +- one standard error")
+        print(f"{'case':32s} {'target':>8s} " + " ".join(f"{m:>18s}" for m in MAKERS))
+    for label, xs, k, c, target in cases if "mse" in sections else []:
+        cells = []
+        for salt, maker in enumerate(MAKERS.values()):
+            mean, se = mse(maker, np.asarray(xs), k, c, beta_samples, 1000 * (salt + 1))
+            cells.append(f"{mean:9.4f} +- {se:6.4f}")
+        print(f"{label:32s} {target:8.4f} " + " ".join(f"{c_:>18s}" for c_ in cells),
+              flush=True)
+    if "decode" in sections:
+        decode_times()
+    if "max" in sections:
+        max_near_full_rank()
+    if "encode" not in sections:
+        return
+    print("\nencode, median ms (k = d/100)")
+    print(f"{'d':>9s} {'d_pad':>9s} {'srht-pad(d)':>12s} {'dct(d)':>9s} {'blocks(d)':>10s}")
+    dims = (300, 3000, 100_000) if args.quick else (
+        300, 3000, 30_000, 100_000, 300_000, 600_000, 1_000_000, 999_983)
+    for dim in dims:
+        x = np.random.default_rng(dim).standard_normal(dim)
+        kk = max(1, dim // 100)
+        reps = max(5, min(100, 1_000_000 // dim))
+        dp = padded_dim(dim)
+        t_srht = median_ms(lambda: srht_encode(x, 1, kk, dp), reps)  # noqa: B023
+        t_dct = median_ms(lambda: dct_encode(x, 1, kk), reps)  # noqa: B023
+        t_blk = median_ms(lambda: blocks_encode(x, 1, kk), reps)  # noqa: B023
+        print(f"{dim:9d} {dp:9d} {t_srht:12.3f} {t_dct:9.3f} {t_blk:10.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""The wire tells a client all it needs to encode, and the server refuses what it cannot read.
+
+A round announces the oldest wire format that defines its encoding, the projection and the
+block size (``RoundInfo.spec_version``, ``projection``, ``block_size``); a submission says
+which version it was encoded with (``SubmitRequest.spec_version``, empty from clients that
+predate the field, which counts as ``rpsagg-seed-v1``). Checked on two in-process servers:
+d = 100 (randomized DCT, needs v2) and d = 128 (SRHT, v1 suffices).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from service_util import base_config, in_process_server
+
+import rpsagg
+from rpsagg.v1 import serde
+from rpsagg.v1.serde import RoundInfo
+from rpsagg_client import AggregationClient
+
+N, K = 3, 8
+
+
+def _clients(port: int) -> list[AggregationClient]:
+    out = []
+    for i in range(N):
+        c = AggregationClient(f"127.0.0.1:{port}", f"c{i}", insecure=True, timeout=10,
+                              retry_budget=0)
+        c.join()
+        out.append(c)
+    return out
+
+
+def _decoded_like_the_library(clients: list[AggregationClient], rnd: RoundInfo,
+                              subs: list[serde.Submission]) -> None:
+    """The round's estimate equals the library's decode of the same messages."""
+    res = clients[0].result(rnd.round_id, wait=True, timeout=60)
+    assert res.state == "done", res.reason
+    assert res.estimate is not None
+    est = clients[0].estimator_for(rnd)
+    msgs = [
+        rpsagg.Encoded(est.name, rpsagg._spec.derive_round_seed(s.client_seed, rnd.nonce,
+                                                                 s.client_id, 0),
+                       K, rnd.d, s.vectors[0].values)
+        for s in subs
+    ]
+    np.testing.assert_allclose(res.estimate[0], est.decode(msgs), rtol=0, atol=1e-12)
+
+
+def test_dct_round_needs_v2_and_refuses_older_or_unknown_versions() -> None:
+    d = 100
+    with in_process_server(base_config(n=N, k=K, d=d, rounds=1)) as srv:
+        clients = _clients(srv.port)
+        try:
+            rnd = clients[0].current_round()
+            assert (rnd.spec_version, rnd.projection, rnd.block_size) == (
+                "rpsagg-seed-v2", "dct", 0)
+            xs = np.random.default_rng(1).standard_normal((N, d))
+            sub = clients[0].encode(rnd, xs[0])
+            assert sub.spec_version == rpsagg.SPEC_VERSION == "rpsagg-seed-v2"
+            # a client from before versions were sent: counts as v1, which has no DCT
+            with pytest.raises(grpc.RpcError) as info:
+                clients[0].submit_encoded(replace(sub, spec_version=""))
+            assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "rpsagg-seed-v1 (no spec_version sent)" in info.value.details()
+            assert "projection 'dct'" in info.value.details()
+            assert "rpsagg-seed-v2" in info.value.details()
+            with pytest.raises(grpc.RpcError) as info:
+                clients[0].submit_encoded(replace(sub, spec_version="rpsagg-seed-v1"))
+            assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            # a version the server does not speak: named, with the versions it speaks
+            with pytest.raises(grpc.RpcError) as info:
+                clients[0].submit_encoded(replace(sub, spec_version="rpsagg-seed-v9"))
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "'rpsagg-seed-v9'" in info.value.details()
+            assert "it speaks rpsagg-seed-v1, rpsagg-seed-v2" in info.value.details()
+            assert srv.running.store.submissions(rnd.round_id) == []  # nothing committed
+            # clients that read the round encode the DCT; the round decodes
+            subs = [sub] + [c.encode(rnd, x) for c, x in zip(clients[1:], xs[1:], strict=True)]
+            for c, s in zip(clients, subs, strict=True):
+                c.submit_encoded(s)
+            _decoded_like_the_library(clients, rnd, subs)
+        finally:
+            for c in clients:
+                c.close()
+
+
+def test_srht_round_accepts_clients_without_a_version() -> None:
+    d = 128
+    with in_process_server(base_config(n=N, k=K, d=d, rounds=1)) as srv:
+        clients = _clients(srv.port)
+        try:
+            rnd = clients[0].current_round()
+            assert (rnd.spec_version, rnd.projection, rnd.block_size) == (
+                "rpsagg-seed-v1", "srht", 0)
+            xs = np.random.default_rng(2).standard_normal((N, d))
+            subs = [c.encode(rnd, x) for c, x in zip(clients, xs, strict=True)]
+            subs[1] = replace(subs[1], spec_version="")  # an old client
+            subs[2] = replace(subs[2], spec_version="rpsagg-seed-v1")
+            for c, s in zip(clients, subs, strict=True):
+                c.submit_encoded(s)
+            _decoded_like_the_library(clients, rnd, subs)
+        finally:
+            for c in clients:
+                c.close()
+
+
+def test_client_reads_what_an_older_server_leaves_out() -> None:
+    # RoundInfo from a server that predates the fields: no version, no projection. Its
+    # Rand-Proj-Spatial is v1's SRHT whatever d is.
+    rnd = RoundInfo(1, 5, "rand-proj-spatial", N, K, 100, "avg", "mean", 1, None, "open", 0,
+                    False, False, 0)
+    raw = serde.reply_serializer("GetRound")(rnd)
+    parsed = serde.deserializer("GetRound")(raw)
+    assert (parsed.spec_version, parsed.projection, parsed.block_size) == ("", "", 0)
+    client = AggregationClient("127.0.0.1:1", "c0", insecure=True, timeout=1, retry_budget=0)
+    try:
+        est = client.estimator_for(parsed)
+        assert est.name == "rand-proj-spatial" and est.d_pad == 128  # type: ignore[attr-defined]
+        future = replace(parsed, spec_version="rpsagg-seed-v3")
+        with pytest.raises(ValueError, match="needs wire format 'rpsagg-seed-v3'"):
+            client.estimator_for(future)
+    finally:
+        client.close()
+
+
+def test_a_recovered_job_keeps_its_projection(tmp_path: Path) -> None:
+    # A job's stored submissions must be decoded with the projection they were encoded
+    # with. A fresh job at d = 100 records "dct"; a database from before the projection was
+    # recorded (simulated by deleting the record) held SRHT submissions, and a restarted
+    # server keeps announcing and decoding the SRHT for it.
+    db = tmp_path / "job.db"
+    cfg = base_config(n=N, k=K, d=100, rounds=3, db=str(db))
+    with in_process_server(cfg) as srv:
+        c = AggregationClient(f"127.0.0.1:{srv.port}", "c0", insecure=True, timeout=10,
+                              retry_budget=0)
+        try:
+            c.join()
+            assert c.current_round().projection == "dct"
+        finally:
+            c.close()
+    with sqlite3.connect(db) as conn:
+        stored = conn.execute("SELECT value FROM meta WHERE key = 'encoding'").fetchone()
+        assert json.loads(stored[0]) == ["rpsagg-seed-v2", "dct", 0]
+        conn.execute("DELETE FROM meta WHERE key = 'encoding'")
+    with in_process_server(cfg) as srv:
+        clients = [AggregationClient(f"127.0.0.1:{srv.port}", f"c{i}", insecure=True,
+                                     timeout=10, retry_budget=0) for i in range(N)]
+        try:
+            for cl in clients:
+                cl.join()
+            rnd = clients[0].current_round()
+            assert (rnd.spec_version, rnd.projection) == ("rpsagg-seed-v1", "srht")
+            xs = np.random.default_rng(3).standard_normal((N, 100))
+            subs = [cl.encode(rnd, x) for cl, x in zip(clients, xs, strict=True)]
+            assert clients[0].estimator_for(rnd).name == "rand-proj-spatial"
+            for cl, s in zip(clients, subs, strict=True):
+                cl.submit_encoded(s)
+            _decoded_like_the_library(clients, rnd, subs)
+        finally:
+            for cl in clients:
+                cl.close()
+    with sqlite3.connect(db) as conn:  # now recorded
+        stored = conn.execute("SELECT value FROM meta WHERE key = 'encoding'").fetchone()
+        assert json.loads(stored[0]) == ["rpsagg-seed-v1", "srht", 0]
