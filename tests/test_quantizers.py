@@ -240,7 +240,10 @@ def test_mixed_value_bits_do_not_decode_together() -> None:
 # binary32 bit pattern, and Encoded.bits. A change here changes the wire format.
 GOLDEN = [
     ("rand-k", {"k": 6, "value_bits": 3}, "748101", 0x40400000, 114),
-    ("rand-proj-spatial", {"k": 6, "value_bits": 3}, "28e700", 0x40131406, 114),
+    ("rand-proj-spatial", {"k": 6, "value_bits": 3, "projection": "srht"}, "28e700", 0x40131406,
+     114),
+    ("rand-proj-spatial", {"k": 6, "value_bits": 3, "projection": "dct"}, "603e02", 0x40322D12,
+     114),
     ("eden", {"bits": 1}, "3dfb6c7e", 0x401D8D2C, 128),
     ("eden", {"bits": 2}, "e25e9abbe12da97b", 0x3FD838C3, 160),
     ("qsgd", {"bits": 2}, "d23652dbc64a1b09", 0x410A9067, 156),

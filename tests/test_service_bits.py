@@ -59,7 +59,17 @@ def test_quantized_rounds(changes: dict, bits_per_value: int, count: int) -> Non
     assert res.payload_bytes == N * per_message
     assert all(m.payload_bytes == per_message and m.bits == 64 + bits_per_value * count + 32
                for m in msgs)
-    assert res.wire_bytes < N * (8 + 4 * count)  # below what float32 values would cost
+    # wire bytes: those of the quantized requests; against the same request with float32
+    # values they save the payload difference less the new fields' framing: fields 40-43
+    # have 2-byte tags, so values_packed costs 2 + varint(P) + P, value_bits 3, value_count
+    # 2 + varint(count), scale 6, against values_f32's 1 + varint(4 count) + 4 count: 9 bytes
+    # more framing at count = 8; at count = 128 value_count's varint and values_f32's both
+    # take 2 bytes, and the shorter vector's own length prefix 1 byte less: 8
+    assert res.wire_bytes == sum(w.wire_bytes for w in wire_subs)
+    for w, msg in zip(wire_subs, msgs, strict=True):
+        floats = replace(w, vectors=(VectorPayload(msg.values, None, w.vectors[0].reference),))
+        saved = serde.decode_submission(serde.encode_submission(floats)).wire_bytes - w.wire_bytes
+        assert (4 * count - (per_message - 8)) - saved == (9 if count < 128 else 8), saved
     assert math.isfinite(res.eval_sq_error)
     # shadows (Rand-k, Rand-k-Spatial at the job's k) only for the sketching schemes
     has_k = cfg.estimator not in ("eden", "qsgd")

@@ -15,7 +15,6 @@ from numpy.typing import ArrayLike, NDArray
 from rpsagg._beta import BetaEstimate, rps_beta, spatial_beta
 from rpsagg._decode import DEFAULT_RTOL, SolveInfo, joint_solve
 from rpsagg._encoded import Encoded
-from rpsagg._quantize import check_value_bits, dequantize, quantize_uniform
 from rpsagg._projection import (
     SCHEMES,
     encode,
@@ -23,6 +22,7 @@ from rpsagg._projection import (
     operator_dim,
     resolve_projection,
 )
+from rpsagg._quantize import check_value_bits, dequantize, quantize_uniform
 from rpsagg._spec import (
     TAG_INDUCED,
     TAG_WANGNI,
@@ -104,7 +104,8 @@ class Estimator(ABC):
         Parameters
         ----------
         x : array_like, shape (d,)
-            Finite vector; computed in float64, sent as float32.
+            Finite vector; computed in float64, sent as float32 (or as b-bit codes and a
+            float32 scale when ``value_bits < 32``).
         seed : int
             In ``[0, 2^64)``; a fresh one per message.
 
