@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -134,3 +135,38 @@ def test_packed_submission_round_trip_and_bad_packing() -> None:
     msg.vectors[0].value_bits = 32
     with pytest.raises(serde.WireError, match=r"value_bits must be in \[1, 31\]"):
         serde.decode_submission(msg.SerializeToString())
+
+
+def test_acked_quantized_submissions_survive_a_restart(tmp_path: Path) -> None:
+    # Acked means durable: two clients' packed submissions are committed, the server stops,
+    # a new one on the same database recovers the open round, the other two submit, and the
+    # decode uses all four exactly as the library would.
+    cfg = replace(base_config(), n=N, k=K, d=D, rounds=1, value_bits=2,
+                  estimator="rand-proj-spatial", db=str(tmp_path / "bits.db"))
+    xs = correlated_vectors(N, D, 2.0, seed=4)
+    with in_process_server(cfg) as srv:
+        target = f"127.0.0.1:{srv.port}"
+        clients = [AggregationClient(target, f"c{i}", insecure=True) for i in range(N)]
+        for c in clients:
+            c.join()
+        rnd = clients[0].current_round()
+        subs = {c.client_id: c.encode(rnd, xs[c.index]) for c in clients}
+        for c in clients[:2]:
+            c.submit_encoded(subs[c.client_id])
+        for c in clients:
+            c.close()
+    with in_process_server(replace(cfg, grpc_port=0)) as srv:
+        target = f"127.0.0.1:{srv.port}"
+        clients = [AggregationClient(target, f"c{i}", insecure=True) for i in range(N)]
+        for c in clients[2:]:
+            c.join()
+            c.submit_encoded(subs[c.client_id])
+        res = clients[0].result(rnd.round_id, wait=True, timeout=60)
+        est = srv.running.engine._make_estimator(None)
+        for c in clients:
+            c.close()
+    assert res.state == "done" and res.n_prime == N
+    ordered = [serde.decode_submission(serde.encode_submission(subs[f"c{i}"])) for i in range(N)]
+    assert res.estimate is not None
+    np.testing.assert_array_equal(res.estimate[0],
+                                  est.decode(messages(ordered, rnd.nonce, cfg.estimator, K, D, 0)))
