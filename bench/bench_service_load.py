@@ -2,9 +2,11 @@
 
 For each configuration it starts ``rpsagg-server`` as a separate process (grpc.aio, SQLite
 WAL with ``synchronous=FULL`` on a temporary file, group commit), joins the clients from
-this process, pre-encodes one Rand-Proj-Spatial submission each, then fires all
-submissions at once from one asyncio process over a few HTTP/2 connections and prints:
-submissions/s (clients / wall time of the burst), Submit latency p50/p99/max, the server's
+this process, pre-encodes one Rand-Proj-Spatial submission each, then sends the
+submissions from one asyncio process over a few HTTP/2 connections, either all at once (a
+burst: every latency includes the queue of the whole burst) or open loop at an offered rate
+(submission i at i/rate seconds: the latency at that load), and prints: submissions/s
+(clients / time from the first send to the last ack), Submit latency p50/p99/max, the server's
 RSS (now and peak), and the CPU time the server and this load generator spent in the burst
 (CPU ms per submission is what the 2-core machine's other load does not change much; the
 wall figures move with it, so the load average is printed too). Afterwards it checks that
@@ -66,8 +68,13 @@ def _rss_mib(pid: int) -> tuple[float, float]:
 
 
 async def run_once(n: int, k: int, d: int, channels_n: int, profile: str | None,
-                   db_path: str | None) -> dict[str, Any]:
-    """One server, one round of ``n`` concurrent submissions; returns the figures."""
+                   db_path: str | None, rate: float = 0.0) -> dict[str, Any]:
+    """One server, one round of ``n`` submissions; returns the figures.
+
+    ``rate`` 0: all at once (a burst: every latency includes the queue of the whole burst);
+    ``rate`` > 0: open loop, submission i sent at ``i / rate`` seconds (the latency at that
+    offered load).
+    """
     work = Path(tempfile.mkdtemp(prefix="rpsagg-load-"))
     db = db_path or str(work / "load.db")
     port_file = work / "port"
@@ -113,17 +120,23 @@ async def run_once(n: int, k: int, d: int, channels_n: int, profile: str | None,
             subs.append(Submission(rnd.round_id, cid, seed, (VectorPayload(enc.values),)))
         latencies: list[float] = []
 
+        start = 0.0
+        done_at: list[float] = []
+
         async def one(i: int) -> None:
+            if rate:  # open loop: submission i is sent at start + i / rate, whatever came back
+                await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
             t0 = time.perf_counter()
             await submit[i % len(submit)](subs[i], timeout=120)
-            latencies.append(time.perf_counter() - t0)
+            done_at.append(time.perf_counter())
+            latencies.append(done_at[-1] - t0)
 
         load = os.getloadavg()[0]
         cpu_server0 = _cpu_seconds(pid) if pid else float("nan")
         cpu_self0 = time.process_time()
         start = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(n)))
-        wall = time.perf_counter() - start
+        wall = max(done_at) - start
         cpu_self = time.process_time() - cpu_self0
         cpu_server = (_cpu_seconds(pid) - cpu_server0) if pid else float("nan")
         rss, hwm = _rss_mib(pid) if pid else (float("nan"), float("nan"))
@@ -140,7 +153,7 @@ async def run_once(n: int, k: int, d: int, channels_n: int, profile: str | None,
     if committed != n or len(latencies) != n or res.n_prime != n:
         raise SystemExit(f"LOST SUBMISSIONS: acked={len(latencies)} committed={committed} "
                          f"decoded n'={res.n_prime}")
-    return {"n": n, "k": k, "d": d, "rate": n / wall, "wall_ms": wall * 1000,
+    return {"n": n, "k": k, "d": d, "offered": rate, "rate": n / wall, "wall_ms": wall * 1000,
             "p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99)),
             "max": float(lat.max()), "rss": rss, "hwm": hwm, "load": load,
             "server_cpu_ms": cpu_server * 1000 / n, "client_cpu_ms": cpu_self * 1000 / n,
@@ -157,21 +170,28 @@ def main() -> None:
     p.add_argument("--channels", type=int, default=8, help="client-side HTTP/2 connections")
     p.add_argument("--repeat", type=int, default=1, help="runs per configuration")
     p.add_argument("--db", default=None)
+    p.add_argument("--rate", default=None,
+                   help="comma-separated offered loads in submissions/s (0 = a burst, all at "
+                        "once); default: a burst, then 2500/s")
     p.add_argument("--profile", default=None, metavar="FILE",
                    help="run the server under py-spy and write collapsed stacks to FILE")
     args = p.parse_args()
     configs = CONFIGS if args.clients is None else ((args.clients, args.k, args.d),)
     print(f"{os.cpu_count()} CPUs; figures per run (load = 1-min load average at the burst)")
-    print("clients    k     d  subs/s  wall ms  p50 ms  p99 ms  max ms  server RSS/peak MiB"
-          "  CPU ms/sub server client  load")
+    rates = [0.0, 2500.0] if args.rate is None else [float(r) for r in args.rate.split(",")]
+    print("offered: 'burst' = all submissions at once; N/s = open loop, one every 1/N s")
+    print("clients    k     d  offered  subs/s  wall ms  p50 ms  p99 ms  max ms  "
+          "server RSS/peak MiB  CPU ms/sub server client  load")
     for n, k, d in configs:
-        for _ in range(args.repeat):
-            r = asyncio.run(run_once(n, k, d, args.channels, args.profile, args.db))
-            print(f"{n:7d} {k:4d} {d:5d} {r['rate']:7.0f} {r['wall_ms']:8.0f} "
-                  f"{r['p50']:7.1f} {r['p99']:7.1f} {r['max']:7.1f} "
-                  f"{r['rss']:10.0f}/{r['hwm']:<8.0f} "
-                  f"{r['server_cpu_ms']:13.3f} {r['client_cpu_ms']:6.3f} {r['load']:5.1f}",
-                  flush=True)
+        for rate in rates:
+            for _ in range(args.repeat):
+                r = asyncio.run(run_once(n, k, d, args.channels, args.profile, args.db, rate))
+                offered = "burst" if not rate else f"{rate:.0f}/s"
+                print(f"{n:7d} {k:4d} {d:5d} {offered:>8} {r['rate']:7.0f} {r['wall_ms']:8.0f} "
+                      f"{r['p50']:7.1f} {r['p99']:7.1f} {r['max']:7.1f} "
+                      f"{r['rss']:10.0f}/{r['hwm']:<8.0f} "
+                      f"{r['server_cpu_ms']:13.3f} {r['client_cpu_ms']:6.3f} {r['load']:5.1f}",
+                      flush=True)
 
 
 if __name__ == "__main__":

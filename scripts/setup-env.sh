@@ -52,7 +52,10 @@ if [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp" ]; then
   echo "[setup] updating pip"
   .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
   args=(-e "common[fast,experiments]" -e server -e client)
-  [ "$role" = test ] && args+=(-r requirements-dev.txt)
+  # the tests also run the PyTorch decode backend (rpsagg[torch]) on the CPU (requirements-dev
+  # pins torch to the CPU build) and the Ray decode backend (rpsagg-server[ray])
+  [ "$role" = test ] && args=(-e "common[fast,experiments,torch]" -e "server[ray]" -e client
+                              -r requirements-dev.txt)
   echo "[setup] installing rpsagg, rpsagg-server, rpsagg-client$([ "$role" = test ] \
     && echo " and the test tools") into .venv (a minute the first time)"
   .venv/bin/python -m pip install -q "${args[@]}" 2>&1 | grep -v "^WARNING: Location" || true

@@ -14,6 +14,7 @@ import pytest
 from scipy.stats import binom
 
 import rpsagg
+from rpsagg._auto import auto_c
 from rpsagg._beta import mc_seeds
 from rpsagg._dct import dct_matrix
 from rpsagg._decode import joint_solve
@@ -136,19 +137,24 @@ def test_lemma_4_1_rand_k_spatial_is_the_general_formula_with_subsampling(
     assert rel_diff(est.decode(msgs), general) <= 1e-12
 
 
-def test_auto_with_true_r_prior_equals_corr_r() -> None:
+def test_auto_with_a_prior_is_corr_at_the_c_of_auto_c() -> None:
+    # auto with prior R decodes with c = auto_c(n, k, d', R) (rpsagg._auto), i.e. as
+    # corr(R') with R' = c (n - 1); without a prior it is avg
     n, k, d, r = 8, 6, 64, 3.0
     xs = correlated_vectors(n, d, r, seed=2)
-    corr = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d, transform=r)
     auto = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d, transform="auto", prior_r=r)
+    c = auto_c(n, k, 64, r)
+    corr = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d, transform=c * (n - 1))
     plain = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d, transform="auto")
     avg = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d, transform="avg")
     msgs = [corr.encode(x, 90 + i) for i, x in enumerate(xs)]
-    np.testing.assert_array_equal(auto.decode(msgs), corr.decode(msgs))
+    result = auto.decode_with_info(msgs)
+    assert result.c == c and abs(c - r / (n - 1)) > 0.01
+    assert rel_diff(result.estimate, corr.decode(msgs)) <= 1e-12
     np.testing.assert_array_equal(plain.decode(msgs), avg.decode(msgs))
-    assert not np.array_equal(avg.decode(msgs), corr.decode(msgs))
+    assert not np.array_equal(avg.decode(msgs), result.estimate)
     with_prior = plain.with_prior(r)  # type: ignore[attr-defined]
-    np.testing.assert_array_equal(with_prior.decode(msgs), corr.decode(msgs))
+    np.testing.assert_array_equal(with_prior.decode(msgs), result.estimate)
 
 
 def test_decode_accepts_fewer_messages_and_uses_their_beta() -> None:

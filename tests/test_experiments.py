@@ -175,14 +175,22 @@ def test_linreg_noniid_split_and_short_run() -> None:
 
 
 @pytest.mark.skipif(not FASHION.exists(), reason="dataset-fashion-mnist not installed")
-def test_via_service_matches_in_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("label", "n", "iterations"),
+    # auto: from round 2 on the prior is the smoothed R_hat, and c = auto_c of it, on the
+    # server and in the replay alike
+    [("rand-proj-spatial(avg)", 2, 2), ("rand-proj-spatial(auto)", 3, 3)],
+)
+def test_via_service_matches_in_process(
+    tmp_path: Path, label: str, n: int, iterations: int
+) -> None:
     pytest.importorskip("rpsagg_server")
     from rpsagg.experiments.optimization import Job
     from rpsagg.experiments.service import compare, service_job
 
-    job = Job("power-iteration", "iid", 2, 8, "rand-proj-spatial(avg)", 0, 2)
+    job = Job("power-iteration", "iid", n, 8, label, 0, iterations)
     res = service_job(job, tmp_path, timeout=120.0)
-    assert len(res.service.sq_err) == 2
+    assert len(res.service.sq_err) == iterations
     assert res.service.sq_err[0] > 0
     assert compare(res) <= 1e-12, (res.service, res.replay)
     assert os.path.exists(tmp_path / "server.log")

@@ -12,6 +12,7 @@ import pytest
 from service_util import base_config, in_process_server
 
 from rpsagg import CorrelationTracker, estimate_correlation
+from rpsagg._auto import auto_c
 from rpsagg.synthetic import correlated_vectors
 from rpsagg_client import AggregationClient
 from rpsagg_server.decoding import messages
@@ -61,6 +62,9 @@ def test_auto_transform_eval_state_and_restart(tmp_path: Path) -> None:
         assert r.r_hat == pytest.approx(estimate_correlation(msgs), rel=1e-9)
         if r.round_id > 1:
             assert r.transform == f"auto({tracker.prior(N):.3g})"
+            # the server's c is auto_c of the persisted prior, bit for bit (d' = D = 128)
+            prior = tracker.prior(N)
+            assert prior is not None and r.c == auto_c(N, K, D, prior)
         tracker.update(msgs)
     assert job is not None and job.done and job.steps_done == ROUNDS
     assert job.r_hat_smoothed == pytest.approx(tracker.prior(N))

@@ -307,7 +307,7 @@ def test_fresh_interpreter_reproduces_golden_values() -> None:
     code = (
         "import json, sys; sys.path.insert(0, sys.argv[1]); import test_spec, rpsagg; "
         "from rpsagg import _fwht; first = test_spec.library_snapshot(); "
-        "_fwht._FAST = None; "
+        "_fwht._FAST = None; _fwht._NATIVE = None; "
         "print(json.dumps([rpsagg.FWHT_BACKEND, first, test_spec.library_snapshot()]))"
     )
     proc = subprocess.run(
@@ -635,6 +635,15 @@ def test_fwht_backends_agree_with_dense_hadamard(log_n: int) -> None:
         backends.append(("fht-cpu", _fwht._FAST))
     elif os.environ.get("RPSAGG_FWHT", "").lower() != "numpy":
         pytest.importorskip("fht_cpu")
+    native = _spec.NATIVE
+    if native is not None:  # the compiled kernel: numpy's butterflies, so the same bits
+        def fwht_native(a: np.ndarray) -> np.ndarray:
+            native.fwht_rows(a.reshape(-1), a.shape[-1])
+            return a
+
+        backends.append(("native", fwht_native))
+        b = floats.copy()
+        np.testing.assert_array_equal(fwht_native(b), _fwht.fwht_numpy(floats.copy()))
     dense = dense_hadamard_apply(np.vstack([ints, floats]))  # one pass over H for both
     for a, ref2 in ((ints, dense[:3]), (floats, dense[3:])):
         ref1 = ref2[0]  # the 1-D input is the first row
@@ -655,6 +664,24 @@ def test_fwht_backends_agree_with_dense_hadamard(log_n: int) -> None:
         np.testing.assert_allclose(out, ref2, rtol=0, atol=1e-12 * n)
         inplace = a.copy()
         assert rpsagg.fwht(inplace, inplace=True) is inplace
+
+
+@pytest.mark.parametrize("log_n", [13, 14, 17, 20, 23])
+def test_native_fwht_equals_numpy_on_large_rows(log_n: int) -> None:
+    # Every blocking regime of fwht_rows: one L1 block (<= 2^11), column tiles (up to
+    # 2^22), and streaming passes beyond; each must give numpy's bits exactly.
+    native = _spec.NATIVE
+    if native is None:
+        pytest.skip("compiled kernels not built (a test in test_spec fails for that)")
+    n = 1 << log_n
+    a = np.random.default_rng(log_n).standard_normal((2 if log_n < 20 else 1, n))
+    got = a.copy()
+    native.fwht_rows(got.reshape(-1), n)
+    np.testing.assert_array_equal(got, _fwht.fwht_numpy(a))
+    with pytest.raises(ValueError, match="power of two"):
+        native.fwht_rows(np.ones(12), 12)
+    with pytest.raises(ValueError, match="power of two"):
+        native.fwht_rows(np.ones(12), 8)
 
 
 def test_fwht_rejects_bad_input() -> None:

@@ -43,7 +43,14 @@ def test_power_iteration_finds_the_top_eigenvector() -> None:
 
 
 def test_linreg_sgd_lowers_the_loss() -> None:
-    task, shards, w = _run("linreg", {"lr": 0.5}, 200)
+    # The clients send X_i^T (X_i w - y_i) / rows_i; their mean is the gradient of half the
+    # mean squared residual, whose Hessian is H = mean_i X_i^T X_i / rows_i. Gradient
+    # descent contracts for lr < 2 / lambda_max(H); lr = 1 / lambda_max(H) is the classic
+    # safe step (a fixed lr would depend on the data's realisation).
+    shards = [synthetic_shard("linreg", i, N, D, r=1.0, seed=5, rows=200) for i in range(N)]
+    hessian = sum(s.x.T @ s.x / s.x.shape[0] for s in shards) / N
+    lr = 1.0 / float(np.linalg.eigvalsh(hessian)[-1])
+    task, shards, w = _run("linreg", {"lr": lr}, 200)
     before = np.mean([task.metric(np.zeros(D), s) for s in shards])
     after = np.mean([task.metric(w, s) for s in shards])
     assert after < 0.2 * before

@@ -1,17 +1,28 @@
-"""The unbiasing scalars beta: exact where a formula exists, cached Monte Carlo otherwise.
+"""The unbiasing scalars beta: exact where a formula exists, free probability or Monte Carlo.
 
 Rand-Proj-Spatial needs ``beta = d' / E[sum_j l_j / T(l_j)]`` over the non-zero
 eigenvalues ``l_j`` of ``S`` (equivalently of ``K = A A^T``). For ``c = 0`` the sum is the
-trace ``nk`` exactly. Otherwise it is estimated by Monte Carlo over client seeds: from the
-exact spectrum of K while nk is moderate, and by Hutchinson's trace estimator on
-``tr(K M^-1) = (nk - (1 - c) tr(M^-1)) / c`` with matrix-free solves beyond that. Samples
-are drawn until the relative standard error of the mean is at most ``1e-3`` (the relative
-bias it leaves in the estimate), and the value is cached on disk per
-``(scheme, n, k, d', c, spec version)`` with that standard error recorded next to it.
+trace ``nk`` exactly. Otherwise one of two paths, chosen by :func:`beta_path`:
+
+- ``"free"``: the closed-form limit of the sum (free additive convolution of n Bernoulli
+  laws, :mod:`rpsagg._beta_free`), in microseconds, where its stated error bound
+  ``FREE_ABS_ERROR / E`` is at most ``FREE_MAX_REL_ERROR``: the sum E is large, i.e.
+  ``min(nk, d')`` is large;
+- ``"mc"``: Monte Carlo over client seeds, where the sum is small (and so the problem is;
+  the free limit's O(1) absolute error would be too large a relative error). Each sample is
+  exact: the singular values of the explicit ``nk x d'`` matrix A while it is small, else
+  the spectrum of K, and Hutchinson's trace estimator on
+  ``tr(K M^-1) = (nk - (1 - c) tr(M^-1)) / c`` with matrix-free solves beyond that. Samples
+  are drawn until the relative standard error of the mean is at most ``1e-3``, and the value
+  is cached on disk per ``(scheme, n, k, d', c, spec version)`` with that standard error.
+
+:func:`rps_beta_mc` forces the Monte Carlo; it is the reference the free path is measured
+against (``bench/beta_paths.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -25,7 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
+from rpsagg._beta_free import free_error_bound, free_is_accurate, free_spectral_sum
 from rpsagg._decode import EXACT_LIMIT, eig_tolerance, solve_krylov, solve_lsqr
+from rpsagg._fwht import fwht
 from rpsagg._spec import (
     SPEC_V1,
     SPEC_VERSION,
@@ -35,6 +48,7 @@ from rpsagg._spec import (
     stream_words,
     uniforms,
 )
+from rpsagg._srht import JointSRHT
 
 log = logging.getLogger("rpsagg")
 
@@ -44,6 +58,9 @@ MIN_SAMPLES = 10  # with the exact spectral sum
 MIN_SAMPLES_HUTCHINSON = 6  # each sample is a full solve; its variance is small
 HUTCHINSON_RTOL = 1e-6
 MAX_SAMPLES = 20000
+# A Monte Carlo sample takes the singular values of the explicit nk x d' matrix A while
+# nk * d' * min(nk, d') (the SVD's cost) is at most this; K's Gram path beyond.
+SVD_LIMIT = 2**28
 DEFAULT_TIME_BUDGET = 900.0
 
 
@@ -58,11 +75,12 @@ class BetaEstimate:
     mean : float
         Estimated expectation of the spectral sum.
     rel_se : float
-        Relative standard error of ``mean`` (and so of beta, to first order).
+        Relative standard error of ``mean`` (and so of beta, to first order) for Monte
+        Carlo; the stated relative error bound for ``"free"``; 0 for ``"exact"``.
     samples : int
-        Monte Carlo samples used (0 for exact values).
+        Monte Carlo samples used (0 for exact and free values).
     method : str
-        ``"exact"``, ``"mc-eig"`` or ``"mc-hutchinson"``.
+        ``"exact"``, ``"free"``, ``"mc-svd"``, ``"mc-eig"`` or ``"mc-hutchinson"``.
     key : str
         Cache key.
     """
@@ -139,19 +157,54 @@ def mc_seeds(sample: int, n: int) -> list[int]:
     return [int(w) for w in words]
 
 
+def explicit_rows(op: JointSRHT) -> np.ndarray:
+    """The ``nk x d'`` matrix A of ``op`` (row ``(i, p)`` is ``(1/sqrt(d')) (H e_r) * s_i``).
+
+    For the Monte Carlo of small problems only (the caller bounds ``nk * d'``).
+    """
+    n, k, d_pad = op.n, op.k, op.d_pad
+    rows = np.zeros((n * k, d_pad))
+    rows[np.arange(n * k), op.rows.reshape(-1)] = 1.0
+    fwht(rows, inplace=True)
+    rows *= np.repeat(op.signs, k, axis=0)
+    rows *= 1.0 / math.sqrt(d_pad)
+    return rows
+
+
+def _svd_sum(op: JointSRHT, c: float) -> float:
+    import scipy.linalg
+
+    sv = scipy.linalg.svdvals(explicit_rows(op), check_finite=False)
+    w = sv * sv
+    nk = op.n * op.k
+    w = w[w > eig_tolerance(float(w.max()), nk, op.d_pad)]
+    return float(np.sum(w / ((1.0 - c) + c * w)))
+
+
 def spectral_sample(
-    n: int, k: int, d_pad: int, c: float, sample: int, projection: str = "srht"
+    n: int, k: int, d_pad: int, c: float, sample: int, projection: str = "srht", *,
+    svd: bool | None = None,
 ) -> tuple[float, str]:
     """One unbiased sample of ``sum_j l_j / T(l_j)`` for the clients of sample ``sample``.
 
     ``d_pad`` is the dimension the projection acts in (``d`` for ``projection="dct"``).
+    ``svd`` forces (True) or forbids (False) the explicit-A path (SRHT only); by default it
+    is taken while ``nk * d' * min(nk, d') <= SVD_LIMIT``.
     """
     import scipy.linalg
 
     from rpsagg._projection import joint_operator
 
-    op = joint_operator(projection, mc_seeds(sample, n), k, d_pad)
     nk = n * k
+    if projection != "srht":
+        if svd:
+            raise ValueError("the explicit-A (svd) path is the SRHT's only")
+        svd = False
+    elif svd is None:
+        svd = nk * d_pad * min(nk, d_pad) <= SVD_LIMIT
+    if svd:
+        return _svd_sum(JointSRHT.from_seeds(mc_seeds(sample, n), k, d_pad), c), "mc-svd"
+    op = joint_operator(projection, mc_seeds(sample, n), k, d_pad)
     # The randomized DCT's Gram matrix costs (nk)^2 d; where that is too much, Hutchinson.
     if nk <= EXACT_LIMIT and getattr(op, "exact_affordable", lambda: True)():
         gram = op.gram()
@@ -196,21 +249,68 @@ def spectral_sample(
     return (nk - (1.0 - c) * float(z @ sol)) / c, "mc-hutchinson"
 
 
+def beta_path(n: int, k: int, d_pad: int, c: float) -> str:
+    """Which path :func:`rps_beta` takes: ``"exact"``, ``"free"`` or ``"mc"``.
+
+    exact for ``c = 0`` or one client; free where the free limit's stated error bound
+    (``FREE_ABS_ERROR`` over the spectral sum) is at most ``FREE_MAX_REL_ERROR``; else mc.
+    """
+    if c == 0.0 or n == 1:
+        return "exact"
+    return "free" if free_is_accurate(n, k, d_pad, c) else "mc"
+
+
 def rps_beta(
     n: int,
     k: int,
     d_pad: int,
     c: float,
+    projection: str = "srht",
     *,
     target_rel_se: float = TARGET_REL_SE,
     time_budget: float = DEFAULT_TIME_BUDGET,
-    projection: str = "srht",
 ) -> BetaEstimate:
     """beta of Rand-Proj-Spatial with ``T(l) = (1 - c) + c l`` for ``n`` clients.
 
-    ``d_pad`` is the dimension the projection acts in: ``d'`` for the SRHT, ``d`` for the
-    randomized DCT (``projection="dct"``), whose beta is ``d / E[...]`` by the same argument.
+    Parameters
+    ----------
+    n, k, d_pad : int
+        Clients decoded together, rows per client, and the dimension the projection acts in:
+        ``d'`` for the SRHT, ``d`` for the randomized DCT, whose beta is ``d / E[...]`` by the
+        same argument and whose spectrum has the same free-probability limit.
+    c : float
+        Transform coefficient in ``[0, 1]``.
+    projection : {"srht", "dct"}
+        The seeded projection (see :func:`rpsagg._projection.resolve_projection`).
+    target_rel_se, time_budget : float
+        Monte Carlo stopping rule (relative standard error; seconds), where it runs.
+
+    Returns
+    -------
+    BetaEstimate
     """
+    path = beta_path(n, k, d_pad, c)
+    if path == "mc":
+        return rps_beta_mc(n, k, d_pad, c, projection, target_rel_se=target_rel_se,
+                           time_budget=time_budget)
+    key = _key("rand-proj-spatial", n, k, d_pad, c, projection)
+    if path == "exact":
+        return BetaEstimate(d_pad / (n * k), float(n * k), 0.0, 0, "exact", key)
+    mean = free_spectral_sum(n, k, d_pad, c)
+    return BetaEstimate(d_pad / mean, mean, free_error_bound(n, k, d_pad, c), 0, "free", key)
+
+
+def rps_beta_mc(
+    n: int,
+    k: int,
+    d_pad: int,
+    c: float,
+    projection: str = "srht",
+    *,
+    target_rel_se: float = TARGET_REL_SE,
+    time_budget: float = DEFAULT_TIME_BUDGET,
+) -> BetaEstimate:
+    """beta by Monte Carlo (cached), whatever :func:`beta_path` says: the reference path."""
     key = _key("rand-proj-spatial", n, k, d_pad, c, projection)
     with _lock:
         if key in _memory:
@@ -232,14 +332,32 @@ def rps_beta(
     return est
 
 
+def _one_blas_thread() -> contextlib.AbstractContextManager[object]:
+    """One BLAS thread for the Monte Carlo's small factorizations, where threadpoolctl exists.
+
+    Its matrices are at most a few thousand wide: a second thread gains little there, and on
+    a loaded machine OpenBLAS threads that wait for a core made one 256 x 1024 SVD 50 times
+    slower (measured: 1.7 s instead of 0.03 s).
+    """
+    import scipy.linalg  # noqa: F401  (load scipy's own BLAS first, so the limit covers it)
+
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=1, user_api="blas")
+
+
 def _monte_carlo(
-    n: int,
-    k: int,
-    d_pad: int,
-    c: float,
-    key: str,
-    target: float,
-    budget: float,
+    n: int, k: int, d_pad: int, c: float, key: str, target: float, budget: float,
+    projection: str = "srht",
+) -> BetaEstimate:
+    with _one_blas_thread():
+        return _monte_carlo_loop(n, k, d_pad, c, key, target, budget, projection)
+
+
+def _monte_carlo_loop(
+    n: int, k: int, d_pad: int, c: float, key: str, target: float, budget: float,
     projection: str = "srht",
 ) -> BetaEstimate:
     start = time.monotonic()

@@ -14,6 +14,8 @@ has a measured MSE table against the full transform.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -46,7 +48,7 @@ class BlockwiseRandProjSpatial(Estimator):
         Clients, floats per client (``k >= ceil(d / block_size)``), dimension.
     block_size : int
         A power of two; ``d`` is cut into ``ceil(d / block_size)`` blocks.
-    transform, prior_r, method, rtol
+    transform, prior_r, method, rtol, device, threads
         As for :class:`~rpsagg._estimators.RandProjSpatial`, applied in every block.
     """
 
@@ -63,6 +65,8 @@ class BlockwiseRandProjSpatial(Estimator):
         prior_r: float | None = None,
         method: str = "auto",
         rtol: float = DEFAULT_RTOL,
+        device: str | None = None,
+        threads: int | None = None,
     ) -> None:
         super().__init__(n, k, d)
         if isinstance(block_size, bool) or not isinstance(block_size, int | np.integer):
@@ -82,7 +86,8 @@ class BlockwiseRandProjSpatial(Estimator):
         # One sub-estimator per distinct budget (at most two): they share beta caches.
         self._sub = {
             kb: RandProjSpatial(
-                self.n, kb, self.block_size, transform, prior_r, method=method, rtol=rtol
+                self.n, kb, self.block_size, transform, prior_r, method=method, rtol=rtol,
+                device=device, threads=threads,
             )
             for kb in set(self.budgets)
         }
@@ -95,37 +100,85 @@ class BlockwiseRandProjSpatial(Estimator):
         ]
         return np.concatenate(parts), None
 
-    def _decode(self, batch: list[Encoded]) -> DecodeResult:
+    def decode_blocks(
+        self, batch: list[Encoded], first: int, stop: int, betas: dict[int, float] | None = None
+    ) -> tuple[FloatArray, list[SolveInfo], float]:
+        """Estimates of blocks ``first .. stop - 1`` (concatenated, ``(stop - first) b``).
+
+        The unit of work of a distributed decode (the Ray backend runs it per group of
+        blocks); :meth:`decode` is this over all blocks. ``betas`` maps a block budget to
+        its beta (:meth:`block_betas`), computed on the caller's side; None computes them.
+
+        Returns
+        -------
+        estimate : ndarray, shape ((stop - first) * block_size,)
+        infos : list of SolveInfo
+            One per block that solved a system.
+        c : float
+            The transform coefficient.
+        """
+        if not 0 <= first < stop <= self.blocks:
+            raise ValueError(f"need 0 <= first < stop <= {self.blocks}; got {first}, {stop}")
         b = self.block_size
-        out = np.empty(self.blocks * b)
-        offset = 0
-        iterations = 0
-        residual = 0.0
-        seconds = 0.0
-        methods: set[str] = set()
-        result: DecodeResult | None = None
-        for j, kb in enumerate(self.budgets):
+        out = np.empty((stop - first) * b)
+        offset = sum(self.budgets[:first])
+        infos: list[SolveInfo] = []
+        c = 0.0
+        for j in range(first, stop):
+            kb = self.budgets[j]
             sub = self._sub[kb]
             msgs = [
                 Encoded(sub.name, block_seed(m.seed, j), kb, b, m.values[offset : offset + kb])
                 for m in batch
             ]
-            result = sub._decode(msgs)
-            out[j * b : (j + 1) * b] = result.estimate
+            result = sub._decode(msgs, None if betas is None else betas[kb])
+            out[(j - first) * b : (j - first + 1) * b] = result.estimate
             if result.solve is not None:
-                methods.add(result.solve.method)
-                iterations += result.solve.iterations
-                residual = max(residual, result.solve.residual)
-                seconds += result.solve.seconds
+                infos.append(result.solve)
+            c = 0.0 if result.c is None else result.c
             offset += kb
-        assert result is not None
-        info = SolveInfo("+".join(sorted(methods)), iterations, residual, seconds)
-        n_prime = len(batch)
-        return DecodeResult(out[: self.d], n_prime, self._beta(n_prime), result.c, info, 0.0)
+        return out, infos, c
+
+    def block_betas(self, n_prime: int) -> dict[int, float]:
+        """beta of each distinct block budget for ``n_prime`` messages."""
+        return {kb: sub.beta_for(n_prime) for kb, sub in self._sub.items()}
+
+    def assemble(
+        self, parts: list[FloatArray], infos: list[SolveInfo], c: float, n_prime: int
+    ) -> DecodeResult:
+        """The :class:`DecodeResult` of all blocks from the in-order results of
+        :meth:`decode_blocks` over consecutive ranges covering every block."""
+        out = np.concatenate(parts)
+        if out.shape[0] != self.blocks * self.block_size:
+            raise ValueError("the parts do not cover every block")
+        methods = {i.method for i in infos}
+        info = SolveInfo(
+            "+".join(sorted(methods)),
+            sum(i.iterations for i in infos),
+            max((i.residual for i in infos), default=0.0),
+            sum(i.seconds for i in infos),
+        )
+        return DecodeResult(out[: self.d], n_prime, self._beta(n_prime), c, info, 0.0)
+
+    def _decode(self, batch: list[Encoded]) -> DecodeResult:
+        out, infos, c = self.decode_blocks(batch, 0, self.blocks)
+        return self.assemble([out], infos, c, len(batch))
 
     def _beta(self, n_prime: int) -> float:
         """beta of the first block (blocks with one float fewer have their own)."""
         return self._sub[self.budgets[0]].beta_for(n_prime)
+
+    def with_device(self, device: str | None) -> BlockwiseRandProjSpatial:
+        """A copy whose blocks decode on ``device`` (PyTorch; None for numpy)."""
+        other = copy.copy(self)
+        other._sub = {kb: sub.with_device(device) for kb, sub in self._sub.items()}
+        return other
+
+    def with_threads(self, threads: int | None) -> BlockwiseRandProjSpatial:
+        """A copy whose blocks decode with ``threads`` CPU threads (None: every core)."""
+        other = copy.copy(self)
+        other._sub = {kb: sub.with_threads(threads) for kb, sub in self._sub.items()}
+        return other
 
     def with_prior(self, prior_r: float | None) -> BlockwiseRandProjSpatial:
         """A copy whose ``transform="auto"`` uses the prior correlation ``prior_r``."""
@@ -133,7 +186,8 @@ class BlockwiseRandProjSpatial(Estimator):
             raise ValueError("with_prior needs an estimator built with transform='auto'")
         sub = next(iter(self._sub.values()))
         return BlockwiseRandProjSpatial(
-            self.n, self.k, self.d, self.block_size, "auto", prior_r, sub.method, sub.rtol
+            self.n, self.k, self.d, self.block_size, "auto", prior_r, sub.method, sub.rtol,
+            device=sub.device, threads=sub.threads,
         )
 
     def __repr__(self) -> str:

@@ -12,6 +12,7 @@ from typing import Self
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from rpsagg._auto import auto_c
 from rpsagg._beta import BetaEstimate, rps_beta, spatial_beta
 from rpsagg._decode import DEFAULT_RTOL, SolveInfo, joint_solve
 from rpsagg._encoded import Encoded
@@ -329,7 +330,8 @@ class RandProjSpatial(Estimator, _SpatialMixin):
     n, k, d : int
         Clients, per-client budget, dimension.
     transform : {"avg", "max", "one", "auto"} or float
-        T; a float R in [0, n-1] selects corr(R).
+        T; a float R in [0, n-1] selects corr(R). ``auto`` with a prior takes the c of
+        :func:`rpsagg._auto.auto_c` (continuous; kept away from 1 where nk is close to d').
     prior_r : float, optional
         Prior correlation for ``transform="auto"``.
     method : {"auto", "exact", "cg"}
@@ -341,6 +343,13 @@ class RandProjSpatial(Estimator, _SpatialMixin):
         ``rand-proj-spatial``); ``"dct"``: the subsampled randomized DCT on x itself (scheme
         ``rand-proj-spatial:dct``, wire format ``rpsagg-seed-v2``); ``"auto"``: the SRHT when
         d is a power of two, the DCT otherwise.
+    device : str, optional
+        Decode on this PyTorch device (``"cuda"``, ``"cuda:1"``, ``"cpu"``; needs the
+        ``rpsagg[torch]`` extra) in float64; None (default) decodes with numpy. Encode is
+        always numpy. The device decode is for the SRHT projection.
+    threads : int, optional
+        CPU threads of the numpy SRHT decode (default: every core this process may use);
+        the estimate does not depend on it, bit for bit.
     """
 
     name = "rand-proj-spatial"
@@ -356,9 +365,18 @@ class RandProjSpatial(Estimator, _SpatialMixin):
         method: str = "auto",
         rtol: float = DEFAULT_RTOL,
         projection: str = "auto",
+        device: str | None = None,
+        threads: int | None = None,
     ) -> None:
         super().__init__(n, k, d)
         self._init_transform(transform, self.n, prior_r)
+        if threads is not None and (isinstance(threads, bool) or int(threads) < 1):
+            raise ValueError(f"threads must be an integer >= 1; got {threads!r}")
+        self.threads = None if threads is None else int(threads)
+        if device is not None:
+            from rpsagg._torch import resolve_device
+
+            device = str(resolve_device(device))
         if method not in ("auto", "exact", "cg"):
             raise ValueError(f"method must be 'auto', 'exact' or 'cg'; got {method!r}")
         if not 0 < rtol < 1:
@@ -369,25 +387,71 @@ class RandProjSpatial(Estimator, _SpatialMixin):
         self.name = SCHEMES[self.projection]
         #: The dimension the projection acts in: d' (SRHT, padded) or d (DCT).
         self.d_pad = operator_dim(self.projection, self.d)
+        if device is not None and self.projection != "srht":
+            raise ValueError(f"device decoding supports the SRHT projection; this estimator "
+                             f"uses {self.projection!r} (d = {self.d}); pass projection='srht' "
+                             "to decode on a device")
+        self.device = device
 
     def _encode(self, x: FloatArray, seed: int) -> tuple[FloatArray, NDArray[np.int64] | None]:
         return encode(self.projection, x, seed, self.k), None
 
-    def _decode(self, batch: list[Encoded]) -> DecodeResult:
+    def _decode(self, batch: list[Encoded], beta: float | None = None) -> DecodeResult:
+        """Decode; ``beta`` (from :meth:`beta_for`) may be given by a caller that computed
+        it once for several decodes (the Ray backend passes it to its tasks)."""
         n_prime = len(batch)
-        op = joint_operator(self.projection, [m.seed for m in batch], self.k, self.d_pad)
+        seeds = [m.seed for m in batch]
         y = np.stack([m.values.astype(np.float64) for m in batch])
-        c = self.transform.c_for(n_prime)
-        xt, info = joint_solve(op, y, c, method=self.method, rtol=self.rtol)
-        beta = self._beta(n_prime)
+        c = self._c_for(n_prime)
+        if self.device is not None:
+            from rpsagg._torch import device_joint_solve
+
+            xt, info = device_joint_solve(seeds, y, self.k, self.d_pad, c, device=self.device,
+                                          method=self.method, rtol=self.rtol)
+        else:
+            op = joint_operator(self.projection, seeds, self.k, self.d_pad,
+                                threads=self.threads)
+            xt, info = joint_solve(op, y, c, method=self.method, rtol=self.rtol)
+        beta = self._beta(n_prime) if beta is None else beta
         return DecodeResult(beta * xt[: self.d], n_prime, beta, c, info, 0.0)
+
+    def _c_for(self, n_prime: int) -> float:
+        """c of T for ``n_prime`` messages.
+
+        ``auto`` with a prior: :func:`rpsagg._auto.auto_c` of the prior's correlation
+        fraction at ``n_prime`` clients, a pure function of ``(n', k, d', R)``, so a server
+        that persisted the prior derives the same c; otherwise :meth:`Transform.c_for`.
+        """
+        t = self.transform
+        if t.kind == "auto" and t.r is not None and n_prime > 1:
+            frac = min(1.0, max(0.0, t.r / (t.n - 1))) if t.n > 1 else 0.0
+            return auto_c(n_prime, self.k, self.d_pad, frac * (n_prime - 1))
+        return t.c_for(n_prime)
 
     def _beta(self, n_prime: int) -> float:
         return self._beta_estimate(n_prime).beta
 
     def _beta_estimate(self, n_prime: int) -> BetaEstimate:
-        c = self.transform.c_for(n_prime)
+        c = self._c_for(n_prime)
         return rps_beta(n_prime, self.k, self.d_pad, c, projection=self.projection)
+
+    def with_device(self, device: str | None) -> Self:
+        """A copy that decodes on ``device`` (a PyTorch device, or None for numpy)."""
+        other = copy.copy(self)
+        if device is not None:
+            from rpsagg._torch import resolve_device
+
+            device = str(resolve_device(device))
+        other.device = device
+        return other
+
+    def with_threads(self, threads: int | None) -> Self:
+        """A copy whose numpy decode runs ``threads`` threads (None: every core)."""
+        if threads is not None and (isinstance(threads, bool) or int(threads) < 1):
+            raise ValueError(f"threads must be an integer >= 1; got {threads!r}")
+        other = copy.copy(self)
+        other.threads = None if threads is None else int(threads)
+        return other
 
     def beta_details(self, n_prime: int | None = None) -> BetaEstimate:
         """The :class:`~rpsagg._beta.BetaEstimate` behind ``beta_for(n_prime)``."""
@@ -486,6 +550,8 @@ def make_estimator(
     bits: int | None = None,
     value_bits: int = 32,
     projection: str = "auto",
+    device: str | None = None,
+    threads: int | None = None,
 ) -> Estimator:
     """Build an estimator by name.
 
@@ -523,6 +589,11 @@ def make_estimator(
         Rand-Proj-Spatial only: the seeded projection (see :class:`RandProjSpatial`;
         ``"auto"``: the SRHT when d is a power of two, the randomized DCT otherwise). The
         blockwise estimator always uses the SRHT.
+    device : str, optional
+        Rand-Proj-Spatial only: decode on this PyTorch device (``"cuda"``, ``"cpu"``;
+        the ``rpsagg[torch]`` extra). None (default): numpy.
+    threads : int, optional
+        Rand-Proj-Spatial only: CPU threads of the numpy decode (default: all cores).
 
     Returns
     -------
@@ -530,10 +601,11 @@ def make_estimator(
     """
     if name in ("eden", "qsgd"):
         if transform != "avg" or prior_r is not None or block_size is not None or (
-            projection != "auto"
+            projection != "auto" or device is not None or threads is not None
         ):
             raise ValueError(
-                f"transform, prior_r, block_size and projection do not apply to {name!r}"
+                f"transform, prior_r, block_size, projection, device and threads do not apply "
+                f"to {name!r}"
             )
         if value_bits != 32:
             raise ValueError(f"{name!r} takes bits=, not value_bits=")
@@ -555,7 +627,7 @@ def make_estimator(
     if value_bits != 32 and name not in (*QUANTIZABLE, SCHEMES["dct"]):
         raise ValueError(f"value_bits applies to {', '.join(QUANTIZABLE)}, not {name!r}")
     est = _make_float_estimator(
-        name, n, k, d, transform, prior_r, method, rtol, block_size, projection
+        name, n, k, d, transform, prior_r, method, rtol, block_size, projection, device, threads
     )
     if value_bits != 32:
         if block_size is not None:
@@ -575,6 +647,8 @@ def _make_float_estimator(
     rtol: float,
     block_size: int | None,
     projection: str,
+    device: str | None,
+    threads: int | None,
 ) -> Estimator:
     if name == SCHEMES["dct"]:  # the message scheme names its projection
         name, projection = "rand-proj-spatial", resolve_projection("dct", d)
@@ -589,9 +663,15 @@ def _make_float_estimator(
             )
         from rpsagg._blockwise import BlockwiseRandProjSpatial
 
-        return BlockwiseRandProjSpatial(n, k, d, block_size, transform, prior_r, method, rtol)
+        return BlockwiseRandProjSpatial(
+            n, k, d, block_size, transform, prior_r, method, rtol, device=device,
+            threads=threads,
+        )
     if name == "rand-proj-spatial":
-        return RandProjSpatial(n, k, d, transform, prior_r, method, rtol, projection)
+        return RandProjSpatial(n, k, d, transform, prior_r, method, rtol, projection,
+                               device=device, threads=threads)
+    if device is not None or threads is not None:
+        raise ValueError(f"device and threads apply to rand-proj-spatial only, not {name!r}")
     if name == "rand-k-spatial":
         return RandKSpatial(n, k, d, transform, prior_r)
     if transform != "avg" or prior_r is not None:

@@ -166,6 +166,120 @@ static PyObject *last_stage(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+
+/* ---- FWHT (unnormalized, Sylvester order) of the rows of a float64 array, without the GIL.
+ * The butterflies are numpy's (rpsagg._fwht.fwht_numpy): the same pairs in the same stage
+ * order, two stages fused where possible, so the result is bit for bit the numpy one.
+ * Cache blocking: stages h < FWHT_BLOCK within blocks of FWHT_BLOCK doubles (16 KiB, L1);
+ * the next ones on tiles of up to FWHT_ROWS blocks x as many columns as fit 256 KiB (L2),
+ * copied to a buffer; any left (n > 2^22) as streaming passes over the row. */
+#define FWHT_BLOCK 2048
+#define FWHT_TILE_DOUBLES 32768 /* buffer of the column tiles: 256 KiB */
+#define FWHT_ROWS 2048
+
+/* stages h = h0, 2 h0, ... < len * h0 on x viewed as len "elements" of w contiguous doubles:
+ * element r is x[r * stride .. r * stride + w). */
+static void fwht_strided(double *x, Py_ssize_t len, Py_ssize_t stride, Py_ssize_t w) {
+    Py_ssize_t h = 1;
+    for (; 4 * h <= len; h *= 4) {
+        for (Py_ssize_t i = 0; i < len; i += 4 * h)
+            for (Py_ssize_t r = i; r < i + h; r++) {
+                double *p0 = x + r * stride, *p1 = p0 + h * stride, *p2 = p1 + h * stride,
+                       *p3 = p2 + h * stride;
+                for (Py_ssize_t t = 0; t < w; t++) {
+                    double a = p0[t], b = p1[t], c = p2[t], d = p3[t];
+                    double s0 = a + b, d0 = a - b, s1 = c + d, d1 = c - d;
+                    p0[t] = s0 + s1;
+                    p1[t] = d0 + d1;
+                    p2[t] = s0 - s1;
+                    p3[t] = d0 - d1;
+                }
+            }
+    }
+    if (h < len) { /* one radix-2 stage left */
+        for (Py_ssize_t r = 0; r < h; r++) {
+            double *p0 = x + r * stride, *p1 = p0 + h * stride;
+            for (Py_ssize_t t = 0; t < w; t++) {
+                double a = p0[t], b = p1[t];
+                p0[t] = a + b;
+                p1[t] = a - b;
+            }
+        }
+    }
+}
+
+/* the first stages (h < FWHT_BLOCK) inside one block of len <= FWHT_BLOCK doubles */
+static void fwht_block(double *x, Py_ssize_t len) {
+    Py_ssize_t h = 1;
+    for (; 4 * h <= len; h *= 4)
+        for (Py_ssize_t i = 0; i < len; i += 4 * h)
+            for (Py_ssize_t j = i; j < i + h; j++) {
+                double a = x[j], b = x[j + h], c = x[j + 2 * h], d = x[j + 3 * h];
+                double s0 = a + b, d0 = a - b, s1 = c + d, d1 = c - d;
+                x[j] = s0 + s1;
+                x[j + h] = d0 + d1;
+                x[j + 2 * h] = s0 - s1;
+                x[j + 3 * h] = d0 - d1;
+            }
+    if (h < len)
+        for (Py_ssize_t j = 0; j < h; j++) {
+            double a = x[j], b = x[j + h];
+            x[j] = a + b;
+            x[j + h] = a - b;
+        }
+}
+
+static void fwht_row(double *x, Py_ssize_t n, double *buf) {
+    Py_ssize_t block = n < FWHT_BLOCK ? n : FWHT_BLOCK;
+    for (Py_ssize_t i = 0; i < n; i += block) fwht_block(x + i, block);
+    if (n == block) return;
+    Py_ssize_t rows = n / block, tile_rows = rows < FWHT_ROWS ? rows : FWHT_ROWS;
+    Py_ssize_t width = FWHT_TILE_DOUBLES / tile_rows; /* >= 16 columns, a power of two */
+    if (width > block) width = block;
+    /* stages h = block .. block * tile_rows / 2: per super-block of tile_rows blocks,
+     * column tiles copied to buf (tile_rows x width), transformed there, copied back */
+    Py_ssize_t span = block * tile_rows;
+    for (Py_ssize_t s0 = 0; s0 < n; s0 += span)
+        for (Py_ssize_t c0 = 0; c0 < block; c0 += width) {
+            double *base = x + s0 + c0;
+            for (Py_ssize_t r = 0; r < tile_rows; r++)
+                memcpy(buf + r * width, base + r * block, width * sizeof(double));
+            fwht_strided(buf, tile_rows, width, width);
+            for (Py_ssize_t r = 0; r < tile_rows; r++)
+                memcpy(base + r * block, buf + r * width, width * sizeof(double));
+        }
+    if (span < n) /* stages h >= span: streaming passes, elements of span doubles */
+        fwht_strided(x, n / span, span, span);
+}
+
+/* fwht_rows(a, n): in-place FWHT of each consecutive run of n doubles of a (n a power of
+ * two, len(a) a multiple of n). */
+static PyObject *fwht_rows(PyObject *self, PyObject *args) {
+    PyObject *ao;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "On", &ao, &n)) return NULL;
+    Py_buffer a;
+    if (get_buffer(ao, &a, 1, "d", 8, "a") < 0) return NULL;
+    Py_ssize_t total = a.len / 8;
+    if (n < 1 || (n & (n - 1)) || total % n) {
+        PyBuffer_Release(&a);
+        PyErr_SetString(PyExc_ValueError, "fwht_rows: n must be a power of two dividing len(a)");
+        return NULL;
+    }
+    double *buf = malloc(FWHT_TILE_DOUBLES * sizeof(double));
+    if (buf == NULL) {
+        PyBuffer_Release(&a);
+        return PyErr_NoMemory();
+    }
+    double *x = (double *)a.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < total; i += n) fwht_row(x + i, n, buf);
+    Py_END_ALLOW_THREADS
+    free(buf);
+    PyBuffer_Release(&a);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"sign_multiply", sign_multiply, METH_VARARGS,
      "sign_multiply(x, key, out): out = D x (zero-padded), D from the stream key."},
@@ -173,6 +287,8 @@ static PyMethodDef methods[] = {
      "sample_distinct(key, k, bound, out): k distinct rows in order of acceptance."},
     {"last_stage", last_stage, METH_VARARGS,
      "last_stage(pair, rows, scale, out): the SRHT's last butterfly at the kept rows."},
+    {"fwht_rows", fwht_rows, METH_VARARGS,
+     "fwht_rows(a, n): in-place FWHT of every run of n doubles of a (GIL released)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,13 +1,18 @@
 """Fast Walsh-Hadamard transform (unnormalized, Sylvester/natural order).
 
 ``fwht(a)`` returns ``a @ H`` along the last axis, where ``H[i, j] =
-(-1)^popcount(i & j)``. Two backends:
+(-1)^popcount(i & j)``. Three backends, the first available is used:
 
 * ``fht-cpu`` (optional dependency ``rpsagg[fast]``, MIT): SIMD + OpenMP, about 20x
-  faster than numpy at d = 2^20 on these machines.
+  faster than numpy at d = 2^20 on these machines. It holds the GIL; its own OpenMP threads
+  parallelize a batch.
+* ``native``: ``fwht_rows`` of the compiled kernels (``rpsagg._fast``), cache-blocked C with
+  numpy's butterflies (the same bits), about 2x slower than fht-cpu on one core but without
+  the GIL, so threads run it in parallel.
 * a vectorized numpy butterfly, always available.
 
-``RPSAGG_FWHT=numpy`` forces the numpy backend; the tests cross-check both.
+``RPSAGG_FWHT=numpy`` forces the numpy backend, ``RPSAGG_FWHT=native`` the compiled one
+(when built); the tests cross-check all three.
 """
 
 from __future__ import annotations
@@ -40,15 +45,15 @@ def fwht_numpy(a: FloatArray) -> FloatArray:
     return a
 
 
-def _load_fast() -> Callable[[FloatArray], FloatArray] | None:
-    if os.environ.get("RPSAGG_FWHT", "").lower() == "numpy":
+def _load_fast() -> Callable[..., FloatArray] | None:
+    if os.environ.get("RPSAGG_FWHT", "").lower() in ("numpy", "native"):
         return None
     try:
         import fht_cpu
     except ImportError:
         return None
 
-    def fwht_fast(a: FloatArray) -> FloatArray:
+    def fwht_fast(a: FloatArray, threads: int | None = None) -> FloatArray:
         n = a.shape[-1]
         if n & (n - 1):
             raise ValueError(f"FWHT length must be a power of two; got {n}")
@@ -59,18 +64,40 @@ def _load_fast() -> Callable[[FloatArray], FloatArray] | None:
         else:
             flat = a.reshape(-1, n)
             # OpenMP start-up costs more than it saves on small batches
-            threads = 1 if flat.size < _PARALLEL_MIN else -1
-            fht_cpu.fht(flat, axis=-1, inplace=True, num_threads=threads)
+            count = 1 if flat.size < _PARALLEL_MIN else -1 if threads is None else threads
+            fht_cpu.fht(flat, axis=-1, inplace=True, num_threads=count)
         return a
 
     return fwht_fast
 
 
+def _load_native() -> Callable[[FloatArray], FloatArray] | None:
+    from rpsagg import _spec
+
+    if os.environ.get("RPSAGG_FWHT", "").lower() == "numpy":
+        return None
+    native = _spec.NATIVE
+    if native is None or not hasattr(native, "fwht_rows"):
+        return None
+
+    def fwht_native(a: FloatArray) -> FloatArray:
+        n = a.shape[-1]
+        if n & (n - 1):
+            raise ValueError(f"FWHT length must be a power of two; got {n}")
+        native.fwht_rows(a.reshape(-1), n)
+        return a
+
+    return fwht_native
+
+
 _FAST = _load_fast()
-BACKEND = "fht-cpu" if _FAST is not None else "numpy"
+_NATIVE = _load_native()
+BACKEND = "fht-cpu" if _FAST is not None else "native" if _NATIVE is not None else "numpy"
+#: True when the backend runs its own threads on a batch (then callers should not split it)
+BATCH_THREADS = _FAST is not None
 
 
-def fwht(a: FloatArray, *, inplace: bool = False) -> FloatArray:
+def fwht(a: FloatArray, *, inplace: bool = False, threads: int | None = None) -> FloatArray:
     """Unnormalized fast Walsh-Hadamard transform along the last axis.
 
     Parameters
@@ -79,6 +106,9 @@ def fwht(a: FloatArray, *, inplace: bool = False) -> FloatArray:
         ``n`` must be a power of two.
     inplace : bool
         Transform ``a`` itself (it must then be C-contiguous float64).
+    threads : int, optional
+        OpenMP threads of the fht-cpu backend for a batch (default: all cores for large
+        batches); the other backends run on the calling thread.
 
     Returns
     -------
@@ -92,5 +122,7 @@ def fwht(a: FloatArray, *, inplace: bool = False) -> FloatArray:
     else:
         out = np.array(a, dtype=np.float64, order="C", copy=True)
     if _FAST is not None:
-        return _FAST(out)
+        return _FAST(out, threads)
+    if _NATIVE is not None:
+        return _NATIVE(out)
     return fwht_numpy(out)

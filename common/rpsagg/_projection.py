@@ -64,13 +64,15 @@ def encode(projection: str, x: FloatArray, seed: int, k: int) -> FloatArray:
     return srht_encode(x, seed, k, padded_dim(x.shape[0]))
 
 
-def joint_operator(projection: str, seeds: Sequence[int], k: int, dim: int) -> JointOperator:
-    """``A = [G_1; ...; G_n]`` for ``seeds`` in dimension ``dim`` (see :func:`operator_dim`)."""
+def joint_operator(projection: str, seeds: Sequence[int], k: int, dim: int,
+                   threads: int | None = None) -> JointOperator:
+    """``A = [G_1; ...; G_n]`` for ``seeds`` in dimension ``dim`` (see :func:`operator_dim`);
+    ``threads``: CPU threads of the SRHT's products (the DCT's run on one)."""
     if projection == "dct":
         return JointDCT.from_seeds(seeds, k, dim)
     if projection != "srht":
         raise ValueError(f"unknown projection {projection!r}")
-    return JointSRHT.from_seeds(seeds, k, dim)
+    return JointSRHT.from_seeds(seeds, k, dim, threads=threads)
 
 
 def round_encoding(estimator: object) -> tuple[str, str, int]:

@@ -6,15 +6,17 @@ Nothing here forms H or a d' x d' matrix: every product goes through the FWHT.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
-from rpsagg import _spec
+from rpsagg import _fwht, _spec
 from rpsagg._fwht import fwht
 from rpsagg._spec import (
     TAG_SIGNS,
@@ -160,6 +162,46 @@ def srht_matrix(seed: int, k: int, d: int) -> FloatArray:
     return np.asarray(h_rows * signs(seed, d_pad)[None, :] / np.sqrt(d_pad))
 
 
+def default_threads() -> int:
+    """Cores this process may run on (its CPU affinity), the decode's default threads."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+_pools: dict[int, ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def _forget_pools() -> None:
+    """In a forked child the parent's pool threads do not exist: start afresh."""
+    global _pools_lock
+    _pools.clear()
+    _pools_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pools)
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    """A process-wide pool of ``threads`` workers (kept: a decode calls it every product)."""
+    with _pools_lock:
+        pool = _pools.get(threads)
+        if pool is None:
+            pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rpsagg-fwht")
+            _pools[threads] = pool
+        return pool
+
+
+def _split(count: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
+    """``[0, count)`` cut into at most ``parts`` contiguous ranges (bounds multiples of align)."""
+    units = -(-count // align)
+    parts = max(1, min(parts, units))
+    bounds = [min(count, (units * p // parts) * align) for p in range(parts + 1)]
+    return [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
+
+
 @dataclass(frozen=True, eq=False)
 class JointSRHT:
     """The stacked operator ``A = [G_1; ...; G_n]`` for a set of client seeds.
@@ -167,6 +209,13 @@ class JointSRHT:
     Memory: the signs are held as int8 (n d' bytes) and every product works on chunks of
     clients whose float64 work arrays fit in ``memory_budget`` bytes, so peak memory is
     about ``n d' + memory_budget`` bytes whatever n is.
+
+    Threads: with ``threads > 1`` every pass over a chunk is split between that many
+    threads (numpy's element-wise loops and the compiled FWHT release the GIL; fht-cpu,
+    which does not, parallelizes the chunk's batch with its own OpenMP threads). Rows of
+    the chunk are split for the element-wise passes before the FWHT, columns for the sum
+    of the adjoint, so every output element is computed by the same operations in the same
+    order whatever the thread count: the result is bit for bit that of ``threads=1``.
 
     Attributes
     ----------
@@ -176,24 +225,43 @@ class JointSRHT:
         Rows sampled by each client.
     memory_budget : int
         Bytes of float64 work arrays per chunk of clients.
+    threads : int
+        Threads per product (1: the calling thread only).
     """
 
     signs: NDArray[np.int8]
     rows: IntArray
     memory_budget: int = DEFAULT_MEMORY_BUDGET
+    threads: int = 1
 
     @classmethod
     def from_seeds(
-        cls, seeds: Sequence[int], k: int, d_pad: int, memory_budget: int = DEFAULT_MEMORY_BUDGET
+        cls,
+        seeds: Sequence[int],
+        k: int,
+        d_pad: int,
+        memory_budget: int = DEFAULT_MEMORY_BUDGET,
+        threads: int | None = 1,
     ) -> JointSRHT:
-        """Regenerate every client's transform from its seed."""
+        """Regenerate every client's transform from its seed (``threads`` at a time;
+        None: :func:`default_threads`)."""
+        threads = default_threads() if threads is None else int(threads)
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1; got {threads}")
         s = np.empty((len(seeds), d_pad), dtype=np.int8)
         r = np.empty((len(seeds), k), dtype=np.int64)
-        for i, seed in enumerate(seeds):
-            np.multiply(sign_bits(seed, d_pad).view(np.int8), np.int8(-2), out=s[i])
+
+        def one(i: int) -> None:
+            np.multiply(sign_bits(seeds[i], d_pad).view(np.int8), np.int8(-2), out=s[i])
             s[i] += np.int8(1)
-            r[i] = srht_rows(seed, k, d_pad)
-        return cls(s, r, memory_budget)
+            r[i] = srht_rows(seeds[i], k, d_pad)
+
+        if threads == 1 or len(seeds) < 2:
+            for i in range(len(seeds)):
+                one(i)
+        else:
+            list(_pool(threads).map(one, range(len(seeds))))
+        return cls(s, r, memory_budget, threads)
 
     @property
     def n(self) -> int:
@@ -210,6 +278,26 @@ class JointSRHT:
     def _chunk(self) -> int:
         return max(1, min(self.n, self.memory_budget // (8 * self.d_pad)))
 
+    def _run(self, fn: Callable[[int, int], None], count: int, align: int = 1) -> None:
+        """``fn(a, b)`` over ``[0, count)`` cut into ranges, one per thread."""
+        ranges = _split(count, self.threads, align)
+        if len(ranges) == 1:
+            fn(*ranges[0])
+            return
+        futures = [_pool(self.threads).submit(fn, a, b) for a, b in ranges]
+        for f in futures:
+            f.result()  # re-raises a worker's exception
+
+    def _fwht_rows(self, w: FloatArray) -> None:
+        if _fwht.BATCH_THREADS or self.threads == 1 or w.shape[0] == 1:
+            fwht(w, inplace=True, threads=self.threads)
+        else:
+
+            def part(a: int, b: int) -> None:
+                fwht(w[a:b], inplace=True)
+
+            self._run(part, w.shape[0])
+
     def adjoint(self, z: FloatArray) -> FloatArray:
         """``A^T z = sum_i G_i^T z_i`` for ``z`` of shape (n, k); returns (d',)."""
         out = np.zeros(self.d_pad)
@@ -218,11 +306,19 @@ class JointSRHT:
         for lo in range(0, self.n, step):
             hi = min(self.n, lo + step)
             w = work[: hi - lo]
-            w.fill(0.0)
-            np.put_along_axis(w, self.rows[lo:hi], z[lo:hi], axis=1)
-            fwht(w, inplace=True)
-            np.multiply(w, self.signs[lo:hi], out=w)
-            out += w.sum(axis=0)
+
+            def scatter(a: int, b: int, w: FloatArray = w, lo: int = lo) -> None:
+                w[a:b].fill(0.0)
+                np.put_along_axis(w[a:b], self.rows[lo + a : lo + b], z[lo + a : lo + b], axis=1)
+
+            def reduce(a: int, b: int, w: FloatArray = w, lo: int = lo, hi: int = hi) -> None:
+                cols = w[:, a:b]
+                np.multiply(cols, self.signs[lo:hi, a:b], out=cols)
+                out[a:b] += cols.sum(axis=0)
+
+            self._run(scatter, hi - lo)
+            self._fwht_rows(w)
+            self._run(reduce, self.d_pad, align=512)
         out *= 1.0 / np.sqrt(self.d_pad)
         return out
 
@@ -234,9 +330,18 @@ class JointSRHT:
         for lo in range(0, self.n, step):
             hi = min(self.n, lo + step)
             w = work[: hi - lo]
-            np.multiply(self.signs[lo:hi], u[None, :], out=w)
-            fwht(w, inplace=True)
-            out[lo:hi] = np.take_along_axis(w, self.rows[lo:hi], axis=1)
+
+            def sign(a: int, b: int, w: FloatArray = w, lo: int = lo, hi: int = hi) -> None:
+                np.multiply(self.signs[lo:hi, a:b], u[None, a:b], out=w[:, a:b])
+
+            def gather(a: int, b: int, w: FloatArray = w, lo: int = lo) -> None:
+                out[lo + a : lo + b] = np.take_along_axis(
+                    w[a:b], self.rows[lo + a : lo + b], axis=1
+                )
+
+            self._run(sign, self.d_pad, align=512)
+            self._fwht_rows(w)
+            self._run(gather, hi - lo)
         out *= 1.0 / np.sqrt(self.d_pad)
         return out
 

@@ -59,6 +59,10 @@ class ServerConfig:
     drain: float = 10.0
     linger: float = 2.0
     port_file: str | None = None
+    decode_device: str | None = None
+    decode_threads: int | None = None
+    decode_backend: str = "local"
+    ray_address: str | None = None
     task_params: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -119,6 +123,29 @@ class ServerConfig:
             raise ValueError(f"--kmeans-updates must be 0 or 1; got {self.kmeans_updates}")
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError("--tls-client-ca (mTLS) needs --tls-cert and --tls-key")
+        if self.decode_device is not None:
+            if self.estimator != "rand-proj-spatial":
+                raise ValueError("--decode-device applies to --estimator rand-proj-spatial")
+            try:
+                from rpsagg._torch import resolve_device
+            except ImportError as exc:  # pragma: no cover - the test set-up installs torch
+                raise ValueError(f"--decode-device needs PyTorch: {exc}") from exc
+            resolve_device(self.decode_device)  # fails now, not at the first round
+        if self.decode_threads is not None and self.decode_threads < 1:
+            raise ValueError(f"--decode-threads must be >= 1; got {self.decode_threads}")
+        if self.decode_backend not in ("local", "ray"):
+            raise ValueError(f"--decode-backend must be local or ray; got {self.decode_backend!r}")
+        if self.decode_backend == "ray":
+            if self.estimator != "rand-proj-spatial":
+                raise ValueError("--decode-backend ray applies to --estimator rand-proj-spatial")
+            try:
+                import ray  # noqa: F401
+            except ImportError as exc:  # pragma: no cover - the test set-up installs ray
+                raise ValueError(
+                    "--decode-backend ray needs Ray: pip install 'rpsagg-server[ray]'"
+                ) from exc
+        elif self.ray_address is not None:
+            raise ValueError("--ray-address goes with --decode-backend ray")
 
     @property
     def params(self) -> dict[str, float]:
@@ -199,6 +226,13 @@ def _parser() -> argparse.ArgumentParser:
         "client to be told so",
         "linger": "seconds to keep serving after the drain (negative: until signalled)",
         "port_file": "write the bound gRPC port to this file once serving (for --grpc-port 0)",
+        "decode_device": "decode rand-proj-spatial rounds on this PyTorch device (cuda, "
+        "cuda:N, cpu; needs rpsagg[torch]); default: numpy on the CPU",
+        "decode_threads": "CPU threads of a decode (default: every core of the process)",
+        "decode_backend": "local (default) or ray: decode rounds as Ray tasks "
+        "(needs rpsagg-server[ray])",
+        "ray_address": "Ray cluster to join with --decode-backend ray (e.g. 10.0.0.5:6379); "
+        "default: start a local one",
     }
     for f in fields(ServerConfig):
         if f.name == "task_params":

@@ -18,6 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rpsagg import QUANTIZER_NAMES, CorrelationTracker, Encoded, Estimator, make_estimator
+from rpsagg._estimators import DecodeResult
 from rpsagg._quantize import dequantize
 from rpsagg._spec import derive_round_seed
 from rpsagg.v1.serde import Submission, VectorPayload
@@ -25,6 +26,39 @@ from rpsagg.v1.serde import Submission, VectorPayload
 log = logging.getLogger("rpsagg.server")
 FloatArray = NDArray[np.float64]
 R_HAT_SCHEMES = ("rand-proj-spatial", "rand-proj-spatial:dct", "rand-k", "rand-k-spatial")
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """Where and how rounds are decoded (``--decode-*`` flags, ``--ray-address``)."""
+
+    device: str | None = None
+    threads: int | None = None
+    backend: str = "local"
+    ray_address: str | None = None
+
+    @classmethod
+    def from_config(cls, cfg: object) -> DecodeOptions:
+        """The options of a :class:`~rpsagg_server.config.ServerConfig`."""
+        return cls(
+            getattr(cfg, "decode_device", None),
+            getattr(cfg, "decode_threads", None),
+            getattr(cfg, "decode_backend", "local"),
+            getattr(cfg, "ray_address", None),
+        )
+
+    def apply(self, estimator: Estimator) -> Estimator:
+        """A copy of ``estimator`` with the device and thread options (or itself)."""
+        if self.device is not None:
+            with_device = getattr(estimator, "with_device", None)
+            if with_device is None:
+                raise ValueError(f"{estimator.name} has no device decode")
+            estimator = with_device(self.device)
+        if self.threads is not None:
+            with_threads = getattr(estimator, "with_threads", None)
+            if with_threads is not None:
+                estimator = with_threads(self.threads)
+        return estimator
 
 
 @dataclass(frozen=True)
@@ -122,19 +156,30 @@ def decode_round(
     *,
     tracker: CorrelationTracker | None,
     evaluate: bool,
+    options: DecodeOptions | None = None,
 ) -> DecodeOutcome:
     """Decode one round's submissions (already validated, sorted by client index).
 
-    ``tracker`` (transform=auto) is updated with this round's R_hat.
+    ``tracker`` (transform=auto) is updated with this round's R_hat. ``options``: device,
+    threads and backend (local, or Ray tasks) of the decode.
     """
     start = time.perf_counter()
+    options = options or DecodeOptions()
+    estimator = options.apply(estimator)
     n, k, d = estimator.n, estimator.k, estimator.d
     rows = []
     beta = c = math.nan
     r_hat = math.nan
-    for j in range(m):
-        batch = messages(subs, nonce, estimator.name, k, d, j)
-        info = estimator.decode_with_info(batch)
+    batches = [messages(subs, nonce, estimator.name, k, d, j) for j in range(m)]
+    results: list[DecodeResult]
+    if options.backend == "ray":
+        from rpsagg_server import raydecode
+
+        raydecode.connect(options.ray_address)
+        results = raydecode.decode_vectors(estimator, batches)
+    else:
+        results = [estimator.decode_with_info(batch) for batch in batches]
+    for j, (batch, info) in enumerate(zip(batches, results, strict=True)):
         rows.append(info.estimate)
         if j == 0:
             beta = info.beta

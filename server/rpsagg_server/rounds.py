@@ -64,7 +64,7 @@ from rpsagg.v1.serde import (
 )
 from rpsagg_server.betawarm import BetaWarmup
 from rpsagg_server.config import ServerConfig
-from rpsagg_server.decoding import DecodeOutcome, decode_round
+from rpsagg_server.decoding import DecodeOptions, DecodeOutcome, decode_round
 from rpsagg_server.live import LiveRound, Rejected, check_submission_spec, validate_submission
 from rpsagg_server.state import ClientView, JobView, ServerState
 from rpsagg_server.store import (
@@ -544,7 +544,8 @@ class RoundEngine:
             outcome = await loop.run_in_executor(
                 self._executor,
                 lambda: decode_round(est, subs, live.nonce, self.m, tracker=self.tracker,
-                                     evaluate=self.cfg.eval),
+                                     evaluate=self.cfg.eval,
+                                     options=DecodeOptions.from_config(self.cfg)),
             )
         except Exception as exc:  # a decode error fails the round, never the server
             log.exception("[Engine] round %d decode failed", live.round_id)

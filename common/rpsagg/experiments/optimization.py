@@ -34,7 +34,6 @@ from rpsagg._estimators import Estimator, make_estimator
 from rpsagg._spec import derive_round_seed
 from rpsagg.experiments.runtime import TAGS, parallel_map, seed_of, write_csv
 from rpsagg.experiments.splits import Dataset, fashion_mnist, shards, ujiindoorloc
-from rpsagg.experiments.varying_correlation import quantized_prior
 from rpsagg.tasks import Task, make_task
 from rpsagg.tasks.base import Shard
 
@@ -196,7 +195,7 @@ def run_job(job: Job) -> Trace:
     state = task.initial_state(initial_seed(job.run))
     trace = Trace(job)
     for t in range(job.iterations):
-        est = base.with_prior(quantized_prior(tracker, job.n)) if tracker is not None else base  # type: ignore[attr-defined]
+        est = base.with_prior(tracker.prior(job.n)) if tracker is not None else base  # type: ignore[attr-defined]
         nonce = job.nonces[t] if job.nonces is not None else round_nonce(job.run, t)
         vecs = np.stack([task.client_vectors(state, s, t) for s in client_shards])  # (n, m, d)
         truth = vecs.mean(axis=0)

@@ -13,8 +13,8 @@ and used in the comparison and the figure.
 
 Estimators: Rand-k; Rand-k-Spatial(opt) = corr(R) (the best of the Rand-k-Spatial family,
 Jhunjhunwala et al.); Rand-Proj-Spatial(corr(R)); and Rand-Proj-Spatial(auto), whose prior
-comes from the smoothed ``R_hat`` of the previous trials (quantized, see
-:func:`quantized_prior`).
+comes from the smoothed ``R_hat`` of the previous trials (unrounded: its beta is a closed
+form or a small Monte Carlo).
 """
 
 from __future__ import annotations
@@ -44,8 +44,6 @@ R_TARGETS: dict[int, list[float]] = {
 K_VALUES: dict[int, list[int]] = {
     5: [10, 50, 200], 11: [10, 40, 90], 21: [5, 20, 45], 51: [5, 10, 20]
 }
-#: Resolution of the auto prior, as a fraction of n - 1 (one cached beta per value).
-PRIOR_STEP = 0.1
 
 
 def group_sizes(n: int, r_target: float) -> list[int]:
@@ -90,18 +88,6 @@ def correlation(xs: np.ndarray) -> float:
     total = xs.sum(axis=0)
     sq = float(np.sum(xs * xs))
     return (float(total @ total) - sq) / sq
-
-
-def quantized_prior(tracker: CorrelationTracker, n: int, step: float = PRIOR_STEP) -> float | None:
-    """The tracker's prior R rounded to a multiple of ``step (n - 1)``.
-
-    Every distinct transform needs its own Monte Carlo beta (tens of seconds at nk ~ 1000),
-    so a continuous prior would cost one per trial; rounding keeps the number of betas at
-    ``1/step + 1`` per ``(n, k, d)`` and changes ``c`` by at most ``step / 2``.
-    """
-    if tracker.fraction is None:
-        return None
-    return round(tracker.fraction / step) * step * (n - 1)
 
 
 @dataclass(frozen=True)
@@ -160,7 +146,7 @@ def run_point(p: Point) -> list[dict[str, Any]]:
     tracker = CorrelationTracker()
     errs = np.empty(p.trials)
     for t in range(p.trials):
-        est = auto.with_prior(quantized_prior(tracker, p.n))
+        est = auto.with_prior(tracker.prior(p.n))
         msgs = [est.encode(x, s) for x, s in zip(xs, trial_seeds(*base, 99, t, n=p.n), strict=True)]
         errs[t] = float(np.sum((est.decode(msgs) - xs.mean(axis=0)) ** 2))
         tracker.update(msgs)

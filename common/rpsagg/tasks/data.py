@@ -48,7 +48,10 @@ def synthetic_shard(
         return Shard(np.zeros((0, d)), None, r, seed, index, n)
     rho = 0.0 if n <= 1 else r / (n - 1)
     p = max(1, min(8, d // 2))
-    shared = np.random.default_rng([seed, 0]).standard_normal((p, d))
+    # [seed, 0] would be the stream of default_rng(seed) (SeedSequence ignores trailing zero
+    # words), which the tasks' initial states use: the shared basis would start with the
+    # power iteration's initial vector. A third word keeps the streams apart.
+    shared = np.random.default_rng([seed, 0, 1]).standard_normal((p, d))
     rng = np.random.default_rng([seed, index + 1])
     private = rng.standard_normal((p, d))
     basis = np.sqrt(rho) * shared + np.sqrt(1.0 - rho) * private

@@ -1,0 +1,146 @@
+"""Decoding rounds on a Ray cluster (``--decode-backend ray``, extra ``rpsagg-server[ray]``).
+
+A round's messages go to Ray's object store once (one object: the seeds and the float32
+values of every vector); tasks read them from there (zero-copy on their node) and return
+estimates. The fan-out:
+
+* Rand-Proj-Spatial (one joint system per vector): one task per vector of the round.
+* Blockwise Rand-Proj-Spatial: one task per group of consecutive blocks per vector, each
+  running :meth:`~rpsagg._blockwise.BlockwiseRandProjSpatial.decode_blocks`, the same code
+  as the local decode, with the betas computed once on the server (cached there), so the
+  estimate equals the local decode bit for bit.
+
+Each task decodes with its node's local decode (numpy on every core, or the estimator's
+PyTorch device). Ray retries a task whose worker died (``max_retries``): a killed worker
+costs the time of its task, not the round. Faults: a task that raises, or a cluster that
+cannot be reached, raises here, and the round fails with a decode error like any other
+decode failure (the server keeps running; its submissions stay durable).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from rpsagg import Encoded, Estimator
+from rpsagg._estimators import DecodeResult, RandProjSpatial
+
+FloatArray = NDArray[np.float64]
+
+# Ray's own default is 3; a decode task is pure (a function of the object-store payload), so
+# re-running it is always safe.
+TASK_RETRIES = 3
+
+_lock = threading.Lock()
+_remote: Any = None
+
+
+@dataclass(frozen=True)
+class Payload:
+    """One round's messages as they sit in the object store."""
+
+    scheme: str
+    k: int
+    d: int
+    seeds: NDArray[np.uint64]  # (m, n')
+    values: NDArray[np.float32]  # (m, n', k)
+
+    def batch(self, j: int) -> list[Encoded]:
+        """The messages of vector ``j``."""
+        return [
+            Encoded(self.scheme, int(s), self.k, self.d, v)
+            for s, v in zip(self.seeds[j], self.values[j], strict=True)
+        ]
+
+
+def connect(address: str | None) -> None:
+    """Join the Ray cluster at ``address`` once per process (None: start a local one)."""
+    import ray
+
+    with _lock:
+        if ray.is_initialized():
+            return
+        ray.init(address=address, namespace="rpsagg", log_to_driver=False,
+                 configure_logging=False)
+
+
+def _task(
+    payload: Payload, estimator: Estimator, j: int, first: int, stop: int,
+    betas: dict[int, float] | float,
+) -> tuple[FloatArray, Any, float]:
+    """Body of a Ray task: blocks ``first .. stop-1`` of vector ``j`` (or the whole vector)."""
+    from rpsagg._blockwise import BlockwiseRandProjSpatial
+
+    batch = payload.batch(j)
+    if isinstance(estimator, BlockwiseRandProjSpatial):
+        assert isinstance(betas, dict)
+        out, infos, c = estimator.decode_blocks(batch, first, stop, betas)
+        return out, infos, c
+    assert isinstance(estimator, RandProjSpatial) and isinstance(betas, float)
+    result = estimator._decode(batch, betas)
+    return result.estimate, result.solve, 0.0 if result.c is None else result.c
+
+
+def _remote_task() -> Any:
+    global _remote
+    import ray
+
+    with _lock:
+        if _remote is None:
+            _remote = ray.remote(max_retries=TASK_RETRIES, num_cpus=1)(_task)
+        return _remote
+
+
+def block_groups(blocks: int, workers: int) -> list[tuple[int, int]]:
+    """Consecutive ranges of blocks, about two per worker (a straggler then costs half a
+    share), never empty."""
+    groups = max(1, min(blocks, 2 * workers))
+    bounds = [blocks * g // groups for g in range(groups + 1)]
+    return [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
+
+
+def decode_vectors(estimator: Estimator, batches: list[list[Encoded]]) -> list[DecodeResult]:
+    """Decode every vector of a round on the cluster; results in order.
+
+    Parameters
+    ----------
+    estimator : RandProjSpatial or BlockwiseRandProjSpatial
+        The round's estimator (with any device or thread options for the workers).
+    batches : list of lists of Encoded
+        One batch per vector, the same clients (and order) in each.
+    """
+    import ray
+
+    from rpsagg._blockwise import BlockwiseRandProjSpatial
+
+    if not isinstance(estimator, RandProjSpatial | BlockwiseRandProjSpatial):
+        raise ValueError(f"the Ray backend decodes rand-proj-spatial, not {estimator.name}")
+    n_prime = len(batches[0])
+    payload = Payload(
+        estimator.name, estimator.k, estimator.d,
+        np.array([[m.seed for m in b] for b in batches], dtype=np.uint64),
+        np.stack([np.stack([m.values for m in b]) for b in batches]),
+    )
+    ref = ray.put(payload)  # once per round; every task reads it from the object store
+    task = _remote_task()
+    if isinstance(estimator, BlockwiseRandProjSpatial):
+        betas = estimator.block_betas(n_prime)
+        workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        groups = block_groups(estimator.blocks, workers)
+        futures = [[task.remote(ref, estimator, j, a, b, betas) for a, b in groups]
+                   for j in range(len(batches))]
+        results = []
+        for row in futures:
+            parts = ray.get(row)
+            infos = [i for _, part_infos, _ in parts for i in part_infos]
+            results.append(estimator.assemble([p for p, _, _ in parts], infos, parts[-1][2],
+                                              n_prime))
+        return results
+    beta = estimator.beta_for(n_prime)
+    outs = ray.get([task.remote(ref, estimator, j, 0, 1, beta) for j in range(len(batches))])
+    return [DecodeResult(est, n_prime, beta, c, info, 0.0) for est, info, c in outs]
