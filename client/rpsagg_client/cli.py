@@ -72,8 +72,12 @@ def round_line(client_id: str, round_id: int, sent: Submission | None, note: str
     if sent is None:
         body = f"nothing sent ({note})"
     else:
-        floats = sum(v.values.size for v in sent.vectors)
-        body = f"sent {fmt_bytes(wire_bytes(sent))} ({floats} floats + seed), {note}"
+        coded = [v for v in sent.vectors if v.codes is not None]
+        if coded:
+            what = f"{sum(v.count for v in coded)} {coded[0].value_bits}-bit values + scale + seed"
+        else:
+            what = f"{sum(v.values.size for v in sent.vectors)} floats + seed"
+        body = f"sent {fmt_bytes(wire_bytes(sent))} ({what}), {note}"
     if res is None:
         return f"{head} {body}"
     if res.state == "done":

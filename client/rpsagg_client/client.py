@@ -31,7 +31,14 @@ import grpc
 import numpy as np
 from numpy.typing import ArrayLike
 
-from rpsagg import SPEC_VERSION, SPEC_VERSIONS, Estimator, check_spec_version, make_estimator
+from rpsagg import (
+    QUANTIZER_NAMES,
+    SPEC_VERSION,
+    SPEC_VERSIONS,
+    Estimator,
+    check_spec_version,
+    make_estimator,
+)
 from rpsagg._spec import derive_round_seed
 from rpsagg.v1 import serde
 from rpsagg.v1.serde import (
@@ -134,7 +141,7 @@ class AggregationClient:
         self._watch = self._channel.unary_stream(
             serde.method_path("WatchRounds"), request_serializer=serde.serializer("WatchRounds"),
             response_deserializer=serde.deserializer("WatchRounds"), _registered_method=True)
-        self._estimators: dict[tuple[str, int, int, int, str, int], Estimator] = {}
+        self._estimators: dict[tuple[str, int, int, int, str, int, int, int], Estimator] = {}
 
     # -- plumbing --------------------------------------------------------------------------
     def _call(self, name: str, request: Any, timeout: float | None = None,
@@ -200,7 +207,12 @@ class AggregationClient:
         payloads = []
         for j, x in enumerate(xs):
             enc = est.encode(x, derive_round_seed(seed, rnd.nonce, self.client_id, j))
-            payloads.append(VectorPayload(enc.values, enc.indices, x if rnd.eval else None))
+            ref = x if rnd.eval else None
+            if enc.codes is None or enc.scales is None:
+                payloads.append(VectorPayload(enc.values, enc.indices, ref))
+            else:
+                payloads.append(VectorPayload(np.empty(0, np.float32), enc.indices, ref,
+                                              enc.codes, enc.value_bits, float(enc.scales[0])))
         return Submission(rnd.round_id, self.client_id, seed, tuple(payloads),
                           spec_version=SPEC_VERSION)
 
@@ -220,13 +232,18 @@ class AggregationClient:
                     f"client speaks {', '.join(SPEC_VERSIONS)}"
                 ) from None
         projection = rnd.projection or ("srht" if rnd.scheme == "rand-proj-spatial" else "auto")
-        key = (rnd.scheme, rnd.n, rnd.k, rnd.d, projection, rnd.block_size)
+        key = (rnd.scheme, rnd.n, rnd.k, rnd.d, projection, rnd.block_size, rnd.value_bits,
+               rnd.bits)
         est = self._estimators.get(key)
         if est is None:
-            est = self._estimators[key] = make_estimator(
-                rnd.scheme, n=rnd.n, k=rnd.k, d=rnd.d, projection=projection,
-                block_size=rnd.block_size or None,
-            )
+            if rnd.scheme in QUANTIZER_NAMES:
+                est = make_estimator(rnd.scheme, n=rnd.n, d=rnd.d, bits=rnd.bits)
+            else:
+                est = make_estimator(
+                    rnd.scheme, n=rnd.n, k=rnd.k, d=rnd.d, projection=projection,
+                    block_size=rnd.block_size or None, value_bits=rnd.value_bits,
+                )
+            self._estimators[key] = est
         return est
 
     def submit(self, rnd: RoundInfo, vectors: ArrayLike) -> SubmitReply:

@@ -22,6 +22,7 @@ from rpsagg._decode import SolveInfo
 from rpsagg._encoded import Encoded
 from rpsagg._estimators import (
     ESTIMATOR_NAMES,
+    QUANTIZER_NAMES,
     DecodeResult,
     Estimator,
     make_estimator,
@@ -39,6 +40,7 @@ __all__ = [
     "ESTIMATOR_NAMES",
     "FWHT_BACKEND",
     "PROJECTIONS",
+    "QUANTIZER_NAMES",
     "SPEC_VERSION",
     "SPEC_VERSIONS",
     "BetaEstimate",

@@ -23,6 +23,7 @@ from rpsagg._projection import (
     operator_dim,
     resolve_projection,
 )
+from rpsagg._quantize import check_value_bits, dequantize, quantize_uniform
 from rpsagg._spec import (
     TAG_INDUCED,
     TAG_WANGNI,
@@ -44,6 +45,10 @@ ESTIMATOR_NAMES = (
     "rand-k-wangni",
     "induced",
 )
+#: Quantizer baselines (``bits=``): every coordinate, rotated (EDEN) or not (QSGD), as codes.
+QUANTIZER_NAMES = ("eden", "qsgd")
+#: Estimators whose k values may be sent as b-bit codes (``value_bits``).
+QUANTIZABLE = ("rand-k", "rand-k-spatial", "rand-proj-spatial")
 SPATIAL = ("rand-k-spatial", "rand-proj-spatial")
 
 
@@ -85,6 +90,10 @@ class Estimator(ABC):
     # True where every sent value depends on every coordinate of x (so a NaN/Inf in x shows
     # in the output and the input need not be scanned separately).
     _mixes_all_inputs: bool = False
+    #: Bits per sent value: 32 sends float32; fewer sends codes (see ``rpsagg._quantize``).
+    value_bits: int = 32
+    #: The code book of quantized values (``rpsagg._quantize.CODEBOOKS``).
+    codebook: str = "uniform"
 
     def __init__(self, n: int, k: int, d: int) -> None:
         self.n, self.k, self.d = check_dims(n, k, d)
@@ -96,7 +105,8 @@ class Estimator(ABC):
         Parameters
         ----------
         x : array_like, shape (d,)
-            Finite vector; computed in float64, sent as float32.
+            Finite vector; computed in float64, sent as float32 (or as b-bit codes and a
+            float32 scale when ``value_bits < 32``).
         seed : int
             In ``[0, 2^64)``; a fresh one per message.
 
@@ -110,15 +120,25 @@ class Estimator(ABC):
         if self._mixes_all_inputs and not np.all(np.isfinite(values)):
             check_vector(vec, self.d)  # raises the usual message for NaN/Inf in x
             raise ValueError("x is too large: its transform overflows float64")
-        with np.errstate(over="ignore"):
-            sent = values.astype(np.float32)
-        if not np.all(np.isfinite(sent)):  # docs/wire-format.md section 7: never send +-inf
-            worst = float(np.max(np.abs(values)))
-            raise ValueError(
-                f"x is too large: a value to send is {worst:.6g}, beyond binary32's largest "
-                f"finite value {float(np.finfo(np.float32).max):.8g}; scale x down"
-            )
-        return Encoded(self.name, seed, self.k, self.d, sent, indices)
+        if self.value_bits == 32:
+            with np.errstate(over="ignore"):
+                sent = values.astype(np.float32)
+            if not np.all(np.isfinite(sent)):  # docs/wire-format.md section 7: never send +-inf
+                worst = float(np.max(np.abs(values)))
+                raise ValueError(
+                    f"x is too large: a value to send is {worst:.6g}, beyond binary32's largest "
+                    f"finite value {float(np.finfo(np.float32).max):.8g}; scale x down"
+                )
+            return Encoded(self.name, seed, self.k, self.d, sent, indices)
+        codes, scale = self._quantize(values, seed)
+        scales = np.array([scale], dtype=np.float32)
+        if not np.isfinite(scales[0]):
+            raise ValueError("x is too large: its quantization scale overflows float32")
+        return Encoded(
+            self.name, seed, self.k, self.d,
+            dequantize(self.codebook, codes, scales, self.value_bits), indices,
+            value_bits=self.value_bits, codes=codes, scales=scales,
+        )  # fmt: skip
 
     def decode(self, encoded: Sequence[Encoded]) -> FloatArray:
         """Unbiased estimate of the mean of the vectors behind ``encoded``.
@@ -144,6 +164,7 @@ class Estimator(ABC):
             k=self.k,
             d=self.d,
             values_per_message=self.values_per_message,
+            value_bits=self.value_bits,
         )
         start = time.perf_counter()
         result = self._decode(batch)
@@ -175,9 +196,19 @@ class Estimator(ABC):
         return self.k
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(n={self.n}, k={self.k}, d={self.d})"
+        return f"{type(self).__name__}(n={self.n}, k={self.k}, d={self.d}{self._bits_label()})"
+
+    def _bits_label(self) -> str:
+        return "" if self.value_bits == 32 else f", value_bits={self.value_bits}"
 
     # -- implementation --------------------------------------------------------------------
+    def _set_value_bits(self, value_bits: int) -> None:
+        self.value_bits = check_value_bits(value_bits)
+
+    def _quantize(self, values: FloatArray, seed: int) -> tuple[NDArray[np.uint32], np.float32]:
+        """Codes and scale of ``values`` (value_bits < 32): unbiased uniform rounding."""
+        return quantize_uniform(values, self.value_bits, seed)
+
     @abstractmethod
     def _encode(self, x: FloatArray, seed: int) -> tuple[FloatArray, NDArray[np.int64] | None]:
         """Values (float64) and indices (or None)."""
@@ -285,7 +316,10 @@ class RandKSpatial(RandK, _SpatialMixin):
         return spatial_beta(n_prime, self.k, self.d, self.transform.c_for(n_prime))
 
     def __repr__(self) -> str:
-        return f"RandKSpatial(n={self.n}, k={self.k}, d={self.d}, T={self.transform.label()})"
+        return (
+            f"RandKSpatial(n={self.n}, k={self.k}, d={self.d}, T={self.transform.label()}"
+            f"{self._bits_label()})"
+        )
 
 
 class RandProjSpatial(Estimator, _SpatialMixin):
@@ -428,7 +462,7 @@ class RandProjSpatial(Estimator, _SpatialMixin):
     def __repr__(self) -> str:
         return (
             f"RandProjSpatial(n={self.n}, k={self.k}, d={self.d}, T={self.transform.label()}, "
-            f"projection={self.projection})"
+            f"projection={self.projection}{self._bits_label()})"
         )
 
 
@@ -506,13 +540,15 @@ def make_estimator(
     name: str,
     *,
     n: int,
-    k: int,
+    k: int | None = None,
     d: int,
     transform: str | float = "avg",
     prior_r: float | None = None,
     method: str = "auto",
     rtol: float = DEFAULT_RTOL,
     block_size: int | None = None,
+    bits: int | None = None,
+    value_bits: int = 32,
     projection: str = "auto",
     device: str | None = None,
     threads: int | None = None,
@@ -523,9 +559,10 @@ def make_estimator(
     ----------
     name : str
         ``"full"``, ``"rand-k"``, ``"rand-k-spatial"``, ``"rand-proj-spatial"``,
-        ``"rand-k-wangni"`` or ``"induced"``.
+        ``"rand-k-wangni"``, ``"induced"``, ``"eden"`` or ``"qsgd"``.
     n, k, d : int
-        Number of clients (``>= 1``), per-client budget (``1 <= k <= d``), dimension.
+        Number of clients (``>= 1``), per-client budget (``1 <= k <= d``; not used by
+        ``"eden"`` and ``"qsgd"``, which send every coordinate), dimension.
     transform : {"avg", "max", "one", "auto"} or float
         Spatial schemes only. A float R in ``[0, n-1]`` is the corr(R) transform;
         ``"auto"`` uses corr(``prior_r``), or avg while there is no prior.
@@ -541,6 +578,13 @@ def make_estimator(
         ``block_size`` coordinates independently (for very large d; see
         ``docs/performance.md``). The message scheme becomes
         ``rand-proj-spatial:block=<block_size>``.
+    bits : int, optional
+        ``"eden"`` (1, 2, 4 or 8 bits per coordinate of the rotated vector) and ``"qsgd"``
+        (``s = 2^bits - 1`` levels plus a sign bit, bits in [1, 16]) only; required there.
+    value_bits : int
+        ``"rand-k"``, ``"rand-k-spatial"`` and ``"rand-proj-spatial"``: bits per sent value
+        (1..32); below 32 the k values are sent as unbiased stochastically rounded b-bit
+        codes with one float32 scale per message (``rpsagg._quantize``).
     projection : {"auto", "srht", "dct"}
         Rand-Proj-Spatial only: the seeded projection (see :class:`RandProjSpatial`;
         ``"auto"``: the SRHT when d is a power of two, the randomized DCT otherwise). The
@@ -555,6 +599,57 @@ def make_estimator(
     -------
     Estimator
     """
+    if name in ("eden", "qsgd"):
+        if transform != "avg" or prior_r is not None or block_size is not None or (
+            projection != "auto" or device is not None or threads is not None
+        ):
+            raise ValueError(
+                f"transform, prior_r, block_size, projection, device and threads do not apply "
+                f"to {name!r}"
+            )
+        if value_bits != 32:
+            raise ValueError(f"{name!r} takes bits=, not value_bits=")
+        if bits is None:
+            raise ValueError(f"{name!r} needs bits=")
+        if k is not None and k != d:
+            raise ValueError(f"{name!r} sends every coordinate; leave k out (or k = d)")
+        if name == "eden":
+            from rpsagg._eden import Eden
+
+            return Eden(n, d, bits)
+        from rpsagg._qsgd import Qsgd
+
+        return Qsgd(n, d, bits)
+    if bits is not None:
+        raise ValueError(f"bits applies to 'eden' and 'qsgd'; use value_bits for {name!r}")
+    if k is None:
+        raise ValueError(f"{name!r} needs k=")
+    if value_bits != 32 and name not in (*QUANTIZABLE, SCHEMES["dct"]):
+        raise ValueError(f"value_bits applies to {', '.join(QUANTIZABLE)}, not {name!r}")
+    est = _make_float_estimator(
+        name, n, k, d, transform, prior_r, method, rtol, block_size, projection, device, threads
+    )
+    if value_bits != 32:
+        if block_size is not None:
+            raise ValueError("value_bits is not supported with block_size")
+        est._set_value_bits(value_bits)
+    return est
+
+
+def _make_float_estimator(
+    name: str,
+    n: int,
+    k: int,
+    d: int,
+    transform: str | float,
+    prior_r: float | None,
+    method: str,
+    rtol: float,
+    block_size: int | None,
+    projection: str,
+    device: str | None,
+    threads: int | None,
+) -> Estimator:
     if name == SCHEMES["dct"]:  # the message scheme names its projection
         name, projection = "rand-proj-spatial", resolve_projection("dct", d)
     if projection != "auto" and name != "rand-proj-spatial":
@@ -589,6 +684,7 @@ def make_estimator(
     }
     if name not in simple:
         raise ValueError(
-            f"unknown estimator {name!r}; expected one of {', '.join(ESTIMATOR_NAMES)}"
+            f"unknown estimator {name!r}; expected one of "
+            f"{', '.join(ESTIMATOR_NAMES + QUANTIZER_NAMES)}"
         )
     return simple[name](n, k, d)

@@ -61,11 +61,13 @@ def check_batch(
     k: int,
     d: int,
     values_per_message: int | None,
+    value_bits: int = 32,
 ) -> list[Encoded]:
     """Messages that can be decoded together by one estimator.
 
-    Checks: 1 <= count <= n, same scheme/k/d/spec version as the estimator, distinct seeds,
-    the expected number of finite values, and indices in range where they are sent.
+    Checks: 1 <= count <= n, same scheme/k/d/spec version/value bits as the estimator,
+    distinct seeds, the expected number of finite values, and indices in range where they
+    are sent.
     """
     batch = list(encoded)
     if not batch:
@@ -94,6 +96,10 @@ def check_batch(
             raise ValueError(
                 f"message {pos} claims {SPEC_V1!r}, which has no {scheme!r} (it needs "
                 f"{SPEC_VERSION!r})"
+            )
+        if msg.value_bits != value_bits:
+            raise ValueError(
+                f"message {pos} has {msg.value_bits}-bit values; expected {value_bits}-bit"
             )
         seed = check_seed(msg.seed)
         if seed in seen:

@@ -16,8 +16,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, NoReturn
 
-from rpsagg import ESTIMATOR_NAMES
+from rpsagg import ESTIMATOR_NAMES, QUANTIZER_NAMES
+from rpsagg._estimators import QUANTIZABLE
 from rpsagg.tasks import TASKS
+
+SCHEMES = ESTIMATOR_NAMES + QUANTIZER_NAMES
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,8 @@ class ServerConfig:
     d: int = 1024
     estimator: str = "rand-proj-spatial"
     transform: str = "avg"
+    value_bits: int = 32
+    bits: int = 0
     task: str = "power-iteration"
     rounds: int = 10
     round_timeout: float = 30.0
@@ -61,8 +66,23 @@ class ServerConfig:
     task_params: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.estimator not in ESTIMATOR_NAMES:
-            raise ValueError(f"--estimator must be one of {', '.join(ESTIMATOR_NAMES)}")
+        if self.estimator not in SCHEMES:
+            raise ValueError(f"--estimator must be one of {', '.join(SCHEMES)}")
+        if self.value_bits != 32:
+            if self.estimator not in QUANTIZABLE:
+                raise ValueError(f"--value-bits applies to {', '.join(QUANTIZABLE)}; "
+                                 f"use --bits for eden and qsgd")
+            if not 1 <= self.value_bits <= 31:
+                raise ValueError(f"--value-bits must be in [1, 32]; got {self.value_bits}")
+        if self.estimator in QUANTIZER_NAMES:
+            from rpsagg import make_estimator
+
+            if self.bits == 0:
+                raise ValueError(f"--estimator {self.estimator} needs --bits")
+            make_estimator(self.estimator, n=max(self.n, 1), d=max(self.d, 1), bits=self.bits)
+        elif self.bits != 0:
+            raise ValueError("--bits applies to eden and qsgd; use --value-bits for "
+                             f"{self.estimator}")
         if self.task not in TASKS:
             raise ValueError(f"--task must be one of {', '.join(TASKS)}; got {self.task!r}")
         if not 1 <= self.k <= self.d:
@@ -178,7 +198,10 @@ def _parser() -> argparse.ArgumentParser:
         "n": "number of clients",
         "k": "floats per client per vector",
         "d": "vector length",
-        "estimator": f"one of {', '.join(ESTIMATOR_NAMES)}",
+        "estimator": f"one of {', '.join(SCHEMES)}",
+        "value_bits": "bits per sent value of rand-k, rand-k-spatial and rand-proj-spatial "
+        "(1..32; below 32 unbiased stochastic rounding with a float32 scale per message)",
+        "bits": "eden (1, 2, 4, 8) and qsgd (1..16): bits per coordinate",
         "transform": "avg, max, one, auto (smoothed R_hat) or a number R",
         "task": f"one of {', '.join(TASKS)}",
         "rounds": "rounds (task steps) to run",

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from rpsagg import CorrelationTracker, Encoded, Estimator, make_estimator
+from rpsagg import QUANTIZER_NAMES, CorrelationTracker, Encoded, Estimator, make_estimator
 from rpsagg._estimators import DecodeResult
+from rpsagg._quantize import dequantize
 from rpsagg._spec import derive_round_seed
-from rpsagg.v1.serde import Submission
+from rpsagg.v1.serde import Submission, VectorPayload
 
 log = logging.getLogger("rpsagg.server")
 FloatArray = NDArray[np.float64]
@@ -89,15 +90,34 @@ class DecodeOutcome:
     eval_errors: tuple[float, ...] | None
 
 
+def codebook_for(scheme: str) -> str:
+    """The code book of a scheme's quantized values (``rpsagg._quantize.CODEBOOKS``)."""
+    return scheme if scheme in ("eden", "qsgd") else "uniform"
+
+
+def payload_values(v: VectorPayload, codebook: str) -> NDArray[np.float32]:
+    """The values a vector sends: its float32 values, or its codes decoded with its scale
+    (``ValueError`` for codes outside the code book)."""
+    if v.codes is None:
+        return v.values
+    return dequantize(codebook, v.codes, np.array([v.scale], np.float32), v.value_bits)
+
+
 def messages(
     subs: Sequence[Submission], nonce: int, scheme: str, k: int, d: int, j: int
 ) -> list[Encoded]:
     """The ``Encoded`` messages of vector ``j`` of every submission, in the given order."""
     out = []
+    codebook = codebook_for(scheme)
     for s in subs:
         v = s.vectors[j]
         seed = derive_round_seed(s.client_seed, nonce, s.client_id, j)
-        out.append(Encoded(scheme, seed, k, d, v.values, v.indices))
+        if v.codes is None:
+            out.append(Encoded(scheme, seed, k, d, v.values, v.indices))
+        else:
+            out.append(Encoded(scheme, seed, k, d, payload_values(v, codebook), v.indices,
+                               value_bits=v.value_bits, codes=v.codes,
+                               scales=np.array([v.scale], np.float32)))
     return out
 
 
@@ -172,15 +192,19 @@ def decode_round(
 
                     r_hat = estimate_correlation(batch)
     estimate = np.stack(rows)
-    errors = evaluation_errors(estimate, subs, nonce, n, k, d) if evaluate else None
+    # the shadows run Rand-k and Rand-k-Spatial at the job's k; EDEN and QSGD have none
+    shadows = estimator.name not in QUANTIZER_NAMES
+    errors = evaluation_errors(estimate, subs, nonce, n, k, d, shadows) if evaluate else None
     return DecodeOutcome(estimate, len(subs), beta, c, time.perf_counter() - start, r_hat, errors)
 
 
 def evaluation_errors(
-    estimate: FloatArray, subs: Sequence[Submission], nonce: int, n: int, k: int, d: int
+    estimate: FloatArray, subs: Sequence[Submission], nonce: int, n: int, k: int, d: int,
+    shadows: bool = True,
 ) -> tuple[float, float, float, float]:
     """Squared errors of the estimate, Rand-k and Rand-k-Spatial(avg) against the references,
-    and ``||x_bar||^2`` (what the relative errors divide by).
+    and ``||x_bar||^2`` (what the relative errors divide by). ``shadows=False`` (EDEN, QSGD:
+    no k to compare at) leaves the two shadow errors NaN.
 
     Best-effort: each is NaN when it cannot be computed (an overflow, a shadow decode that
     refuses its input); evaluation never fails the round or touches its estimate.
@@ -195,11 +219,13 @@ def evaluation_errors(
     except (ValueError, TypeError, FloatingPointError, ArithmeticError):
         log.warning("evaluation: squared error not computable", exc_info=True)
         return nan, nan, nan, nan
+    err_k = err_s = nan
     try:
-        seeds = [[derive_round_seed(s.client_seed, nonce, s.client_id, j) for j in range(m)]
-                 for s in subs]
-        with np.errstate(over="ignore", invalid="ignore"):
-            err_k, err_s = shadow_errors(refs, seeds, n, k, d)
+        if shadows:
+            seeds = [[derive_round_seed(s.client_seed, nonce, s.client_id, j)
+                      for j in range(m)] for s in subs]
+            with np.errstate(over="ignore", invalid="ignore"):
+                err_k, err_s = shadow_errors(refs, seeds, n, k, d)
     except (ValueError, TypeError, FloatingPointError, ArithmeticError):
         log.warning("evaluation: shadow errors not computable", exc_info=True)
         err_k = err_s = nan

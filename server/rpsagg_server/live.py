@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from rpsagg import SPEC_VERSIONS, Estimator, check_spec_version
+from rpsagg import SPEC_VERSIONS, Estimator, check_spec_version, padded_dim
 from rpsagg._spec import SpecTooOld, UnknownSpecVersion
 from rpsagg.v1.serde import Submission
 from rpsagg_server.config import ServerConfig
-from rpsagg_server.decoding import DecodeOutcome
+from rpsagg_server.decoding import DecodeOutcome, codebook_for, payload_values
 from rpsagg_server.state import Arrival, EvalErrors, RoundView
 from rpsagg_server.store import StoredRound
 
@@ -70,17 +70,34 @@ def validate_submission(sub: Submission, cfg: ServerConfig, m: int) -> None:
         raise Rejected(bad, f"expected m={m} vector(s) per submission for task {cfg.task!r}; "
                        f"got {len(sub.vectors)}")
     sends_indices = cfg.estimator in ("rand-k-wangni", "induced")
+    want_bits = value_bits_sent(cfg)
     for j, v in enumerate(sub.vectors):
-        count = int(v.values.size)
-        if cfg.estimator == "full":
+        count = v.count
+        if v.value_bits != want_bits:
+            raise Rejected(bad, f"vectors[{j}] sends {v.value_bits}-bit values; this job's "
+                           f"{cfg.estimator} sends {want_bits}-bit values")
+        if cfg.estimator in ("full", "qsgd"):
             if count != cfg.d:
                 raise Rejected(bad, f"vectors[{j}] has {count} values; expected d={cfg.d}")
+        elif cfg.estimator == "eden":
+            if count != padded_dim(cfg.d):
+                raise Rejected(bad, f"vectors[{j}] has {count} values; expected "
+                               f"d'={padded_dim(cfg.d)}")
         elif cfg.estimator == "rand-k-wangni":
             if count > cfg.d:
                 raise Rejected(bad, f"vectors[{j}] has {count} values; at most d={cfg.d}")
         elif count != cfg.k:
             raise Rejected(bad, f"vectors[{j}] has {count} values; expected k={cfg.k}")
-        if not np.all(np.isfinite(v.values)):
+        if v.codes is not None:
+            if not (math.isfinite(v.scale) and v.scale >= 0):
+                raise Rejected(bad, f"vectors[{j}].scale must be finite and >= 0; got {v.scale}")
+            try:
+                values = payload_values(v, codebook_for(cfg.estimator))
+            except ValueError as exc:
+                raise Rejected(bad, f"vectors[{j}]: {exc}") from None
+            if not np.all(np.isfinite(values)):
+                raise Rejected(bad, f"vectors[{j}]'s values overflow float32")
+        elif not np.all(np.isfinite(v.values)):
             raise Rejected(bad, f"vectors[{j}].values contains NaN or Inf")
         if sends_indices:
             if v.indices is None and count:
@@ -111,6 +128,16 @@ def validate_submission(sub: Submission, cfg: ServerConfig, m: int) -> None:
         elif v.reference is not None:
             raise Rejected(bad, f"vectors[{j}] carries a reference vector but the server is "
                            "not in evaluation mode")
+
+
+def value_bits_sent(cfg: ServerConfig) -> int:
+    """Bits per value the job's clients send: 32 (float32), ``--value-bits``, EDEN's
+    ``--bits`` or QSGD's ``--bits`` + 1 (sign and level)."""
+    if cfg.estimator == "eden":
+        return cfg.bits
+    if cfg.estimator == "qsgd":
+        return cfg.bits + 1
+    return cfg.value_bits
 
 
 @dataclass(eq=False)

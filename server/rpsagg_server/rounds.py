@@ -44,7 +44,13 @@ from typing import NoReturn
 
 import numpy as np
 
-from rpsagg import CorrelationTracker, Estimator, make_estimator, round_encoding
+from rpsagg import (
+    QUANTIZER_NAMES,
+    CorrelationTracker,
+    Estimator,
+    make_estimator,
+    round_encoding,
+)
 from rpsagg.tasks import Task, make_task
 from rpsagg.v1 import serde
 from rpsagg.v1.serde import (
@@ -132,15 +138,17 @@ class RoundEngine:
     # -- set-up ----------------------------------------------------------------------------
     def _make_estimator(self, prior: float | None) -> Estimator:
         c = self.cfg
+        if c.estimator in QUANTIZER_NAMES:
+            return make_estimator(c.estimator, n=c.n, d=c.d, bits=c.bits)
         if c.estimator not in SPATIAL:
-            return make_estimator(c.estimator, n=c.n, k=c.k, d=c.d)
+            return make_estimator(c.estimator, n=c.n, k=c.k, d=c.d, value_bits=c.value_bits)
         transform: str | float = c.transform
         if transform not in ("avg", "max", "one", "auto"):
             transform = float(transform)
         projection = self.projection if c.estimator == "rand-proj-spatial" else "auto"
         return make_estimator(c.estimator, n=c.n, k=c.k, d=c.d, transform=transform,
                               prior_r=prior if transform == "auto" else None,
-                              projection=projection)
+                              projection=projection, value_bits=c.value_bits)
 
     def _recover_encoding(self, job_exists: bool) -> None:
         """Keep the projection a job was started with; record it for a new job.
@@ -325,12 +333,14 @@ class RoundEngine:
                 self._seen(client_id)
             return RoundInfo(0, 0, c.estimator, c.n, c.k, c.d, "", c.task, self.m, None,
                              "unspecified", 0, c.eval, self.job_done, self.steps_done,
-                             c.rounds, self.job_failure, *self.encoding)
+                             c.rounds, self.job_failure, *self.encoding,
+                             value_bits=c.value_bits, bits=c.bits)
         return RoundInfo(
             live.round_id, live.nonce, c.estimator, c.n, c.k, c.d, live.transform, c.task,
             self.m, live.global_state, live.state,
             0 if live.deadline is None else int(live.deadline * 1000), c.eval, False,
             live.task_step, c.rounds, "", *self.encoding,
+            value_bits=c.value_bits, bits=c.bits,
         )
 
     # -- the drained job end ---------------------------------------------------------------

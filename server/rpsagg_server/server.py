@@ -25,6 +25,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from rpsagg import padded_dim
 from rpsagg.v1 import serde
 from rpsagg_server.config import ServerConfig, load_config
 from rpsagg_server.http import create_app
@@ -54,7 +55,9 @@ def max_request_bytes(cfg: ServerConfig, m: int) -> int:
     precise INVALID_ARGUMENT, while anything far larger is refused by gRPC with
     RESOURCE_EXHAUSTED before it is buffered or parsed.
     """
-    values = cfg.d if cfg.estimator in ("full", "rand-k-wangni") else cfg.k
+    values = cfg.d if cfg.estimator in ("full", "rand-k-wangni", "qsgd") else cfg.k
+    if cfg.estimator == "eden":
+        values = padded_dim(cfg.d)
     indices = values if cfg.estimator in ("rand-k-wangni", "induced") else 0
     reference = 8 * cfg.d if cfg.eval else 0
     per_vector = 4 * values + 4 * indices + reference + 32

@@ -26,6 +26,7 @@ EXPERIMENTS = (
     "kmeans",
     "linreg",
     "timing",
+    "bits",
 )
 
 
@@ -84,6 +85,8 @@ def run_one(name: str, out: Path, args: argparse.Namespace) -> None:
         from rpsagg.experiments import varying_correlation as mod  # type: ignore[no-redef]
     elif name == "rank":
         from rpsagg.experiments import rank as mod  # type: ignore[no-redef]
+    elif name == "bits":
+        from rpsagg.experiments import bits as mod  # type: ignore[no-redef]
     else:
         from rpsagg.experiments import timing as mod  # type: ignore[no-redef]
     mod.run(out, **common)

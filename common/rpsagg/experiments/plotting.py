@@ -179,3 +179,51 @@ def plot_timing(rows: Sequence[dict[str, Any]], path: Path) -> Path:
                      fontsize=9)
     axes[0][0].legend(fontsize=7)
     return _save(fig, path)
+
+
+BITS_COLORS = {"rand-k": "tab:blue", "rand-k-spatial": "tab:orange",
+               "rand-proj-spatial": "tab:purple", "rand-proj-spatial(auto)": "tab:pink",
+               "eden": "tab:green", "qsgd": "tab:red"}
+BITS_MARKERS = {1: "v", 2: "s", 4: "D", 8: "^", 32: "o"}
+
+
+def plot_bits(rows: Sequence[dict[str, Any]], path: Path) -> Path:
+    """Squared error against bits per coordinate, one panel per setting, Pareto frontier in
+    black: colour = scheme, marker = value bits (sketches) or bits (EDEN, QSGD)."""
+    from rpsagg.experiments.bits import pareto
+
+    settings = list(dict.fromkeys(r["setting"] for r in rows))
+    cols = 2
+    nrows = (len(settings) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(12, 5 * nrows), squeeze=False)
+    for ax, setting in zip(axes.flat, settings, strict=False):
+        sub = [r for r in rows if r["setting"] == setting]
+        for scheme in BITS_COLORS:
+            for bits in sorted({int(r["bits"]) for r in sub if r["scheme"] == scheme}):
+                pts = sorted((_f(r, "bits_per_coordinate"), _f(r, "mse")) for r in sub
+                             if r["scheme"] == scheme and int(r["bits"]) == bits)
+                if not pts:
+                    continue
+                xs, ys = zip(*pts, strict=True)
+                ax.plot(xs, ys, marker=BITS_MARKERS.get(bits, "o"), ms=4, lw=0.8,
+                        color=BITS_COLORS[scheme], alpha=0.8, label=f"{scheme}/{bits}b")
+        front = pareto(list(sub))
+        ax.step([_f(r, "bits_per_coordinate") for r in front], [_f(r, "mse") for r in front],
+                where="post", color="black", lw=1.6, label="Pareto frontier")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(0.05, 40)
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xlabel("bits per coordinate (per client, with seed and scale)")
+        ax.set_ylabel("squared error of the mean")
+        ax.set_title(setting if setting == "power-iteration" else f"n = 10, d = 1024, {setting}")
+        ax.grid(True, which="both", alpha=0.2)
+    for ax in list(axes.flat)[len(settings):]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=7, fontsize=7)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return path

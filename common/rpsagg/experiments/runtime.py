@@ -24,6 +24,7 @@ TAGS = {
     "rank": 0x52414E4B,
     "tasks": 0x5441534B,
     "timing": 0x54494D45,
+    "bits": 0x42495453,
 }
 
 

@@ -64,7 +64,7 @@ class Tensor(_message.Message):
     def __init__(self, shape: _Optional[_Iterable[int]] = ..., float64_le: _Optional[bytes] = ...) -> None: ...
 
 class RoundInfo(_message.Message):
-    __slots__ = ("round_id", "nonce", "scheme", "n", "k", "d", "transform", "task", "m", "global_state", "state", "deadline_unix_ms", "eval", "job_done", "task_step", "total_rounds", "job_failure", "spec_version", "projection", "block_size")
+    __slots__ = ("round_id", "nonce", "scheme", "n", "k", "d", "transform", "task", "m", "global_state", "state", "deadline_unix_ms", "eval", "job_done", "task_step", "total_rounds", "job_failure", "spec_version", "projection", "block_size", "value_bits", "bits")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
     SCHEME_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +85,8 @@ class RoundInfo(_message.Message):
     SPEC_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROJECTION_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    VALUE_BITS_FIELD_NUMBER: _ClassVar[int]
+    BITS_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     nonce: int
     scheme: str
@@ -105,17 +107,27 @@ class RoundInfo(_message.Message):
     spec_version: str
     projection: str
     block_size: int
-    def __init__(self, round_id: _Optional[int] = ..., nonce: _Optional[int] = ..., scheme: _Optional[str] = ..., n: _Optional[int] = ..., k: _Optional[int] = ..., d: _Optional[int] = ..., transform: _Optional[str] = ..., task: _Optional[str] = ..., m: _Optional[int] = ..., global_state: _Optional[_Union[Tensor, _Mapping]] = ..., state: _Optional[_Union[RoundState, str]] = ..., deadline_unix_ms: _Optional[int] = ..., eval: _Optional[bool] = ..., job_done: _Optional[bool] = ..., task_step: _Optional[int] = ..., total_rounds: _Optional[int] = ..., job_failure: _Optional[str] = ..., spec_version: _Optional[str] = ..., projection: _Optional[str] = ..., block_size: _Optional[int] = ...) -> None: ...
+    value_bits: int
+    bits: int
+    def __init__(self, round_id: _Optional[int] = ..., nonce: _Optional[int] = ..., scheme: _Optional[str] = ..., n: _Optional[int] = ..., k: _Optional[int] = ..., d: _Optional[int] = ..., transform: _Optional[str] = ..., task: _Optional[str] = ..., m: _Optional[int] = ..., global_state: _Optional[_Union[Tensor, _Mapping]] = ..., state: _Optional[_Union[RoundState, str]] = ..., deadline_unix_ms: _Optional[int] = ..., eval: _Optional[bool] = ..., job_done: _Optional[bool] = ..., task_step: _Optional[int] = ..., total_rounds: _Optional[int] = ..., job_failure: _Optional[str] = ..., spec_version: _Optional[str] = ..., projection: _Optional[str] = ..., block_size: _Optional[int] = ..., value_bits: _Optional[int] = ..., bits: _Optional[int] = ...) -> None: ...
 
 class Vector(_message.Message):
-    __slots__ = ("values_f32", "indices_i32", "reference_f64")
+    __slots__ = ("values_f32", "indices_i32", "reference_f64", "values_packed", "value_bits", "value_count", "scale")
     VALUES_F32_FIELD_NUMBER: _ClassVar[int]
     INDICES_I32_FIELD_NUMBER: _ClassVar[int]
     REFERENCE_F64_FIELD_NUMBER: _ClassVar[int]
+    VALUES_PACKED_FIELD_NUMBER: _ClassVar[int]
+    VALUE_BITS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
     values_f32: bytes
     indices_i32: bytes
     reference_f64: bytes
-    def __init__(self, values_f32: _Optional[bytes] = ..., indices_i32: _Optional[bytes] = ..., reference_f64: _Optional[bytes] = ...) -> None: ...
+    values_packed: bytes
+    value_bits: int
+    value_count: int
+    scale: float
+    def __init__(self, values_f32: _Optional[bytes] = ..., indices_i32: _Optional[bytes] = ..., reference_f64: _Optional[bytes] = ..., values_packed: _Optional[bytes] = ..., value_bits: _Optional[int] = ..., value_count: _Optional[int] = ..., scale: _Optional[float] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
     __slots__ = ("round_id", "client_id", "client_seed", "vectors", "spec_version")

@@ -18,6 +18,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 from numpy.typing import NDArray
 
+from rpsagg._quantize import pack_codes, packed_size, unpack_codes
 from rpsagg.v1 import aggregation_pb2 as pb
 
 SERVICE = "rpsagg.v1.Aggregation"
@@ -85,20 +86,41 @@ class RoundInfo:
     spec_version: str = ""
     projection: str = ""
     block_size: int = 0
+    value_bits: int = 32
+    bits: int = 0
 
 
 @dataclass(frozen=True, eq=False)
 class VectorPayload:
-    """One encoded vector: float32 values, optional indices, optional eval reference."""
+    """One encoded vector: float32 values (or b-bit codes and a float32 scale), optional
+    indices, optional eval reference.
+
+    A quantized vector (``value_bits < 32``) has empty ``values`` and carries ``codes``
+    (uint32, each ``< 2^value_bits``) and ``scale``; the decoder turns them into values with
+    its scheme's code book (``rpsagg._quantize.dequantize``).
+    """
 
     values: NDArray[np.float32]
     indices: NDArray[np.int64] | None = None
     reference: NDArray[np.float64] | None = None
+    codes: NDArray[np.uint32] | None = None
+    value_bits: int = 32
+    scale: float = 0.0
+
+    @property
+    def count(self) -> int:
+        """Number of values sent (codes when quantized)."""
+        return int(self.values.size if self.codes is None else self.codes.size)
 
     @property
     def payload_bytes(self) -> int:
-        """Values and indices at 4 bytes each (the seed is counted per submission)."""
-        return 4 * int(self.values.size) + (0 if self.indices is None else 4 * self.indices.size)
+        """Values (4 bytes each, or the packed codes plus the 4-byte scale) and indices at 4
+        bytes each (the seed is counted per submission)."""
+        if self.codes is None:
+            values = 4 * int(self.values.size)
+        else:
+            values = packed_size(int(self.codes.size), self.value_bits) + 4
+        return values + (0 if self.indices is None else 4 * int(self.indices.size))
 
 
 @dataclass(frozen=True, eq=False)
@@ -273,6 +295,7 @@ def _enc_round(r: RoundInfo) -> bytes:
         job_done=r.job_done, task_step=r.task_step, total_rounds=r.total_rounds,
         job_failure=r.job_failure,
         spec_version=r.spec_version, projection=r.projection, block_size=r.block_size,
+        value_bits=0 if r.value_bits == 32 else r.value_bits, bits=r.bits,
     )
     return bytes(msg.SerializeToString())
 
@@ -283,7 +306,7 @@ def _dec_round(raw: bytes) -> RoundInfo:
         m.round_id, m.nonce, m.scheme, m.n, m.k, m.d, m.transform, m.task, m.m,
         _from_tensor(m.global_state, "global_state"), STATES[m.state], m.deadline_unix_ms,
         m.eval, m.job_done, m.task_step, m.total_rounds, m.job_failure,
-        m.spec_version, m.projection, m.block_size,
+        m.spec_version, m.projection, m.block_size, m.value_bits or 32, m.bits,
     )
 
 
@@ -291,6 +314,11 @@ def _submit_pb(s: Submission) -> pb.SubmitRequest:
     vectors = []
     for v in s.vectors:
         vec = pb.Vector(values_f32=np.ascontiguousarray(v.values, dtype="<f4").tobytes())
+        if v.codes is not None:
+            vec.values_packed = pack_codes(v.codes, v.value_bits)
+            vec.value_bits = v.value_bits
+            vec.value_count = int(v.codes.size)
+            vec.scale = v.scale
         if v.indices is not None:
             vec.indices_i32 = np.ascontiguousarray(v.indices, dtype="<i4").tobytes()
         if v.reference is not None:
@@ -300,6 +328,15 @@ def _submit_pb(s: Submission) -> pb.SubmitRequest:
         round_id=s.round_id, client_id=s.client_id, client_seed=s.client_seed, vectors=vectors,
         spec_version=s.spec_version,
     )
+
+
+def _codes(v: Any, j: int) -> NDArray[np.uint32]:
+    if not 1 <= v.value_bits <= 31:
+        raise WireError(f"vectors[{j}].value_bits must be in [1, 31]; got {v.value_bits}")
+    try:
+        return unpack_codes(v.values_packed, int(v.value_count), int(v.value_bits))
+    except ValueError as exc:
+        raise WireError(f"vectors[{j}].values_packed: {exc}") from None
 
 
 def _enc_submit(s: Submission) -> bytes:
@@ -321,7 +358,13 @@ def _dec_submit(raw: bytes) -> Submission:
                 np.float64
             )
             has_refs = True
-        vectors.append(VectorPayload(values, indices, reference))
+        codes = None
+        if v.value_bits or v.values_packed or v.value_count:
+            codes = _codes(v, j)
+            if values.size:
+                raise WireError(f"vectors[{j}] has both values_f32 and packed values")
+        vectors.append(VectorPayload(values, indices, reference, codes, v.value_bits or 32,
+                                     float(v.scale)))
     canonical = m.SerializeToString(deterministic=True)
     wire = len(raw)
     if has_refs:  # exactly what the references added: their fields and the longer prefixes
