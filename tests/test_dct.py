@@ -76,7 +76,7 @@ def test_golden_dct_vectors(case: dict[str, object], monkeypatch: pytest.MonkeyP
         est = rpsagg.make_estimator("rand-proj-spatial", n=2, k=k, d=d, projection="dct")
         msg = est.encode(np.array(x), seed=seed)
         assert msg.scheme == "rand-proj-spatial:dct"
-        assert msg.spec_version == "rpsagg-seed-v2"
+        assert msg.spec_version == rpsagg.SPEC_VERSION  # v3: the DCT is defined from v2 on
         assert np.max(np.abs(msg.values.astype(np.float64) - expected)) <= tol
 
 
@@ -143,7 +143,7 @@ def test_default_projection_and_schemes() -> None:
     with pytest.raises(ValueError, match="has no 'rand-proj-spatial:dct'"):
         dct.decode([v1])
     v9 = rpsagg.Encoded(msg.scheme, 1, 5, 300, msg.values, spec_version="rpsagg-seed-v9")
-    with pytest.raises(ValueError, match="rpsagg-seed-v1, rpsagg-seed-v2"):
+    with pytest.raises(ValueError, match="rpsagg-seed-v1, rpsagg-seed-v2, rpsagg-seed-v3"):
         dct.decode([v9])
     # an SRHT message of the v1 format still decodes
     srht = rpsagg.make_estimator("rand-proj-spatial", n=3, k=5, d=300, projection="srht")

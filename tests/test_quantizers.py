@@ -10,7 +10,9 @@ about N(0, 1); ``max_j |z_j| <= 5`` holds with probability ``>= 1 - d * 5.7e-7``
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -236,19 +238,16 @@ def test_mixed_value_bits_do_not_decode_together() -> None:
 
 
 # -- golden vectors (docs/wire-format.md, "Quantized values") -----------------------------------
+# Read from docs/wire-vectors.json (the language-neutral file beside the spec):
 # x_j = (j mod 7) - 3, d = 20, seed 0x0123456789ABCDEF: packed codes (hex), the scale's
 # binary32 bit pattern, and Encoded.bits. A change here changes the wire format.
+_VECTORS = json.loads(
+    (Path(__file__).resolve().parents[1] / "docs" / "wire-vectors.json").read_text())
 GOLDEN = [
-    ("rand-k", {"k": 6, "value_bits": 3}, "748101", 0x40400000, 114),
-    ("rand-proj-spatial", {"k": 6, "value_bits": 3, "projection": "srht"}, "28e700", 0x40131406,
-     114),
-    ("rand-proj-spatial", {"k": 6, "value_bits": 3, "projection": "dct"}, "603e02", 0x40322D12,
-     114),
-    ("eden", {"bits": 1}, "3dfb6c7e", 0x401D8D2C, 128),
-    ("eden", {"bits": 2}, "e25e9abbe12da97b", 0x3FD838C3, 160),
-    ("qsgd", {"bits": 2}, "d23652dbc64a1b09", 0x410A9067, 156),
+    (c["scheme"], c["options"], c["packed_hex"], int(c["scale_bits"], 16), c["bits"])
+    for c in _VECTORS["quantized_cases"]
 ]
-GOLDEN_SEED = 0x0123456789ABCDEF
+GOLDEN_SEED = int(_VECTORS["quantized_seed"], 16)
 
 
 @pytest.mark.parametrize(("name", "kwargs", "packed", "scale_bits", "size"), GOLDEN)

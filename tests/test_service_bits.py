@@ -42,7 +42,16 @@ def test_quantized_rounds(changes: dict, bits_per_value: int, count: int) -> Non
             c.join()
         rnd = clients[0].current_round()
         assert (rnd.value_bits, rnd.bits) == (cfg.value_bits, cfg.bits)
+        # packed codes are defined from rpsagg-seed-v3 on: the round says so, and refuses a
+        # submission that claims an older format (nothing is committed)
+        assert rnd.spec_version == "rpsagg-seed-v3"
         subs = [c.encode(rnd, xs[c.index]) for c in clients]
+        for old in ("rpsagg-seed-v2", ""):
+            with pytest.raises(grpc.RpcError) as info:
+                clients[0].submit_encoded(replace(subs[0], spec_version=old))
+            assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "needs rpsagg-seed-v3" in (info.value.details() or "")
+        assert srv.running.store.submissions(rnd.round_id) == []
         for c, sub in zip(clients, subs, strict=True):
             assert sub.vectors[0].codes is not None and sub.vectors[0].values.size == 0
             c.submit_encoded(sub)

@@ -63,7 +63,7 @@ def test_dct_round_needs_v2_and_refuses_older_or_unknown_versions() -> None:
                 "rpsagg-seed-v2", "dct", 0)
             xs = np.random.default_rng(1).standard_normal((N, d))
             sub = clients[0].encode(rnd, xs[0])
-            assert sub.spec_version == rpsagg.SPEC_VERSION == "rpsagg-seed-v2"
+            assert sub.spec_version == rpsagg.SPEC_VERSION == "rpsagg-seed-v3"
             # a client from before versions were sent: counts as v1, which has no DCT
             with pytest.raises(grpc.RpcError) as info:
                 clients[0].submit_encoded(replace(sub, spec_version=""))
@@ -79,7 +79,8 @@ def test_dct_round_needs_v2_and_refuses_older_or_unknown_versions() -> None:
                 clients[0].submit_encoded(replace(sub, spec_version="rpsagg-seed-v9"))
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "'rpsagg-seed-v9'" in info.value.details()
-            assert "it speaks rpsagg-seed-v1, rpsagg-seed-v2" in info.value.details()
+            assert "it speaks rpsagg-seed-v1, rpsagg-seed-v2, rpsagg-seed-v3" in (
+                info.value.details())
             assert srv.running.store.submissions(rnd.round_id) == []  # nothing committed
             # clients that read the round encode the DCT; the round decodes
             subs = [sub] + [c.encode(rnd, x) for c, x in zip(clients[1:], xs[1:], strict=True)]
@@ -123,8 +124,8 @@ def test_client_reads_what_an_older_server_leaves_out() -> None:
     try:
         est = client.estimator_for(parsed)
         assert est.name == "rand-proj-spatial" and est.d_pad == 128  # type: ignore[attr-defined]
-        future = replace(parsed, spec_version="rpsagg-seed-v3")
-        with pytest.raises(ValueError, match="needs wire format 'rpsagg-seed-v3'"):
+        future = replace(parsed, spec_version="rpsagg-seed-v9")
+        with pytest.raises(ValueError, match="needs wire format 'rpsagg-seed-v9'"):
             client.estimator_for(future)
     finally:
         client.close()

@@ -239,8 +239,8 @@ def expected_snapshot() -> dict[str, Any]:
 # The reference against itself and against published values
 # --------------------------------------------------------------------------------------
 def test_spec_version() -> None:
-    assert rpsagg.SPEC_VERSION == _spec.SPEC_VERSION == VECTORS["spec"] == "rpsagg-seed-v2"
-    assert _spec.SPEC_VERSIONS == ("rpsagg-seed-v1", "rpsagg-seed-v2")
+    assert rpsagg.SPEC_VERSION == _spec.SPEC_VERSION == VECTORS["spec"] == "rpsagg-seed-v3"
+    assert _spec.SPEC_VERSIONS == ("rpsagg-seed-v1", "rpsagg-seed-v2", "rpsagg-seed-v3")
 
 
 def test_reference_matches_published_splitmix64() -> None:

@@ -107,3 +107,18 @@ def test_sizes() -> None:
         assert full.bits == 64 + 32 * K and full.codes is None
     wangni = rpsagg.make_estimator("rand-k-wangni", n=N, k=K, d=D).encode(np.arange(D + 0.0), 1)
     assert wangni.bits == 64 + 64 * wangni.values.size
+
+
+def test_quantized_messages_need_spec_v3() -> None:
+    # packed codes exist from rpsagg-seed-v3 on: a message that claims an older format (or
+    # none: v1) is refused by the decoder, the same message claiming v3 decodes
+    import dataclasses
+
+    est = rpsagg.make_estimator("rand-k", n=2, k=4, d=16, value_bits=2)
+    msgs = [est.encode(np.arange(16.0), seed=s) for s in (1, 2)]
+    assert all(m.spec_version == "rpsagg-seed-v3" for m in msgs)
+    assert est.decode(msgs).shape == (16,)
+    for old in ("rpsagg-seed-v2", "rpsagg-seed-v1"):
+        stale = [dataclasses.replace(m, spec_version=old) for m in msgs]
+        with pytest.raises(ValueError, match="has no quantized values"):
+            est.decode(stale)

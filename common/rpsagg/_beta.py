@@ -41,7 +41,7 @@ from rpsagg._decode import EXACT_LIMIT, eig_tolerance, solve_krylov, solve_lsqr
 from rpsagg._fwht import fwht
 from rpsagg._spec import (
     SPEC_V1,
-    SPEC_VERSION,
+    SPEC_V2,
     TAG_MCBETA,
     TAG_MCPROBE,
     stream_key,
@@ -122,7 +122,7 @@ _lock = threading.Lock()
 
 def _key(scheme: str, n: int, k: int, d_pad: int, c: float, projection: str = "srht") -> str:
     # The SRHT's numbers are the same in every spec version: its keys (and caches) stay v1's.
-    proj, spec = ("", SPEC_V1) if projection == "srht" else (f"|proj={projection}", SPEC_VERSION)
+    proj, spec = ("", SPEC_V1) if projection == "srht" else (f"|proj={projection}", SPEC_V2)
     return f"{scheme}|n={n}|k={k}|dpad={d_pad}|c={c!r}{proj}|{spec}|{MC_VERSION}"
 
 

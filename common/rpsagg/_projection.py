@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rpsagg._dct import JointDCT, dct_encode
-from rpsagg._spec import SPEC_V1, SPEC_VERSION, padded_dim
+from rpsagg._spec import SPEC_V1, SPEC_V2, SPEC_V3, padded_dim
 from rpsagg._srht import JointSRHT, srht_encode
 
 FloatArray = NDArray[np.float64]
@@ -28,8 +28,10 @@ PROJECTIONS = ("srht", "dct")
 SCHEME = "rand-proj-spatial"
 #: Message scheme of each projection (the blockwise SRHT adds ``:block=<b>`` to the first).
 SCHEMES = {"srht": SCHEME, "dct": SCHEME + ":dct"}
+#: Schemes that send packed codes whatever their options (others do with value_bits < 32).
+QUANTIZED_SCHEMES = ("eden", "qsgd")
 #: The oldest wire-format version that defines each projection.
-REQUIRED_SPEC = {"srht": SPEC_V1, "dct": SPEC_VERSION}
+REQUIRED_SPEC = {"srht": SPEC_V1, "dct": SPEC_V2}
 
 
 def resolve_projection(projection: str, d: int) -> str:
@@ -86,4 +88,8 @@ def round_encoding(estimator: object) -> tuple[str, str, int]:
     projection = str(getattr(estimator, "projection", ""))
     block = int(getattr(estimator, "block_size", 0) or 0)
     spec = REQUIRED_SPEC.get(projection, SPEC_V1)
+    quantized = (int(getattr(estimator, "value_bits", 32) or 32) < 32
+                 or getattr(estimator, "name", "") in QUANTIZED_SCHEMES)
+    if quantized:  # packed codes exist from v3 on
+        spec = SPEC_V3
     return spec, projection, block

@@ -35,12 +35,16 @@ def _load_native() -> ModuleType | None:
 NATIVE: ModuleType | None = _load_native()
 
 #: The derivation this library encodes with. ``rpsagg-seed-v2`` adds the subsampled
-#: randomized DCT (projection ``"dct"``, stream ``rpsSHIFT``) to ``rpsagg-seed-v1``, whose
-#: every number it keeps: an SRHT message encodes identically under both.
-SPEC_VERSION = "rpsagg-seed-v2"
+#: randomized DCT (projection ``"dct"``, stream ``rpsSHIFT``) to ``rpsagg-seed-v1``;
+#: ``rpsagg-seed-v3`` adds quantized values (``value_bits``, EDEN, QSGD: packed codes, their
+#: code books and the client's rounding stream ``rpsQRND_``). Each keeps every number of
+#: the one before: an SRHT message encodes identically under all three.
 SPEC_V1 = "rpsagg-seed-v1"
+SPEC_V2 = "rpsagg-seed-v2"
+SPEC_V3 = "rpsagg-seed-v3"
+SPEC_VERSION = SPEC_V3
 #: Every version this library decodes, oldest first.
-SPEC_VERSIONS = (SPEC_V1, SPEC_VERSION)
+SPEC_VERSIONS = (SPEC_V1, SPEC_V2, SPEC_V3)
 
 
 def check_spec_version(sent: str, required: str = SPEC_V1) -> str:

@@ -8,7 +8,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from rpsagg._encoded import Encoded
-from rpsagg._spec import SPEC_V1, SPEC_VERSION, SPEC_VERSIONS, check_seed
+from rpsagg._spec import SPEC_V1, SPEC_V2, SPEC_V3, SPEC_VERSIONS, check_seed
 
 DCT_SCHEME = "rand-proj-spatial:dct"  # the one scheme rpsagg-seed-v1 does not define
 
@@ -95,7 +95,14 @@ def check_batch(
         if msg.spec_version == SPEC_V1 and scheme == DCT_SCHEME:
             raise ValueError(
                 f"message {pos} claims {SPEC_V1!r}, which has no {scheme!r} (it needs "
-                f"{SPEC_VERSION!r})"
+                f"{SPEC_V2!r})"
+            )
+        if msg.codes is not None and SPEC_VERSIONS.index(msg.spec_version) < SPEC_VERSIONS.index(
+            SPEC_V3
+        ):
+            raise ValueError(
+                f"message {pos} claims {msg.spec_version!r}, which has no quantized values "
+                f"(they need {SPEC_V3!r})"
             )
         if msg.value_bits != value_bits:
             raise ValueError(
