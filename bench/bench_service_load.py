@@ -78,7 +78,8 @@ async def run_once(n: int, k: int, d: int, channels_n: int, profile: str | None,
     work = Path(tempfile.mkdtemp(prefix="rpsagg-load-"))
     db = db_path or str(work / "load.db")
     port_file = work / "port"
-    prefix = (["py-spy", "record", "--format", "raw", "--rate", "250", "--nonblocking", "--threads",
+    prefix = (["py-spy", "record", "--format", "raw", "--rate", "1000", "--nonblocking",
+               "--threads",
                "-o", profile, "--"] if profile else [])
     # transform one: c = 0 and beta is exact, so no Monte Carlo in the way
     server = subprocess.Popen([
@@ -153,7 +154,10 @@ async def run_once(n: int, k: int, d: int, channels_n: int, profile: str | None,
     if committed != n or len(latencies) != n or res.n_prime != n:
         raise SystemExit(f"LOST SUBMISSIONS: acked={len(latencies)} committed={committed} "
                          f"decoded n'={res.n_prime}")
-    return {"n": n, "k": k, "d": d, "offered": rate, "rate": n / wall, "wall_ms": wall * 1000,
+    acks = sorted(done_at)
+    ack_rate = (n - 1) / (acks[-1] - acks[0]) if n > 1 and acks[-1] > acks[0] else float("nan")
+    return {"n": n, "k": k, "d": d, "offered": rate, "rate": n / wall, "ack_rate": ack_rate,
+            "wall_ms": wall * 1000,
             "p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99)),
             "max": float(lat.max()), "rss": rss, "hwm": hwm, "load": load,
             "server_cpu_ms": cpu_server * 1000 / n, "client_cpu_ms": cpu_self * 1000 / n,
@@ -180,14 +184,17 @@ def main() -> None:
     print(f"{os.cpu_count()} CPUs; figures per run (load = 1-min load average at the burst)")
     rates = [0.0, 2500.0] if args.rate is None else [float(r) for r in args.rate.split(",")]
     print("offered: 'burst' = all submissions at once; N/s = open loop, one every 1/N s")
-    print("clients    k     d  offered  subs/s  wall ms  p50 ms  p99 ms  max ms  "
+    print("subs/s = clients / (last ack - first send); acks/s = (clients - 1) / (last ack - "
+          "first ack), the rate the server acknowledged at")
+    print("clients    k     d  offered  subs/s  acks/s  wall ms  p50 ms  p99 ms  max ms  "
           "server RSS/peak MiB  CPU ms/sub server client  load")
     for n, k, d in configs:
         for rate in rates:
             for _ in range(args.repeat):
                 r = asyncio.run(run_once(n, k, d, args.channels, args.profile, args.db, rate))
                 offered = "burst" if not rate else f"{rate:.0f}/s"
-                print(f"{n:7d} {k:4d} {d:5d} {offered:>8} {r['rate']:7.0f} {r['wall_ms']:8.0f} "
+                print(f"{n:7d} {k:4d} {d:5d} {offered:>8} {r['rate']:7.0f} {r['ack_rate']:7.0f} "
+                      f"{r['wall_ms']:8.0f} "
                       f"{r['p50']:7.1f} {r['p99']:7.1f} {r['max']:7.1f} "
                       f"{r['rss']:10.0f}/{r['hwm']:<8.0f} "
                       f"{r['server_cpu_ms']:13.3f} {r['client_cpu_ms']:6.3f} {r['load']:5.1f}",

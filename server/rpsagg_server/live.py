@@ -166,6 +166,7 @@ class LiveRound:
     archived: dict[str, Any] = field(default_factory=dict)
     payload_total: int = 0
     wire_total: int = 0
+    _arrivals: list[Arrival] = field(default_factory=list, repr=False)
     timer: asyncio.TimerHandle | None = None
     finished: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -224,8 +225,10 @@ class LiveRound:
         """Record a committed submission (keeps the byte totals current)."""
         self.subs[sub.client_id] = sub
         self.received_at[sub.client_id] = received_at
-        self.payload_total += sub.payload_bytes
+        payload = sub.payload_bytes
+        self.payload_total += payload
         self.wire_total += sub.wire_bytes
+        self._arrivals.append(Arrival(sub.client_id, received_at, sub.wire_bytes, payload))
 
     # -- summaries (live, or archived for rounds finished before a restart) ---------------
     def contributors(self) -> list[tuple[str, int]]:
@@ -249,8 +252,7 @@ class LiveRound:
     def arrivals(self) -> list[Arrival]:
         """Who submitted, when, and how many bytes (the dashboard's per-client figures)."""
         if self.subs or not self.archived:
-            return [Arrival(c, self.received_at[c], s.wire_bytes, s.payload_bytes)
-                    for c, s in self.subs.items()]
+            return list(self._arrivals)  # kept by add(), in commit order
         return [Arrival(str(c), float(t), int(w), int(p))
                 for c, t, w, p in self.archived.get("arrivals", [])]
 
