@@ -175,6 +175,34 @@ def wait_all_exit_cleanly(
     assert server.returncode == 0, err.decode()[-2000:]
 
 
+def run_local_job(tmp_path: Path, n: int, k: int, d: int, rounds: int, data_r: float,
+                  extra: Sequence[str] = (), env: dict[str, str] | None = None) -> str:
+    """Run a mean job to its end: an ``rpsagg-server`` subprocess (``--linger 0``, port 0,
+    loopback, ``extra`` flags) and ``n`` ``rpsagg-client`` processes; assert every process
+    exited with status 0 and return the database path. Processes are killed on failure.
+    """
+    db = tmp_path / "job.db"
+    port_file = tmp_path / "port"
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        server = subprocess.Popen(server_command([
+            "--insecure", "--host", "127.0.0.1", "--grpc-port", "0", "--http-port", "0",
+            "--n", str(n), "--k", str(k), "--d", str(d), "--task", "mean",
+            "--data-r", str(data_r), "--rounds", str(rounds), "--round-timeout", "120",
+            "--db", str(db), "--linger", "0", "--port-file", str(port_file), *extra,
+        ]), stderr=subprocess.PIPE, env=env)
+        procs.append(server)
+        port = wait_port_file(port_file, server)
+        for i in range(n):
+            procs.append(subprocess.Popen(client_command([
+                "--server", f"127.0.0.1:{port}", "--client-id", f"client-{i}", "--insecure",
+            ]), stderr=subprocess.PIPE))
+        wait_all_exit_cleanly(server, procs[1:])
+    finally:
+        kill_all(procs)
+    return str(db)
+
+
 def check_rounds_against_inprocess(db: str, n: int, k: int, d: int, scheme: str) -> int:
     """Every done round's stored estimate vs ``Estimator.decode`` in-process; returns count.
 

@@ -29,11 +29,7 @@ import numpy as np
 import pytest
 from service_util import (
     check_rounds_against_inprocess,
-    client_command,
-    kill_all,
-    server_command,
-    wait_all_exit_cleanly,
-    wait_port_file,
+    run_local_job,
 )
 
 import rpsagg
@@ -248,25 +244,7 @@ def test_ray_worker_killed_mid_decode_then_same_estimate(ray_cluster: Cluster) -
 @pytest.mark.timeout(300)
 def test_ray_service_round_decoded_on_the_cluster(ray_cluster: Cluster, tmp_path: Path) -> None:
     n, k, d, rounds = 4, 160, 1024, 2
-    db = tmp_path / "ray.db"
-    port_file = tmp_path / "port"
-    env = {**os.environ, **RAY_ENV}
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        server = subprocess.Popen(server_command([
-            "--insecure", "--host", "127.0.0.1", "--grpc-port", "0", "--http-port", "0",
-            "--n", str(n), "--k", str(k), "--d", str(d), "--task", "mean", "--data-r", "2",
-            "--rounds", str(rounds), "--round-timeout", "120", "--db", str(db),
-            "--linger", "0", "--port-file", str(port_file),
-            "--decode-backend", "ray", "--ray-address", ray_cluster.address,
-        ]), stderr=subprocess.PIPE, env=env)
-        procs.append(server)
-        port = wait_port_file(port_file, server)
-        for i in range(n):
-            procs.append(subprocess.Popen(client_command([
-                "--server", f"127.0.0.1:{port}", "--client-id", f"client-{i}", "--insecure",
-            ]), stderr=subprocess.PIPE))
-        wait_all_exit_cleanly(server, procs[1:])
-    finally:
-        kill_all(procs)
-    assert check_rounds_against_inprocess(str(db), n, k, d, "rand-proj-spatial") == rounds
+    db = run_local_job(tmp_path, n, k, d, rounds, data_r=2,
+                       extra=["--decode-backend", "ray", "--ray-address", ray_cluster.address],
+                       env={**os.environ, **RAY_ENV})
+    assert check_rounds_against_inprocess(db, n, k, d, "rand-proj-spatial") == rounds

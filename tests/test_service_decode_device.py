@@ -6,18 +6,13 @@ checked) and must really run on the device (the torch solver is counted).
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 from service_util import (
     check_rounds_against_inprocess,
-    client_command,
-    kill_all,
-    server_command,
-    wait_all_exit_cleanly,
-    wait_port_file,
+    run_local_job,
 )
 
 import rpsagg
@@ -106,24 +101,6 @@ def test_decode_round_on_device_equals_numpy(monkeypatch: pytest.MonkeyPatch) ->
 
 @pytest.mark.timeout(240)
 def test_service_rounds_decoded_on_device(tmp_path: Path) -> None:
-    db = tmp_path / "device.db"
-    port_file = tmp_path / "port"
-    procs: list[subprocess.Popen[bytes]] = []
     rounds = 2
-    try:
-        server = subprocess.Popen(server_command([
-            "--insecure", "--host", "127.0.0.1", "--grpc-port", "0", "--http-port", "0",
-            "--n", str(N), "--k", str(K), "--d", str(D), "--task", "mean", "--data-r", "2",
-            "--rounds", str(rounds), "--round-timeout", "120", "--db", str(db),
-            "--linger", "0", "--port-file", str(port_file), "--decode-device", "cpu",
-        ]), stderr=subprocess.PIPE)
-        procs.append(server)
-        port = wait_port_file(port_file, server)
-        for i in range(N):
-            procs.append(subprocess.Popen(client_command([
-                "--server", f"127.0.0.1:{port}", "--client-id", f"client-{i}", "--insecure",
-            ]), stderr=subprocess.PIPE))
-        wait_all_exit_cleanly(server, procs[1:])
-    finally:
-        kill_all(procs)
-    assert check_rounds_against_inprocess(str(db), N, K, D, "rand-proj-spatial") == rounds
+    db = run_local_job(tmp_path, N, K, D, rounds, data_r=2, extra=["--decode-device", "cpu"])
+    assert check_rounds_against_inprocess(db, N, K, D, "rand-proj-spatial") == rounds

@@ -45,6 +45,7 @@ from rpsagg._spec import (
     sign_factors,
     stream_key,
 )
+from rpsagg._srht import JointShape
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -155,7 +156,7 @@ def dct_matrix(seed: int, k: int, d: int) -> FloatArray:
 
 
 @dataclass(frozen=True, eq=False)
-class JointDCT:
+class JointDCT(JointShape):
     """The stacked operator ``A = [G_1; ...; G_n]`` (``nk x d``) of randomized DCTs.
 
     The same interface as :class:`~rpsagg._srht.JointSRHT` (``d_pad`` is ``d`` here: the
@@ -189,19 +190,6 @@ class JointDCT:
             sh[i] = dct_shift(seed, d)
             r[i] = dct_rows(seed, k, d)
         return cls(s, sh, r, memory_budget)
-
-    @property
-    def n(self) -> int:
-        return int(self.rows.shape[0])
-
-    @property
-    def k(self) -> int:
-        return int(self.rows.shape[1])
-
-    @property
-    def d_pad(self) -> int:
-        """The dimension the operator acts in (``d``: nothing is padded)."""
-        return int(self.signs.shape[1])
 
     def exact_affordable(self) -> bool:
         """Whether the Gram matrix costs at most :data:`EXACT_FLOPS_LIMIT` multiply-adds."""

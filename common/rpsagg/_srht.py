@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -202,8 +203,32 @@ def _split(count: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
     return [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
 
 
+class JointShape:
+    """``n``, ``k`` and ``d_pad`` of a joint operator, read from its ``rows`` (n x k) and
+    ``signs`` (n x d_pad) arrays: shared by the SRHT, the randomized DCT and the torch twin.
+    """
+
+    rows: Any
+    signs: Any
+
+    @property
+    def n(self) -> int:
+        """Clients (messages) in the operator."""
+        return int(self.rows.shape[0])
+
+    @property
+    def k(self) -> int:
+        """Rows per client."""
+        return int(self.rows.shape[1])
+
+    @property
+    def d_pad(self) -> int:
+        """The dimension the operator acts in: d' for the SRHT, d for the randomized DCT."""
+        return int(self.signs.shape[1])
+
+
 @dataclass(frozen=True, eq=False)
-class JointSRHT:
+class JointSRHT(JointShape):
     """The stacked operator ``A = [G_1; ...; G_n]`` for a set of client seeds.
 
     Memory: the signs are held as int8 (n d' bytes) and every product works on chunks of
@@ -262,18 +287,6 @@ class JointSRHT:
         else:
             list(_pool(threads).map(one, range(len(seeds))))
         return cls(s, r, memory_budget, threads)
-
-    @property
-    def n(self) -> int:
-        return int(self.rows.shape[0])
-
-    @property
-    def k(self) -> int:
-        return int(self.rows.shape[1])
-
-    @property
-    def d_pad(self) -> int:
-        return int(self.signs.shape[1])
 
     def _chunk(self) -> int:
         return max(1, min(self.n, self.memory_budget // (8 * self.d_pad)))

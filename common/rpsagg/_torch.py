@@ -34,7 +34,7 @@ from numpy.typing import NDArray
 
 from rpsagg._decode import DEFAULT_RTOL, EXACT_LIMIT, SolveInfo, choose_method, joint_solve
 from rpsagg._spec import TAG_SIGNS, srht_rows, stream_key, stream_words
-from rpsagg._srht import JointSRHT
+from rpsagg._srht import JointShape, JointSRHT
 
 if TYPE_CHECKING:
     import torch
@@ -150,7 +150,7 @@ def _map(fn: Any, count: int, threads: int) -> None:
 
 
 @dataclass(eq=False)
-class TorchJointSRHT:
+class TorchJointSRHT(JointShape):
     """``A = [G_1; ...; G_n]`` on a torch device (the tensor twin of
     :class:`rpsagg._srht.JointSRHT`).
 
@@ -218,18 +218,6 @@ class TorchJointSRHT:
             s.copy_(bits.reshape(hi - lo, -1)[:, :d_pad])
             s.mul_(-2).add_(1)
         return cls(signs, torch.from_numpy(rows).to(dev), tdtype, int(memory_budget), radix)
-
-    @property
-    def n(self) -> int:
-        return int(self.rows.shape[0])
-
-    @property
-    def k(self) -> int:
-        return int(self.rows.shape[1])
-
-    @property
-    def d_pad(self) -> int:
-        return int(self.signs.shape[1])
 
     @property
     def device(self) -> torch.device:

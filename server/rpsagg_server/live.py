@@ -161,7 +161,6 @@ class LiveRound:
     outcome: DecodeOutcome | None = None
     estimator: Estimator | None = None
     subs: dict[str, Submission] = field(default_factory=dict)
-    received_at: dict[str, float] = field(default_factory=dict)
     pending: dict[str, tuple[bytes, asyncio.Future[None]]] = field(default_factory=dict)
     archived: dict[str, Any] = field(default_factory=dict)
     payload_total: int = 0
@@ -224,7 +223,6 @@ class LiveRound:
     def add(self, sub: Submission, received_at: float) -> None:
         """Record a committed submission (keeps the byte totals current)."""
         self.subs[sub.client_id] = sub
-        self.received_at[sub.client_id] = received_at
         payload = sub.payload_bytes
         self.payload_total += payload
         self.wire_total += sub.wire_bytes

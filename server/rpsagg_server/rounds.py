@@ -245,7 +245,7 @@ class RoundEngine:
         elif live.subs:  # collecting (or open when its row's update did not land)
             live.state = "collecting"
             if live.first_at is None:
-                live.first_at = min(live.received_at.values())
+                live.first_at = min(a.received_at for a in live.arrivals())
             live.deadline = time.time() + self.cfg.round_timeout
             self._arm_deadline(live)
         self.state._put_round(live.view(self.cfg, self.clients), current=True)
