@@ -23,9 +23,9 @@ import logging
 import random
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import numpy as np
@@ -56,7 +56,6 @@ from rpsagg_wire.v1.serde import (
 )
 
 log = logging.getLogger("rpsagg.client")
-T = TypeVar("T")
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
 READ_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                   grpc.StatusCode.CANCELLED)
@@ -336,15 +335,3 @@ class AggregationClient:
                       "ended" if err is None else err.code().name, attempt, pause)
             time.sleep(pause)
             stream = self._watch(WatchRequest(self.client_id), metadata=self._metadata)
-
-
-def with_retries(fn: Callable[[], T], attempts: int = 5) -> T:  # pragma: no cover - helper
-    """Call ``fn`` retrying UNAVAILABLE a few times (for one-off scripts)."""
-    for i in range(attempts):
-        try:
-            return fn()
-        except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.UNAVAILABLE or i == attempts - 1:
-                raise
-            time.sleep(0.1 * 2**i)
-    raise AssertionError("unreachable")

@@ -37,7 +37,6 @@ from rpsagg.tasks.base import Shard
 from rpsagg_experiments.runtime import TAGS, parallel_map, seed_of, write_csv
 from rpsagg_experiments.splits import Dataset, fashion_mnist, shards, ujiindoorloc
 
-TASK_NAMES = ("power-iteration", "kmeans", "linreg")
 DATASET = {"power-iteration": "fashion-mnist", "kmeans": "fashion-mnist", "linreg": "ujiindoorloc"}
 DIM = {"power-iteration": 1024, "kmeans": 1024, "linreg": 512}
 ITERATIONS = {"power-iteration": 30, "kmeans": 30, "linreg": 50}

@@ -124,9 +124,3 @@ def write_csv(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
         writer.writeheader()
         writer.writerows(rows)
     return path
-
-
-def read_csv(path: Path) -> list[dict[str, str]]:
-    """Rows of a CSV written by :func:`write_csv`."""
-    with path.open(newline="") as fh:
-        return list(csv.DictReader(fh))

@@ -3,16 +3,14 @@
 The claim (Figure 4 and the appendix): Rand-Proj-Spatial(avg) has a lower squared error of
 the mean estimate and a lower task loss than Rand-k-Spatial(avg) and Rand-k. For each
 (task, split, n, k) this module reports, from the per-iteration summary rows of
-:func:`rpsagg_experiments.optimization.summarize` (or the ``<task>.csv`` they are written
-to), the squared error averaged over iterations and the last iteration's loss (mean and
-standard deviation over runs) of every estimator, and whether the claim holds for each.
+:func:`rpsagg_experiments.optimization.summarize`, the squared error averaged over
+iterations and the last iteration's loss (mean and standard deviation over runs) of every
+estimator, and whether the claim holds for each.
 """
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 CLAIMANT = "rand-proj-spatial(avg)"
@@ -102,9 +100,3 @@ def markdown(verdict_rows: Sequence[Mapping[str, Any]], estimators: Sequence[str
         lines.append(f"| {task} | {split} | {n} | {k} | {runs} | {errs} | {losses} | "
                      f"{first['rps_beats_both_error']} / {first['rps_beats_both_loss']} |")
     return "\n".join(lines)
-
-
-def read_summary(path: Path) -> list[dict[str, str]]:
-    """Rows of a ``<task>.csv`` written by the optimization experiments."""
-    with path.open(newline="") as fh:
-        return list(csv.DictReader(fh))

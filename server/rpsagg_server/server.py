@@ -284,16 +284,6 @@ def configure_logging() -> None:
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
 
-def dashboard_factory() -> HttpAppFactory | None:
-    """The dashboard's ``rpsagg_server.http.create_app``, or None when it cannot be imported."""
-    try:
-        from rpsagg_server.http import create_app
-    except ImportError as exc:
-        log.warning("[Server] no dashboard (%s); --http-port is ignored", exc)
-        return None
-    return create_app
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``rpsagg-server``: a user error is one line on stderr and exit 2."""
     try:

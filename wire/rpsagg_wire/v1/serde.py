@@ -22,7 +22,6 @@ from rpsagg._quantize import pack_codes, packed_size, unpack_codes
 from rpsagg_wire.v1 import aggregation_pb2 as pb
 
 SERVICE = "rpsagg.v1.Aggregation"
-METHODS = ("Join", "GetRound", "Submit", "GetResult", "WatchRounds")
 STATES = ("unspecified", "open", "collecting", "decoding", "done", "failed")
 
 
