@@ -126,7 +126,7 @@ def section(name: str, path: Path | None, fn: Callable[[], dict[str, Any]]) -> N
 
 
 def avg_c(n: int) -> float:
-    from rpsagg._transform import parse_transform
+    from rpsagg.linalg import parse_transform
 
     return float(parse_transform("avg", n, None).c_for(n))
 
@@ -139,7 +139,7 @@ def seeds_for(n: int, salt: int) -> list[int]:
 
 def encode_messages(n: int, k: int, d: int, seeds: list[int]) -> np.ndarray:
     """The clients' numpy encode of correlated vectors x_i = u + 0.5 g_i (float32 values)."""
-    from rpsagg._srht import srht_encode
+    from rpsagg.projections import srht_encode
 
     rng = np.random.default_rng(12345)
     base = rng.standard_normal(d)
@@ -194,9 +194,9 @@ def env_section(device: str, native: str) -> dict[str, Any]:
 def check_section(device: str, smoke: bool) -> dict[str, Any]:
     import torch
 
-    from rpsagg._decode import joint_solve
-    from rpsagg._srht import JointSRHT
-    from rpsagg._torch import TorchJointSRHT, joint_solve_torch
+    from rpsagg.device import TorchJointSRHT, joint_solve_torch
+    from rpsagg.linalg import joint_solve
+    from rpsagg.projections import JointSRHT
 
     cases = [(20, 100, 2**12, "avg"), (30, 40, 2**12, "corr2"), (10, 60, 2**10, "max")]
     if not smoke:
@@ -206,7 +206,7 @@ def check_section(device: str, smoke: bool) -> dict[str, Any]:
     for n, k, d, tr in cases:
         c = {"avg": avg_c(n), "corr2": None, "max": 1.0}[tr]
         if c is None:
-            from rpsagg._transform import parse_transform
+            from rpsagg.linalg import parse_transform
 
             c = float(parse_transform(2.0, n, None).c_for(n))
         seeds = seeds_for(n, d + k)
@@ -229,7 +229,7 @@ def device_decode(
     dtype: str, threads: int, budget: int | None = None,
 ) -> tuple[float, float, Any]:
     """(total seconds, solve seconds, SolveInfo) of seeds + messages -> A^T f(K) y."""
-    from rpsagg._torch import TorchJointSRHT, joint_solve_torch
+    from rpsagg.device import TorchJointSRHT, joint_solve_torch
 
     dev = torch.device(device)
     sync(torch, dev)
@@ -280,8 +280,8 @@ def decode_2_20_section(device: str, smoke: bool, repeats: int) -> dict[str, Any
 def decode_2_27_section(device: str, smoke: bool, deadline: float) -> dict[str, Any]:
     import torch
 
-    from rpsagg._srht import srht_encode
-    from rpsagg._torch import TorchJointSRHT, joint_solve_torch
+    from rpsagg.device import TorchJointSRHT, joint_solve_torch
+    from rpsagg.projections import srht_encode
 
     n, k, d = (4, 64, 2**12) if smoke else (100, 2**17, 2**27)
     threads = os.cpu_count() or 1
@@ -358,8 +358,8 @@ def cpu_worker(args: argparse.Namespace) -> None:
 
     import scipy.sparse.linalg  # noqa: F401  (imported here, not inside the first timing)
 
-    from rpsagg._decode import joint_solve
-    from rpsagg._srht import JointSRHT
+    from rpsagg.linalg import joint_solve
+    from rpsagg.projections import JointSRHT
 
     y = np.load(args.messages).astype(np.float64)
     n, k = y.shape

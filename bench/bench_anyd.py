@@ -33,9 +33,7 @@ from collections.abc import Callable
 import numpy as np
 from numpy.typing import NDArray
 
-from rpsagg._dct import dct_encode, dct_matrix
-from rpsagg._fwht import fwht
-from rpsagg._srht import srht_encode, srht_matrix
+from rpsagg.projections import dct_encode, dct_matrix, fwht, srht_encode, srht_matrix
 from rpsagg.spec import padded_dim
 
 FloatArray = NDArray[np.float64]

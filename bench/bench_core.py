@@ -34,8 +34,8 @@ import scipy.linalg
 from numpy.typing import NDArray
 
 import rpsagg
-from rpsagg import _beta
-from rpsagg._srht import srht_encode
+from rpsagg import beta as rbeta
+from rpsagg.projections import srht_encode
 
 FloatArray = NDArray[np.float64]
 
@@ -137,14 +137,13 @@ def bench_decode(
 ) -> DecodeRow:
     """Time the joint decode of ``n`` messages, and the dense reference when asked."""
     est = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d, transform=transform)
-    assert isinstance(est, rpsagg._estimators.RandProjSpatial)
+    assert isinstance(est, rpsagg.RandProjSpatial)
     c = est.transform.c_for(n)
     xs = client_vectors(n, d, seed)
     base = (seed << 20) + 1
     msgs = [est.encode(x, seed=base + i) for i, x in enumerate(xs)]
 
-    key = _beta._key("rand-proj-spatial", n, k, est.d_pad, c)
-    cached = c == 0.0 or _beta._load(key) is not None
+    cached = c == 0.0 or rbeta.cached_estimate(n, k, est.d_pad, c) is not None
     start = time.perf_counter()
     beta_est = est.beta_details(n)
     beta_seconds = time.perf_counter() - start
@@ -196,7 +195,7 @@ def print_tables(enc: list[EncodeRow], dec: list[DecodeRow]) -> None:
     """Print both result tables and the target checks."""
     print(
         f"FWHT backend: {rpsagg.FWHT_BACKEND}; spec {rpsagg.SPEC_VERSION}; "
-        f"beta cache: {_beta.cache_dir()}"
+        f"beta cache: {rbeta.cache_dir()}"
     )
     if enc:
         print("\nEncode (rand-proj-spatial, one vector, median)")

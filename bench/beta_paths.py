@@ -2,8 +2,8 @@
 
 Two tables:
 
-1. Cold beta (``rpsagg._beta.rps_beta`` on an empty memory and disk cache) over the issue's
-   domain ``n <= 1000, nk <= 2^17, d <= 2^20``: the path :func:`rpsagg._beta.beta_path`
+1. Cold beta (``rpsagg.beta.rps_beta`` on an empty memory and disk cache) over the issue's
+   domain ``n <= 1000, nk <= 2^17, d <= 2^20``: the path :func:`rpsagg.beta.beta_path`
    chooses, the seconds it took and the stated relative error (the Monte Carlo's standard
    error, or the free limit's bound). Target: <= 2 s everywhere.
 2. Error of the free limit against a Monte Carlo reference of ``samples`` exact spectra per
@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from rpsagg import _beta
-from rpsagg._beta_free import free_error_bound, free_spectral_sum
+from rpsagg import beta as rbeta
+from rpsagg.beta import free_error_bound, free_spectral_sum
 
 # (n, k, d', c); c = -1 stands for avg, n / (2(n - 1))
 COLD_CASES = [
@@ -122,11 +122,11 @@ def cold(cases: list[tuple[int, int, int, float]]) -> list[ColdRow]:
         c = _c(n, c_spec)
         with tempfile.TemporaryDirectory() as tmp:
             os.environ["RPSAGG_CACHE_DIR"] = tmp
-            _beta._memory.clear()
+            rbeta.clear_memory_cache()
             start = time.perf_counter()
-            est = _beta.rps_beta(n, k, d_pad, c)
+            est = rbeta.rps_beta(n, k, d_pad, c)
             seconds = time.perf_counter() - start
-        path = _beta.beta_path(n, k, d_pad, c)
+        path = rbeta.beta_path(n, k, d_pad, c)
         rows.append(ColdRow(n, k, d_pad, c, path, est.method, seconds, est.beta, est.rel_se))
         print(
             f"{n:>5} {k:>6} {d_pad:>8} {c:>7.4g} {path:>5} {est.method:>8} "
@@ -141,14 +141,14 @@ def errors(cases: list[tuple[int, int, int, int]], cs: tuple[float, ...]) -> lis
     rows = []
     for n, k, d_pad, samples in cases:
         for c in cs:
-            vals = np.array([_beta.spectral_sample(n, k, d_pad, c, s)[0] for s in range(samples)])
+            vals = np.array([rbeta.spectral_sample(n, k, d_pad, c, s)[0] for s in range(samples)])
             mean = float(vals.mean())
             se = float(vals.std(ddof=1) / math.sqrt(samples))
             free = free_spectral_sum(n, k, d_pad, c)
             rel = (free - mean) / mean
             z = (free - mean) / se if se > 0 else 0.0
             bound = free_error_bound(n, k, d_pad, c)
-            path = _beta.beta_path(n, k, d_pad, c)
+            path = rbeta.beta_path(n, k, d_pad, c)
             rows.append(ErrorRow(n, k, d_pad, c, samples, mean, se, free, rel, z, bound, path))
             print(
                 f"{n:>5} {k:>5} {d_pad:>6} {n * k / d_pad:>6.3g} {c:>6.3g} {samples:>5} "
@@ -169,9 +169,9 @@ def dprime_hutchinson_sample(n: int, k: int, d_pad: int, c: float, sample: int) 
     """
     from scipy.sparse.linalg import LinearOperator, cg
 
-    from rpsagg._srht import JointSRHT
+    from rpsagg.projections import JointSRHT
 
-    op = JointSRHT.from_seeds(_beta.mc_seeds(sample, n), k, d_pad)
+    op = JointSRHT.from_seeds(rbeta.mc_seeds(sample, n), k, d_pad)
 
     def matvec(v: np.ndarray) -> np.ndarray:
         v = np.asarray(v, dtype=np.float64).reshape(-1)
@@ -213,7 +213,7 @@ def long_reference(cases: list[tuple[int, int, int, float]]) -> list[ErrorRow]:
             rel,
             (free - mean) / se,
             free_error_bound(n, k, d_pad, c),
-            _beta.beta_path(n, k, d_pad, c),
+            rbeta.beta_path(n, k, d_pad, c),
         )
         rows.append(row)
         print(
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{'n':>5} {'k':>5} {'d_pad':>6} {'nk/d':>6} {'c':>6} {'S':>5} {'MC mean':>11} "
         f"{'MC se':>8} {'free':>11} {'diff':>8} {'rel':>10} {'z':>6} {'bound':>8} {'path':>5}"
     )
-    with _beta._one_blas_thread():  # as the library's own Monte Carlo
+    with rbeta.one_blas_thread():  # as the library's own Monte Carlo
         err_rows = errors(QUICK_ERROR if args.quick else ERROR_CASES, ERROR_CS)
     long_rows = long_reference(LONG_CASES) if args.long else []
 

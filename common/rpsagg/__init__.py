@@ -5,6 +5,14 @@ d is not a power of two; ``Estimator.encode``) and send ``k``
 floats plus a seed; the server regenerates every transform from its seed and decodes all
 clients jointly (``Estimator.decode``).
 
+The public surface is this package's namespace and the public modules
+:mod:`rpsagg.spec` (seed derivation, the wire's integer streams),
+:mod:`rpsagg.projections` (the seeded projections and their joint operators),
+:mod:`rpsagg.linalg` (the joint decode's solvers), :mod:`rpsagg.beta` (the unbiasing
+scalars), :mod:`rpsagg.quantize` (b-bit value codes), :mod:`rpsagg.device` (the decode
+device), :mod:`rpsagg.simulate`, :mod:`rpsagg.synthetic` and :mod:`rpsagg.tasks`. Modules
+whose names start with an underscore are internal: other packages import none of them.
+
 Examples
 --------
 >>> import numpy as np, rpsagg
@@ -16,15 +24,18 @@ Examples
 """
 
 from rpsagg._beta import BetaEstimate, cache_dir, spatial_beta
+from rpsagg._blockwise import BlockwiseRandProjSpatial
 from rpsagg._correlation import CorrelationTracker, correlation_terms, estimate_correlation
 from rpsagg._dct import dct_matrix
 from rpsagg._decode import SolveInfo
 from rpsagg._encoded import Encoded
 from rpsagg._estimators import (
     ESTIMATOR_NAMES,
+    QUANTIZABLE,
     QUANTIZER_NAMES,
     DecodeResult,
     Estimator,
+    RandProjSpatial,
     make_estimator,
     wangni_probabilities,
 )
@@ -40,14 +51,17 @@ __all__ = [
     "ESTIMATOR_NAMES",
     "FWHT_BACKEND",
     "PROJECTIONS",
+    "QUANTIZABLE",
     "QUANTIZER_NAMES",
     "SPEC_VERSION",
     "SPEC_VERSIONS",
     "BetaEstimate",
+    "BlockwiseRandProjSpatial",
     "CorrelationTracker",
     "DecodeResult",
     "Encoded",
     "Estimator",
+    "RandProjSpatial",
     "SolveInfo",
     "__version__",
     "cache_dir",

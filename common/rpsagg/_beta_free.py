@@ -86,7 +86,21 @@ def free_spectral_sum(n: int, k: int, d_pad: int, c: float) -> float:
 
 
 def free_error_bound(n: int, k: int, d_pad: int, c: float) -> float:
-    """Stated relative error of :func:`free_spectral_sum` against the finite-d' expectation."""
+    """Stated relative error of :func:`free_spectral_sum` against the finite-d' expectation.
+
+    Parameters
+    ----------
+    n, k, d_pad : int
+        Clients, rows per client, padded dimension.
+    c : float
+        Transform coefficient.
+
+    Returns
+    -------
+    float
+        ``FREE_ABS_ERROR min(1, 4 nk/d', 4 d'/(nk))`` over the spectral sum (0 where the
+        sum is exact).
+    """
     if c == 0.0 or n == 1:
         return 0.0
     r = n * k / d_pad

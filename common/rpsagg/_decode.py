@@ -91,7 +91,20 @@ def choose_method(nk: int, d_pad: int, c: float = 1.0) -> str:
 
 
 def eig_tolerance(w_max: float, nk: int, d_pad: int) -> float:
-    """Eigenvalues of K below this count as zero (numpy ``matrix_rank``'s rule on S)."""
+    """Eigenvalues of K below this count as zero (numpy ``matrix_rank``'s rule on S).
+
+    Parameters
+    ----------
+    w_max : float
+        Largest eigenvalue of K.
+    nk, d_pad : int
+        Size of K and the dimension the projections act in.
+
+    Returns
+    -------
+    float
+        ``max(w_max, 1) max(nk, d') eps``.
+    """
     return max(w_max, 1.0) * max(nk, d_pad) * float(np.finfo(np.float64).eps)
 
 

@@ -45,7 +45,20 @@ def check_value_bits(value_bits: object) -> int:
 
 
 def packed_size(count: int, bits: int) -> int:
-    """Bytes that ``count`` codes of ``bits`` bits occupy when packed."""
+    """Bytes that ``count`` codes of ``bits`` bits occupy when packed.
+
+    Parameters
+    ----------
+    count : int
+        Number of codes.
+    bits : int
+        Bits per code, 1 to 32.
+
+    Returns
+    -------
+    int
+        ``ceil(count * bits / 8)``.
+    """
     return (count * bits + 7) // 8
 
 
@@ -55,6 +68,23 @@ def pack_codes(codes: NDArray[np.integer], bits: int) -> bytes:
     Code ``j`` occupies bits ``j*bits .. j*bits + bits - 1`` of the stream, least
     significant bit first, where bit ``t`` of the stream is bit ``t % 8`` of byte ``t // 8``;
     unused high bits of the last byte are 0. ``docs/wire-format.md`` has an example.
+
+    Parameters
+    ----------
+    codes : ndarray of unsigned int
+        The codes, each below ``2^bits``.
+    bits : int
+        Bits per code, 1 to 32.
+
+    Returns
+    -------
+    bytes
+        :func:`packed_size` bytes.
+
+    Raises
+    ------
+    ValueError
+        If a code does not fit in ``bits`` bits.
     """
     c = np.ascontiguousarray(codes, dtype="<u4").reshape(-1)
     if bits < 32 and c.size and int(c.max()) >> bits:
@@ -64,8 +94,26 @@ def pack_codes(codes: NDArray[np.integer], bits: int) -> bytes:
 
 
 def unpack_codes(raw: bytes, count: int, bits: int) -> CodeArray:
-    """Inverse of :func:`pack_codes`; ``ValueError`` unless ``raw`` has exactly the bytes
-    of ``count`` codes with zero padding bits."""
+    """Inverse of :func:`pack_codes`.
+
+    Parameters
+    ----------
+    raw : bytes
+        The packed stream.
+    count : int
+        Number of codes it holds.
+    bits : int
+        Bits per code, 1 to 32.
+
+    Returns
+    -------
+    ndarray of uint32, shape (count,)
+
+    Raises
+    ------
+    ValueError
+        Unless ``raw`` has exactly the bytes of ``count`` codes and zero padding bits.
+    """
     if len(raw) != packed_size(count, bits):
         raise ValueError(
             f"{len(raw)} bytes of packed codes; {count} codes of {bits} bits need "

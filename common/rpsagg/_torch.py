@@ -33,6 +33,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rpsagg._decode import DEFAULT_RTOL, EXACT_LIMIT, SolveInfo, choose_method, joint_solve
+from rpsagg._device import import_torch, resolve_device
 from rpsagg._srht import JointShape, JointSRHT
 from rpsagg.spec import TAG_SIGNS, srht_rows, stream_key, stream_words
 
@@ -50,36 +51,12 @@ DEFAULT_CPU_BUDGET = 256 * 1024 * 1024
 RADIX = 7
 
 
-def _torch() -> Any:
-    try:
-        import torch
-    except ImportError as exc:  # pragma: no cover - the test set-up installs it
-        raise ImportError(
-            "a decode device needs PyTorch: pip install 'rpsagg[torch]'"
-        ) from exc
-    return torch
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """A ``torch.device`` for ``device``; raises ``ValueError`` if it is unusable here."""
-    torch = _torch()
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"unknown decode device {device!r}") from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"decode device {device!r}: CUDA is not available on this machine")
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"decode device must be 'cpu' or 'cuda[:N]'; got {device!r}")
-    return dev
-
-
 _FACTORS: dict[tuple[int, Any, str], Any] = {}
 
 
 def hadamard_factor(m: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """The ``2^m x 2^m`` Sylvester-Hadamard factor (entries +-1), cached per device."""
-    torch = _torch()
+    torch = import_torch()
     key = (m, dtype, str(device))
     h = _FACTORS.get(key)
     if h is None:
@@ -105,7 +82,7 @@ def fwht_torch(x: torch.Tensor, radix: int | None = None) -> torch.Tensor:
     Tensor
         Same shape and dtype as ``x``.
     """
-    torch = _torch()
+    torch = import_torch()
     n = int(x.shape[-1])
     if n < 1 or n & (n - 1):
         raise ValueError(f"FWHT length must be a power of two; got {n}")
@@ -191,7 +168,7 @@ class TorchJointSRHT(JointShape):
 
         ``threads`` host threads derive the seeds' words and rows (they release the GIL).
         """
-        torch = _torch()
+        torch = import_torch()
         dev = resolve_device(device)
         tdtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         if tdtype not in (torch.float32, torch.float64):
@@ -224,7 +201,7 @@ class TorchJointSRHT(JointShape):
         return self.signs.device
 
     def _chunk(self) -> int:
-        item = 8 if self.dtype == _torch().float64 else 4
+        item = 8 if self.dtype == import_torch().float64 else 4
         return max(1, min(self.n, self.memory_budget // (item * self.d_pad)))
 
     def _fwht(self, w: torch.Tensor) -> torch.Tensor:
@@ -232,7 +209,7 @@ class TorchJointSRHT(JointShape):
 
     def adjoint(self, z: torch.Tensor) -> torch.Tensor:
         """``A^T z = sum_i G_i^T z_i`` for ``z`` of shape (n, k); returns (d',)."""
-        torch = _torch()
+        torch = import_torch()
         out = torch.zeros(self.d_pad, dtype=self.dtype, device=self.device)
         step = self._chunk()
         for lo in range(0, self.n, step):
@@ -247,7 +224,7 @@ class TorchJointSRHT(JointShape):
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         """``A u`` as an (n, k) tensor: row ``i`` is ``G_i u``."""
-        torch = _torch()
+        torch = import_torch()
         out = torch.empty((self.n, self.k), dtype=self.dtype, device=self.device)
         step = self._chunk()
         for lo in range(0, self.n, step):
@@ -263,7 +240,7 @@ class TorchJointSRHT(JointShape):
         The clients' encode on the device (benchmarks build messages with it; the tests
         check it against :func:`rpsagg._srht.srht_encode`).
         """
-        torch = _torch()
+        torch = import_torch()
         hi = lo + int(x.shape[0])
         w = self._fwht(self.signs[lo:hi] * x)
         return torch.gather(w, 1, self.rows[lo:hi]) * (1.0 / float(np.sqrt(self.d_pad)))
@@ -285,7 +262,7 @@ def solve_krylov_torch(
     The recurrence, stopping rule (``||r|| < rtol ||y||``, checked before each step) and
     iteration count are scipy's ``cg`` with ``x0 = 0`` and no preconditioner.
     """
-    torch = _torch()
+    torch = import_torch()
     if not c < 1.0:
         raise ValueError("conjugate gradients need c < 1; use LSQR for c = 1")
     nk = op.n * op.k
@@ -321,7 +298,7 @@ def solve_lsqr_torch(
     maxiter: int | None = None,
 ) -> tuple[torch.Tensor, int, bool, float]:
     """``A^+ y`` by scipy's LSQR on the host, each product with A on the device."""
-    torch = _torch()
+    torch = import_torch()
     from scipy.sparse.linalg import LinearOperator, lsqr
 
     n, k, d_pad = op.n, op.k, op.d_pad
@@ -364,7 +341,7 @@ def joint_solve_torch(
     solver is chosen: it runs on the host with the numpy operator. ``maxiter`` caps the
     Krylov iterations (default as in the numpy decode).
     """
-    torch = _torch()
+    torch = import_torch()
     start = time.perf_counter()
     nk = op.n * op.k
     flat = y.reshape(-1).to(op.dtype)
@@ -410,7 +387,7 @@ def device_joint_solve(
     rtol: float = DEFAULT_RTOL,
 ) -> tuple[FloatArray, SolveInfo]:
     """The estimator's entry point: numpy in, numpy out, float64 on ``device``."""
-    torch = _torch()
+    torch = import_torch()
     start = time.perf_counter()
     op = TorchJointSRHT.from_seeds(seeds, k, d_pad, device)
     yt = torch.from_numpy(np.ascontiguousarray(y, dtype=np.float64)).to(op.device)

@@ -57,7 +57,26 @@ class Transform:
 
 
 def parse_transform(transform: str | float, n: int, prior_r: float | None = None) -> Transform:
-    """Build a :class:`Transform` from the user-facing ``transform`` argument."""
+    """Build a :class:`Transform` from the user-facing ``transform`` argument.
+
+    Parameters
+    ----------
+    transform : {"avg", "max", "one", "auto"} or float
+        The estimators' ``transform`` argument; a float R in ``[0, n - 1]`` is corr(R).
+    n : int
+        Clients decoded together.
+    prior_r : float, optional
+        The correlation prior of ``"auto"`` (None: avg while there is no prior).
+
+    Returns
+    -------
+    Transform
+
+    Raises
+    ------
+    ValueError
+        For an unknown name, an R outside ``[0, n - 1]`` or a non-finite prior.
+    """
     if isinstance(transform, bool):
         raise ValueError(
             f"transform must be 'max', 'one', 'avg', 'auto' or a float R; got {transform!r}"

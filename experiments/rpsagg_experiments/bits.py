@@ -37,11 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from rpsagg._correlation import CorrelationTracker
-from rpsagg._estimators import Estimator, make_estimator
+from rpsagg import CorrelationTracker, Estimator, make_estimator
 from rpsagg.spec import derive_round_seed
 from rpsagg.synthetic import correlated_vectors
-from rpsagg_experiments.montecarlo import summarize, trial_seeds
+from rpsagg_experiments.montecarlo import pareto, summarize, trial_seeds
 from rpsagg_experiments.runtime import TAGS, parallel_map, write_csv
 
 NAME = "bits"
@@ -207,17 +206,6 @@ def run_point(p: Point) -> dict[str, Any]:
     if p.setting == "power-iteration":
         return run_power_iteration(p)
     return run_synthetic(p)
-
-
-def pareto(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows no cheaper (or equally cheap) row beats in squared error, by increasing cost."""
-    frontier: list[dict[str, Any]] = []
-    best = math.inf
-    for row in sorted(rows, key=lambda r: (float(r["bits_per_client"]), float(r["mse"]))):
-        if float(row["mse"]) < best:
-            frontier.append(row)
-            best = float(row["mse"])
-    return frontier
 
 
 def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

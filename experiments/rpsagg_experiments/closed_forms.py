@@ -76,7 +76,7 @@ def rand_k_spatial_basis(n: int, k: int, d: int, sizes: list[int], c: float) -> 
     """
     from scipy.stats import binom
 
-    from rpsagg._beta import spatial_beta
+    from rpsagg import spatial_beta
 
     p = k / d
     beta = spatial_beta(n, k, d, c)

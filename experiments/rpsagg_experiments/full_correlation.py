@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from rpsagg._estimators import make_estimator
+from rpsagg import make_estimator
 from rpsagg_experiments.closed_forms import CLOSED_FORMS
 from rpsagg_experiments.montecarlo import mse
 from rpsagg_experiments.runtime import TAGS, parallel_map, write_csv

@@ -1,14 +1,16 @@
-"""Monte Carlo of the squared error of one estimator on fixed client vectors."""
+"""Monte Carlo of the squared error of one estimator on fixed client vectors, and the
+Pareto frontier (cost against error) of such results."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from rpsagg._estimators import Estimator
+from rpsagg import Estimator
 from rpsagg_experiments.runtime import seed_of
 
 
@@ -57,3 +59,14 @@ def mse(est: Estimator, xs: NDArray[np.float64], trials: int, *prefix: int) -> M
     n = xs.shape[0]
     errs = np.array([squared_error(est, xs, trial_seeds(*prefix, t, n=n)) for t in range(trials)])
     return summarize(errs)
+
+
+def pareto(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows no cheaper (or equally cheap) row beats in squared error, by increasing cost."""
+    frontier: list[dict[str, Any]] = []
+    best = math.inf
+    for row in sorted(rows, key=lambda r: (float(r["bits_per_client"]), float(r["mse"]))):
+        if float(row["mse"]) < best:
+            frontier.append(row)
+            best = float(row["mse"])
+    return frontier

@@ -29,8 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from rpsagg._correlation import CorrelationTracker
-from rpsagg._estimators import Estimator, make_estimator
+from rpsagg import CorrelationTracker, Estimator, make_estimator
 from rpsagg.spec import derive_round_seed
 from rpsagg.tasks import Task, make_task
 from rpsagg.tasks.base import Shard

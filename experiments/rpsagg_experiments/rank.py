@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 
-from rpsagg._decode import eig_tolerance
-from rpsagg._srht import JointSRHT
+from rpsagg.linalg import eig_tolerance
+from rpsagg.projections import JointSRHT
 from rpsagg_experiments.runtime import TAGS, parallel_map, seed_of, write_csv
 
 NAME = "rank"

@@ -25,8 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from rpsagg._correlation import CorrelationTracker
-from rpsagg._estimators import RandProjSpatial, make_estimator
+from rpsagg import CorrelationTracker, RandProjSpatial, make_estimator
 from rpsagg_experiments.closed_forms import rand_k_general, rand_k_spatial_basis
 from rpsagg_experiments.montecarlo import mse, summarize, trial_seeds
 from rpsagg_experiments.runtime import TAGS, parallel_map, write_csv

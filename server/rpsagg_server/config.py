@@ -16,8 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, NoReturn
 
-from rpsagg import ESTIMATOR_NAMES, QUANTIZER_NAMES
-from rpsagg._estimators import QUANTIZABLE
+from rpsagg import ESTIMATOR_NAMES, QUANTIZABLE, QUANTIZER_NAMES
 from rpsagg.tasks import TASKS
 
 SCHEMES = ESTIMATOR_NAMES + QUANTIZER_NAMES
@@ -127,7 +126,7 @@ class ServerConfig:
             if self.estimator != "rand-proj-spatial":
                 raise ValueError("--decode-device applies to --estimator rand-proj-spatial")
             try:
-                from rpsagg._torch import resolve_device
+                from rpsagg.device import resolve_device
             except ImportError as exc:  # pragma: no cover - the test set-up installs torch
                 raise ValueError(f"--decode-device needs PyTorch: {exc}") from exc
             resolve_device(self.decode_device)  # fails now, not at the first round

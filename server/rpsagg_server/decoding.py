@@ -17,9 +17,15 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from rpsagg import QUANTIZER_NAMES, CorrelationTracker, Encoded, Estimator, make_estimator
-from rpsagg._estimators import DecodeResult
-from rpsagg._quantize import dequantize
+from rpsagg import (
+    QUANTIZER_NAMES,
+    CorrelationTracker,
+    DecodeResult,
+    Encoded,
+    Estimator,
+    make_estimator,
+)
+from rpsagg.quantize import dequantize
 from rpsagg.spec import derive_round_seed
 from rpsagg_wire.v1.serde import Submission, VectorPayload
 
@@ -91,7 +97,7 @@ class DecodeOutcome:
 
 
 def codebook_for(scheme: str) -> str:
-    """The code book of a scheme's quantized values (``rpsagg._quantize.CODEBOOKS``)."""
+    """The code book of a scheme's quantized values (``rpsagg.quantize.CODEBOOKS``)."""
     return scheme if scheme in ("eden", "qsgd") else "uniform"
 
 

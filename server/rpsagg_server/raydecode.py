@@ -6,7 +6,7 @@ estimates. The fan-out:
 
 * Rand-Proj-Spatial (one joint system per vector): one task per vector of the round.
 * Blockwise Rand-Proj-Spatial: one task per group of consecutive blocks per vector, each
-  running :meth:`~rpsagg._blockwise.BlockwiseRandProjSpatial.decode_blocks`, the same code
+  running :meth:`~rpsagg.BlockwiseRandProjSpatial.decode_blocks`, the same code
   as the local decode, with the betas computed once on the server (cached there), so the
   estimate equals the local decode bit for bit.
 
@@ -27,8 +27,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from rpsagg import Encoded, Estimator
-from rpsagg._estimators import DecodeResult, RandProjSpatial
+from rpsagg import DecodeResult, Encoded, Estimator, RandProjSpatial
 
 FloatArray = NDArray[np.float64]
 
@@ -74,7 +73,7 @@ def _task(
     betas: dict[int, float] | float,
 ) -> tuple[FloatArray, Any, float]:
     """Body of a Ray task: blocks ``first .. stop-1`` of vector ``j`` (or the whole vector)."""
-    from rpsagg._blockwise import BlockwiseRandProjSpatial
+    from rpsagg import BlockwiseRandProjSpatial
 
     batch = payload.batch(j)
     if isinstance(estimator, BlockwiseRandProjSpatial):
@@ -116,7 +115,7 @@ def decode_vectors(estimator: Estimator, batches: list[list[Encoded]]) -> list[D
     """
     import ray
 
-    from rpsagg._blockwise import BlockwiseRandProjSpatial
+    from rpsagg import BlockwiseRandProjSpatial
 
     if not isinstance(estimator, RandProjSpatial | BlockwiseRandProjSpatial):
         raise ValueError(f"the Ray backend decodes rand-proj-spatial, not {estimator.name}")

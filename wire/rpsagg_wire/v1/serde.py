@@ -18,7 +18,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 from numpy.typing import NDArray
 
-from rpsagg._quantize import pack_codes, packed_size, unpack_codes
+from rpsagg.quantize import pack_codes, packed_size, unpack_codes
 from rpsagg_wire.v1 import aggregation_pb2 as pb
 
 SERVICE = "rpsagg.v1.Aggregation"
@@ -102,7 +102,7 @@ class VectorPayload:
 
     A quantized vector (``value_bits < 32``) has empty ``values`` and carries ``codes``
     (uint32, each ``< 2^value_bits``) and ``scale``; the decoder turns them into values with
-    its scheme's code book (``rpsagg._quantize.dequantize``).
+    its scheme's code book (``rpsagg.quantize.dequantize``).
     """
 
     values: NDArray[np.float32]

@@ -1,0 +1,36 @@
+"""The seeded projections a client applies, and their joint operators on the server.
+
+A client's message is ``G x`` for a seeded ``k x d'`` projection G: the Subsampled
+Randomized Hadamard Transform (:func:`srht_encode`, d' a power of two) or the subsampled
+randomized DCT (:func:`dct_encode`, any d). The server stacks the clients' projections into
+``A = [G_1; ...; G_n]`` (:class:`JointSRHT`, :class:`JointDCT`), which the joint decode
+(:mod:`rpsagg.linalg`) applies matrix-free. The dense matrices (:func:`srht_matrix`,
+:func:`dct_matrix`) are for tests and interoperability only.
+
+Examples
+--------
+>>> import numpy as np
+>>> from rpsagg.projections import srht_encode, srht_matrix
+>>> x = np.arange(16, dtype=np.float64)
+>>> bool(np.allclose(srht_encode(x, seed=7, k=4), srht_matrix(7, 4, 16) @ x))
+True
+"""
+
+from rpsagg._dct import JointDCT, dct_encode, dct_matrix
+from rpsagg._fwht import BACKEND as FWHT_BACKEND
+from rpsagg._fwht import fwht
+from rpsagg._projection import PROJECTIONS, round_encoding
+from rpsagg._srht import JointSRHT, srht_encode, srht_matrix
+
+__all__ = [
+    "FWHT_BACKEND",
+    "PROJECTIONS",
+    "JointDCT",
+    "JointSRHT",
+    "dct_encode",
+    "dct_matrix",
+    "fwht",
+    "round_encoding",
+    "srht_encode",
+    "srht_matrix",
+]
