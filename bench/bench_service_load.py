@@ -25,8 +25,6 @@ import asyncio
 import os
 import secrets
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,6 +35,7 @@ import numpy as np
 
 from rpsagg import make_estimator
 from rpsagg.spec import derive_round_seed
+from rpsagg_server.launch import ServerExited, ServerProcess
 from rpsagg_server.store import Store
 from rpsagg_wire.v1 import serde
 from rpsagg_wire.v1.serde import (
@@ -77,23 +76,26 @@ async def run_once(n: int, k: int, d: int, channels_n: int, profile: str | None,
     """
     work = Path(tempfile.mkdtemp(prefix="rpsagg-load-"))
     db = db_path or str(work / "load.db")
-    port_file = work / "port"
     prefix = (["py-spy", "record", "--format", "raw", "--rate", "1000", "--nonblocking",
                "--threads",
                "-o", profile, "--"] if profile else [])
-    # transform one: c = 0 and beta is exact, so no Monte Carlo in the way
-    server = subprocess.Popen([
-        *prefix, sys.executable, "-m", "rpsagg_server.server", "--insecure", "--host",
+    # transform one: c = 0 and beta is exact, so no Monte Carlo in the way. Under py-spy the
+    # server is py-spy's child: SIGINT (py-spy writes the profile) to the whole group.
+    server = ServerProcess([
+        "--insecure", "--host",
         "127.0.0.1", "--grpc-port", "0", "--http-port", "0", "--n", str(n), "--k", str(k),
         "--d", str(d), "--task", "mean", "--rounds", "1", "--round-timeout", "600",
-        "--db", db, "--transform", "one", "--linger", "-1", "--port-file", str(port_file),
-    ], env=dict(os.environ, RPSAGG_LOG_LEVEL="WARNING"))
-    while not port_file.exists():
-        if server.poll() is not None:
-            raise SystemExit("server failed to start")
-        await asyncio.sleep(0.05)
-    port = int(port_file.read_text())
-    pid = server.pid if not profile else None
+        "--db", db, "--transform", "one", "--linger", "-1",
+    ], work / "port", env=dict(os.environ, RPSAGG_LOG_LEVEL="WARNING"), prefix=prefix,
+        start_timeout=120, stop_signal=signal.SIGINT if profile else signal.SIGTERM,
+        own_group=bool(profile))
+    try:
+        await asyncio.to_thread(server.start)
+    except (ServerExited, TimeoutError) as exc:
+        raise SystemExit(f"server failed to start: {exc}") from None
+    port = server.port
+    assert server.proc is not None
+    pid = server.proc.pid if not profile else None
     try:
         opts = [("grpc.max_receive_message_length", 64 << 20)]
         channels = [grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=opts)
@@ -145,8 +147,7 @@ async def run_once(n: int, k: int, d: int, channels_n: int, profile: str | None,
         for ch in channels:
             await ch.close()
     finally:
-        server.send_signal(signal.SIGINT if profile else signal.SIGTERM)
-        server.wait(30)
+        server.stop()
     store = Store(db)
     committed = len(store.submissions(rnd.round_id))
     store.close()

@@ -56,6 +56,7 @@ import grpc
 import numpy as np
 
 from rpsagg_client import AggregationClient
+from rpsagg_server.launch import ServerExited, ServerProcess, stop_processes
 from rpsagg_wire.v1 import serde
 
 FAULTS = ("client-kill", "server-kill", "stall", "lock-storm")
@@ -145,22 +146,20 @@ class Chaos:
     # processes
     def start_server(self) -> None:
         self.starts += 1
-        port_file = self.work / f"port-{self.starts}"
         a = self.args
-        self.server = subprocess.Popen([
-            sys.executable, "-m", "rpsagg_server.server", "--insecure", "--host", "127.0.0.1",
+        server = ServerProcess([
+            "--insecure", "--host", "127.0.0.1",
             "--grpc-port", str(self.port), "--http-port", "0", "--n", str(a.clients),
             "--k", str(a.k), "--d", str(a.d), "--task", "mean", "--rounds", str(a.rounds),
             "--round-timeout", str(a.round_timeout), "--min-clients", "1",
             "--transform", a.transform, "--db", str(self.db), "--linger", "-1",
-            "--port-file", str(port_file),
-        ], stdout=self.log, stderr=self.log)
-        end = time.monotonic() + 60
-        while not port_file.exists():
-            if self.server.poll() is not None or time.monotonic() > end:
-                raise SystemExit(f"server start {self.starts} failed; see {self.work}/server.log")
-            time.sleep(0.05)
-        self.port = int(port_file.read_text())
+        ], self.work / f"port-{self.starts}", stdout=self.log, stderr=self.log)
+        try:
+            server.start()
+        except (ServerExited, TimeoutError):
+            raise SystemExit(
+                f"server start {self.starts} failed; see {self.work}/server.log") from None
+        self.server, self.port = server.proc, server.port
 
     def start_client(self, cid: str) -> None:
         self.clients[cid] = subprocess.Popen(
@@ -329,24 +328,10 @@ class Chaos:
             print(f"    - {v}")
 
     def close(self) -> None:
-        procs = [*self.clients.values()] + ([self.server] if self.server else [])
-        for p in procs:
-            if p.poll() is None:
-                _terminate(p)
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        # SIGCONT first (a stalled server cannot act on SIGTERM), SIGKILL after 10 s
+        stop_processes([*self.clients.values()] + ([self.server] if self.server else []),
+                       grace=10.0)
         self.log.close()
-
-
-def _terminate(p: subprocess.Popen[bytes]) -> None:
-    try:
-        os.kill(p.pid, signal.SIGCONT)  # a stopped server cannot handle SIGTERM
-        p.terminate()
-    except ProcessLookupError:
-        pass
 
 
 def main() -> int:

@@ -1,19 +1,17 @@
-"""Helpers for the service tests: certificates, in-process servers, server subprocesses."""
+"""Helpers for the service tests: certificates, in-process servers, server subprocesses
+(through the launcher, :mod:`rpsagg_server.launch`)."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
 import ipaddress
-import os
 import shutil
-import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -23,11 +21,22 @@ import pytest
 from rpsagg import make_estimator
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.decoding import messages
+from rpsagg_server.launch import (
+    PY,
+    LocalJob,
+    ServerProcess,
+    client_command,
+    kill_processes,
+    server_command,
+    wait_port_file,
+)
 from rpsagg_server.server import RunningServer, create_server
 from rpsagg_server.store import Store
 from rpsagg_wire.v1 import serde
 
-PY = sys.executable
+# the launcher's helpers, under the names the service tests use
+__all__ = ["PY", "client_command", "kill_all", "server_command", "wait_port_file"]
+kill_all = kill_processes
 
 
 @dataclass(frozen=True)
@@ -132,38 +141,6 @@ def in_process_server(cfg: ServerConfig) -> Iterator[InProcessServer]:
         srv.stop()
 
 
-def server_command(args: Sequence[str]) -> list[str]:
-    """The argv that runs ``rpsagg-server`` with ``args``."""
-    return [PY, "-m", "rpsagg_server.server", *args]
-
-
-def client_command(args: Sequence[str]) -> list[str]:
-    """The argv that runs ``rpsagg-client`` with ``args``."""
-    return [PY, "-m", "rpsagg_client.cli", *args]
-
-
-def wait_port_file(path: Path, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> int:
-    """Wait until a server subprocess wrote its port; fails if it died."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if path.exists():
-            return int(path.read_text())
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        time.sleep(0.05)
-    raise TimeoutError("server did not report its port")
-
-
-def kill_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
-    """SIGKILL every process still running and reap it."""
-    for p in procs:
-        if p.poll() is None:
-            os.kill(p.pid, signal.SIGKILL)
-    for p in procs:
-        with suppress(subprocess.TimeoutExpired):
-            p.wait(10)
-
-
 def wait_all_exit_cleanly(
     server: subprocess.Popen[bytes], clients: Sequence[subprocess.Popen[bytes]]
 ) -> None:
@@ -182,24 +159,22 @@ def run_local_job(tmp_path: Path, n: int, k: int, d: int, rounds: int, data_r: f
     exited with status 0 and return the database path. Processes are killed on failure.
     """
     db = tmp_path / "job.db"
-    port_file = tmp_path / "port"
-    procs: list[subprocess.Popen[bytes]] = []
+    server = ServerProcess([
+        "--insecure", "--host", "127.0.0.1", "--grpc-port", "0", "--http-port", "0",
+        "--n", str(n), "--k", str(k), "--d", str(d), "--task", "mean",
+        "--data-r", str(data_r), "--rounds", str(rounds), "--round-timeout", "120",
+        "--db", str(db), "--linger", "0", *extra,
+    ], tmp_path / "port", env=env, stderr=subprocess.PIPE)
+    job = LocalJob(server)
     try:
-        server = subprocess.Popen(server_command([
-            "--insecure", "--host", "127.0.0.1", "--grpc-port", "0", "--http-port", "0",
-            "--n", str(n), "--k", str(k), "--d", str(d), "--task", "mean",
-            "--data-r", str(data_r), "--rounds", str(rounds), "--round-timeout", "120",
-            "--db", str(db), "--linger", "0", "--port-file", str(port_file), *extra,
-        ]), stderr=subprocess.PIPE, env=env)
-        procs.append(server)
-        port = wait_port_file(port_file, server)
-        for i in range(n):
-            procs.append(subprocess.Popen(client_command([
-                "--server", f"127.0.0.1:{port}", "--client-id", f"client-{i}", "--insecure",
-            ]), stderr=subprocess.PIPE))
-        wait_all_exit_cleanly(server, procs[1:])
+        with job:
+            for i in range(n):
+                job.start_client(["--server", job.target, "--client-id", f"client-{i}",
+                                  "--insecure"], stderr=subprocess.PIPE)
+            assert server.proc is not None
+            wait_all_exit_cleanly(server.proc, job.clients)
     finally:
-        kill_all(procs)
+        job.kill()
     return str(db)
 
 

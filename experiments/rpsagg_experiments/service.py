@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -39,6 +39,7 @@ from rpsagg_experiments.optimization import (
     run_shards,
 )
 from rpsagg_experiments.runtime import write_csv
+from rpsagg_server.launch import LocalJob, ServerProcess
 
 
 @dataclass
@@ -48,17 +49,6 @@ class ServiceRun:
     service: Trace
     replay: Trace
     seconds: float
-
-
-def _wait_for(path: Path, proc: subprocess.Popen[bytes], timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists():
-            return path.read_text().strip()
-        if proc.poll() is not None:
-            raise RuntimeError(f"rpsagg-server exited with {proc.returncode}")
-        time.sleep(0.05)
-    raise TimeoutError(f"rpsagg-server did not write {path} within {timeout} s")
 
 
 #: Task parameter -> ``rpsagg-server`` flag (integers where the server wants them).
@@ -83,47 +73,36 @@ def server_flags(params: dict[str, float]) -> list[str]:
 def service_job(job: Job, workdir: Path, timeout: float = 600.0) -> ServiceRun:
     """Run ``job`` through the service and replay it in-process."""
     name, transform = LINEUP[job.estimator]
-    port_file = workdir / "port"
-    server_cmd = [
-        sys.executable, "-m", "rpsagg_server.server", "--insecure", "--host", "127.0.0.1",
-        "--grpc-port", "0", "--http-port", "0", "--port-file", str(port_file),
+    server_args = [
+        "--insecure", "--host", "127.0.0.1", "--grpc-port", "0", "--http-port", "0",
         "--db", ":memory:", "--n", str(job.n), "--k", str(job.k), "--d", str(DIM[job.task]),
         "--estimator", name, "--transform", transform, "--task", job.task,
         "--rounds", str(job.iterations), "--seed", str(initial_seed(job.run)),
         "--round-timeout", str(timeout), "--min-clients", str(job.n), "--linger", "5",
     ]
-    server_cmd += server_flags({**PARAMS[job.task], **dict(job.task_params)})
+    server_args += server_flags({**PARAMS[job.task], **dict(job.task_params)})
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     start = time.perf_counter()
-    logs = (workdir / "server.log").open("wb")
-    server = subprocess.Popen(server_cmd, stdout=logs, stderr=subprocess.STDOUT, env=env)
-    clients: list[subprocess.Popen[bytes]] = []
-    try:
-        port = _wait_for(port_file, server, 60.0)
-        for i in range(job.n):
-            cmd = [
-                sys.executable, "-m", "rpsagg_experiments.service_client",
-                "--server", f"127.0.0.1:{port}", "--client-id", client_name(i),
-                "--task", job.task, "--split", job.split, "--n", str(job.n),
-                "--k", str(job.k), "--run", str(job.run), "--out", str(workdir / f"c{i}.json"),
-            ]
-            if job.data_path:
-                cmd += ["--data-path", job.data_path]
-            out = (workdir / f"c{i}.log").open("wb")
-            clients.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env))
-        for proc in clients:
-            if proc.wait(timeout=timeout) != 0:
+    with ExitStack() as logs:
+        def log(name: str) -> IO[bytes]:
+            return logs.enter_context((workdir / name).open("wb"))
+
+        server = ServerProcess(server_args, workdir / "port", env=env, stdout=log("server.log"),
+                               stderr=subprocess.STDOUT)
+        with LocalJob(server, client_env=env) as local:
+            for i in range(job.n):
+                cmd = [
+                    "--server", local.target, "--client-id", client_name(i),
+                    "--task", job.task, "--split", job.split, "--n", str(job.n),
+                    "--k", str(job.k), "--run", str(job.run),
+                    "--out", str(workdir / f"c{i}.json"),
+                ]
+                if job.data_path:
+                    cmd += ["--data-path", job.data_path]
+                local.start_client(cmd, module="rpsagg_experiments.service_client",
+                                   stdout=log(f"c{i}.log"), stderr=subprocess.STDOUT)
+            if any(code != 0 for code in local.wait_clients(timeout)):
                 raise RuntimeError(f"a client failed; see {workdir}")
-    finally:
-        for proc in clients:
-            if proc.poll() is None:
-                proc.kill()
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        logs.close()
     seconds = time.perf_counter() - start
     records = [json.loads((workdir / f"c{i}.json").read_text()) for i in range(job.n)]
     ids = [""] * job.n

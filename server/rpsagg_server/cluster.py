@@ -11,12 +11,10 @@ tokens), and says so.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -27,8 +25,7 @@ from pathlib import Path
 import grpc
 
 from rpsagg.tasks.data import FASHION_DIR, FASHION_IMAGES
-
-PY = sys.executable
+from rpsagg_server.launch import LocalJob, ServerExited, ServerProcess
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -127,20 +124,6 @@ class LongWait:
             self._thread = None
 
 
-def _stop(procs: Sequence[subprocess.Popen[bytes]], grace: float = 5.0) -> None:
-    for p in procs:
-        if p.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                p.send_signal(signal.SIGTERM)
-    end = time.monotonic() + grace
-    for p in procs:
-        try:
-            p.wait(max(0.1, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
-
-
 def run(args: argparse.Namespace) -> int:
     """Start the cluster, follow it to the end (or Ctrl-C), stop every process."""
     from rpsagg_client.client import AggregationClient
@@ -154,18 +137,16 @@ def run(args: argparse.Namespace) -> int:
         data = "synthetic"
     workdir = Path(tempfile.mkdtemp(prefix="rpsagg-cluster-"))
     db = args.db or str(workdir / "rpsagg.db")
-    port_file = workdir / "port"
     server_args = [
         "--insecure", "--host", "127.0.0.1", "--grpc-port", str(args.grpc_port),
         "--http-port", str(args.http_port), "--n", str(args.n), "--k", str(args.k),
         "--d", str(args.d), "--task", args.task, "--data", data, "--data-r", str(args.data_r),
         "--estimator", args.estimator, "--transform", args.transform,
         "--rounds", str(args.rounds), "--round-timeout", str(args.round_timeout),
-        "--db", db, "--linger", "1" if args.exit else "-1", "--port-file", str(port_file),
+        "--db", db, "--linger", "1" if args.exit else "-1",
     ] + (["--eval"] if args.eval else [])
     print("[cluster] note: --insecure on loopback (127.0.0.1): no TLS and no tokens; "
           "use --tls-cert/--tls-key/--tokens for anything else.", flush=True)
-    procs: list[subprocess.Popen[bytes]] = []
     interrupted = False
 
     def on_signal(signum: int, frame: object) -> None:
@@ -177,33 +158,34 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     env = dict(os.environ, RPSAGG_LOG_LEVEL=os.environ.get("RPSAGG_LOG_LEVEL", "WARNING"))
     waiting = LongWait(lambda line: print(line, flush=True))
+    # server and clients stay in this process group: a terminal's Ctrl-C reaches them too
+    job = LocalJob(ServerProcess(server_args, workdir / "port", env=env, start_timeout=120,
+                                 stop_grace=5.0), client_env=env)
     try:
-        server = subprocess.Popen([PY, "-m", "rpsagg_server.server", *server_args], env=env)
-        procs.append(server)
-        end = time.monotonic() + 120
         waiting.start("waiting for the server to start")
-        while not port_file.exists():
-            if server.poll() is not None:
-                print(f"[cluster] the server exited with {server.returncode}", file=sys.stderr)
-                return 1
-            if time.monotonic() > end:
-                print("[cluster] the server did not start in 120 s", file=sys.stderr)
-                return 1
-            time.sleep(0.05)
+        try:
+            job.server.start()
+        except ServerExited as exc:
+            print(f"[cluster] the server exited with {exc.returncode}", file=sys.stderr)
+            return 1
+        except TimeoutError:
+            print("[cluster] the server did not start in 120 s", file=sys.stderr)
+            return 1
         waiting.stop()
-        port = int(port_file.read_text())
-        target = f"127.0.0.1:{port}"
+        server = job.server.proc
+        assert server is not None
+        target = job.target
         dash = (f"http://127.0.0.1:{args.http_port}/" if args.http_port else "disabled")
         print(f"[cluster] server on {target}; dashboard: {dash}", flush=True)
         print(f"[cluster] {args.n} clients, task {args.task} on {data}, {args.estimator}"
               f"({args.transform}), k={args.k}, d={args.d}, {args.rounds} rounds, "
               f"eval {'on' if args.eval else 'off'}", flush=True)
         for i in range(args.n):
-            cmd = [PY, "-m", "rpsagg_client.cli", "--quiet", "--server", target, "--client-id",
-                   f"client-{i}", "--insecure", "--data", data]
+            cmd = ["--quiet", "--server", target, "--client-id", f"client-{i}", "--insecure",
+                   "--data", data]
             if args.data_path:
                 cmd += ["--data-path", args.data_path]
-            procs.append(subprocess.Popen(cmd, env=env))
+            job.start_client(cmd)
         # errors relative to ||x_bar||^2 come from the dashboard's API; without a dashboard
         # the gRPC result's absolute squared errors are shown
         relative = bool(args.http_port) and args.eval
@@ -244,8 +226,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"[cluster] done: {_fmt_bytes(total_up)} sent up instead of "
                   f"{_fmt_bytes(total_raw)} raw float32 ({total_raw / total_up:.1f}x less)",
                   flush=True)
-        for p in procs[1:]:
-            p.wait(60)
+        job.wait_clients(60)
         if args.exit:
             server.wait(30)
             return 0
@@ -265,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         waiting.stop()
-        _stop(procs)
+        job.stop()
         if args.db is None:
             shutil.rmtree(workdir, ignore_errors=True)
 
