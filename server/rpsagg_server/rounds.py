@@ -133,6 +133,10 @@ class RoundEngine:
         """``(spec_version, projection, block_size)`` every round announces."""
         return self.progress.encoding
 
+    @encoding.setter
+    def encoding(self, value: tuple[str, str, int]) -> None:
+        self.progress.encoding = value
+
     # -- set-up ----------------------------------------------------------------------------
     def _make_estimator(self, prior: float | None) -> Estimator:
         c = self.cfg
@@ -166,16 +170,16 @@ class RoundEngine:
         elif job_exists:
             projection = "srht" if self.cfg.estimator == "rand-proj-spatial" else ""
         else:
-            projection = self.progress.encoding[1]
-        if projection and projection != self.progress.encoding[1]:
+            projection = self.encoding[1]
+        if projection and projection != self.encoding[1]:
             log.warning("[Engine] job in %s was started with projection %r; keeping it "
                         "(a new job with d=%d would use %r)", self.cfg.db, projection,
-                        self.cfg.d, self.progress.encoding[1])
+                        self.cfg.d, self.encoding[1])
             self.projection = projection
             self._base = self._make_estimator(None)
-            self.progress.encoding = round_encoding(self._base)
+            self.encoding = round_encoding(self._base)
         if saved is None:
-            self.store.put_meta("encoding", json.dumps(list(self.progress.encoding)))
+            self.store.put_meta("encoding", json.dumps(list(self.encoding)))
 
     def _transform_label(self, est: Estimator) -> str:
         tr = getattr(est, "transform", None)
