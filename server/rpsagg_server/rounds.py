@@ -45,7 +45,7 @@ from rpsagg import (
     round_encoding,
 )
 from rpsagg.tasks import Task, make_task
-from rpsagg_server import recovery
+from rpsagg_server import deadline, recovery
 from rpsagg_server.betawarm import BetaWarmup
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.decoding import DecodeOptions, DecodeOutcome, decode_round
@@ -70,11 +70,6 @@ from rpsagg_server.views import JobView, RoundView
 
 log = logging.getLogger("rpsagg.server")
 SPATIAL = ("rand-k-spatial", "rand-proj-spatial")
-# a deadline timer that fires this late means the process was stalled (SIGSTOP, swapping):
-# submissions may be waiting in gRPC's queues, so the close waits until arrivals are quiet
-STALL_SLACK = 0.2
-SETTLE_QUIET = 0.5
-SETTLE_MAX = 10.0
 
 
 class RoundEngine:
@@ -288,30 +283,12 @@ class RoundEngine:
         self.spawn(self.close_round(live, "all clients submitted"))
 
     def arm_deadline(self, live: LiveRound) -> None:
-        """Start the round's deadline timer."""
-        assert live.deadline is not None
-        delay = max(0.0, live.deadline - time.time())
-        loop = asyncio.get_running_loop()
-        live.timer = loop.call_later(delay, lambda: self.spawn(self._deadline(live)))
+        """Start the round's deadline timer (:mod:`~rpsagg_server.deadline`)."""
+        deadline.arm(live, lambda: self.spawn(self._deadline(live)))
 
     async def _deadline(self, live: LiveRound) -> None:
-        """The deadline timer fired. If it fired late, the process was stalled and requests
-        that reached the server before the deadline may still wait in gRPC's queues: keep
-        admitting until no submission has arrived for ``SETTLE_QUIET`` seconds (at most
-        ``SETTLE_MAX``), then close.
-        """
-        assert live.deadline is not None
-        late = time.time() - live.deadline
-        if late > STALL_SLACK and live.state == "collecting":
-            loop = asyncio.get_running_loop()
-            fired = loop.time()
-            log.warning("[Engine] round %d: deadline timer %.1fs late (stalled); admitting "
-                        "submissions already received", live.round_id, late)
-            while loop.time() < fired + SETTLE_MAX:
-                quiet = loop.time() - max(fired, self.intake.last_arrival)
-                if quiet >= SETTLE_QUIET:
-                    break
-                await asyncio.sleep(SETTLE_QUIET - quiet)
+        """The deadline timer fired: close (after settling, if the process was stalled)."""
+        await deadline.settle(live, lambda: self.intake.last_arrival)
         await self.close_round(live, "deadline")
 
     async def close_round(self, live: LiveRound, why: str) -> None:

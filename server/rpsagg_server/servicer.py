@@ -11,7 +11,6 @@ generic deserialization failure gRPC would give.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -23,8 +22,6 @@ from rpsagg_server.events import SubmissionRefused
 from rpsagg_server.live import Rejected, check_client_id
 from rpsagg_server.rounds import RoundEngine
 from rpsagg_wire.v1 import serde
-
-log = logging.getLogger("rpsagg.server")
 
 
 class AggregationServicer:
@@ -52,14 +49,11 @@ class AggregationServicer:
         })
 
     # -- helpers ---------------------------------------------------------------------------
-    def _check_reader(self, context: Any, client_id: str) -> None:
+    def _check_reader(self, client_id: str) -> None:
         """The optional ``client_id`` of a read: well formed, and the token's own."""
         if client_id:
             check_client_id(client_id)
             authorize(client_id)
-
-    async def _abort(self, context: Any, tag: str, exc: Rejected) -> None:
-        await abort(context, tag, exc)
 
     def _parse(self, method: str, raw: bytes) -> Any:
         try:
@@ -76,17 +70,17 @@ class AggregationServicer:
             authorize(req.client_id)
             return await self.engine.membership.join(req.client_id)
         except Rejected as exc:
-            await self._abort(context, "Join", exc)
+            await abort(context, "Join", exc)
             raise AssertionError("unreachable") from None
 
     async def GetRound(self, raw: bytes, context: Any) -> serde.RoundInfo:
         """The current round."""
         try:
             req = self._parse("GetRound", raw)
-            self._check_reader(context, req.client_id)
+            self._check_reader(req.client_id)
             return self.engine.results.round_info(req.client_id)
         except Rejected as exc:
-            await self._abort(context, "GetRound", exc)
+            await abort(context, "GetRound", exc)
             raise AssertionError("unreachable") from None
 
     async def Submit(self, raw: bytes, context: Any) -> serde.SubmitReply:
@@ -98,29 +92,29 @@ class AggregationServicer:
             return await self.engine.intake.submit(sub, arrived)
         except Rejected as exc:
             self.engine.publish(SubmissionRefused(exc.code, exc.message))
-            await self._abort(context, "Submit", exc)
+            await abort(context, "Submit", exc)
             raise AssertionError("unreachable") from None
 
     async def GetResult(self, raw: bytes, context: Any) -> serde.RoundResult:
         """A round's result, optionally waiting for it."""
         try:
             req = self._parse("GetResult", raw)
-            self._check_reader(context, req.client_id)
+            self._check_reader(req.client_id)
             remaining = context.time_remaining()
             timeout = None if remaining is None else max(0.0, remaining - 0.2)
             return await self.engine.results.result(req.round_id, req.wait, timeout,
                                                    req.client_id)
         except Rejected as exc:
-            await self._abort(context, "GetResult", exc)
+            await abort(context, "GetResult", exc)
             raise AssertionError("unreachable") from None
 
     async def WatchRounds(self, raw: bytes, context: Any) -> AsyncIterator[serde.RoundEvent]:
         """Stream round events until the job is done."""
         try:
             req = self._parse("WatchRounds", raw)
-            self._check_reader(context, req.client_id)
+            self._check_reader(req.client_id)
         except Rejected as exc:
-            await self._abort(context, "WatchRounds", exc)
+            await abort(context, "WatchRounds", exc)
             return
         async for ev in self.engine.results.watch(req.client_id):
             yield ev
