@@ -26,11 +26,12 @@ from rpsagg._estimators import (
     DecodeResult,
     Estimator,
     make_estimator,
+    round_encoding,
     wangni_probabilities,
 )
 from rpsagg._fwht import BACKEND as FWHT_BACKEND
 from rpsagg._fwht import fwht
-from rpsagg._projection import PROJECTIONS, round_encoding
+from rpsagg._projection import PROJECTIONS
 from rpsagg._srht import srht_matrix
 from rpsagg.spec import SPEC_VERSION, SPEC_VERSIONS, check_spec_version, padded_dim
 

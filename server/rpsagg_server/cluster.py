@@ -26,6 +26,7 @@ from pathlib import Path
 
 import grpc
 
+from rpsagg._estimators import DEFAULT_ESTIMATOR
 from rpsagg.tasks.data import FASHION_DIR, FASHION_IMAGES
 
 PY = sys.executable
@@ -42,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
                    choices=("synthetic", "fashion-mnist", "ujiindoorloc"))
     p.add_argument("--data-path", default=None)
     p.add_argument("--data-r", type=float, default=0.0, help="synthetic data correlation R")
-    p.add_argument("--estimator", default="rand-proj-spatial")
+    p.add_argument("--estimator", default=DEFAULT_ESTIMATOR)
     p.add_argument("--transform", default="avg")
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--round-timeout", type=float, default=60.0)

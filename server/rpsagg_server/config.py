@@ -17,10 +17,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from rpsagg import ESTIMATOR_NAMES, QUANTIZER_NAMES
-from rpsagg._estimators import QUANTIZABLE
+from rpsagg._estimators import DEFAULT_ESTIMATOR, names_where, scheme_traits
 from rpsagg.tasks import TASKS
 
 SCHEMES = ESTIMATOR_NAMES + QUANTIZER_NAMES
+QUANTIZABLE = names_where(lambda t: t.quantizable)
+BITS_SCHEMES = " and ".join(names_where(lambda t: t.takes_bits))
+PROJECTION_SCHEMES = ", ".join(names_where(lambda t: t.takes_projection))
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,7 @@ class ServerConfig:
     n: int = 10
     k: int = 102
     d: int = 1024
-    estimator: str = "rand-proj-spatial"
+    estimator: str = DEFAULT_ESTIMATOR
     transform: str = "avg"
     value_bits: int = 32
     bits: int = 0
@@ -68,20 +71,21 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if self.estimator not in SCHEMES:
             raise ValueError(f"--estimator must be one of {', '.join(SCHEMES)}")
+        traits = scheme_traits(self.estimator)
         if self.value_bits != 32:
-            if self.estimator not in QUANTIZABLE:
+            if not traits.quantizable:
                 raise ValueError(f"--value-bits applies to {', '.join(QUANTIZABLE)}; "
-                                 f"use --bits for eden and qsgd")
+                                 f"use --bits for {BITS_SCHEMES}")
             if not 1 <= self.value_bits <= 31:
                 raise ValueError(f"--value-bits must be in [1, 32]; got {self.value_bits}")
-        if self.estimator in QUANTIZER_NAMES:
+        if traits.takes_bits:
             from rpsagg import make_estimator
 
             if self.bits == 0:
                 raise ValueError(f"--estimator {self.estimator} needs --bits")
             make_estimator(self.estimator, n=max(self.n, 1), d=max(self.d, 1), bits=self.bits)
         elif self.bits != 0:
-            raise ValueError("--bits applies to eden and qsgd; use --value-bits for "
+            raise ValueError(f"--bits applies to {BITS_SCHEMES}; use --value-bits for "
                              f"{self.estimator}")
         if self.task not in TASKS:
             raise ValueError(f"--task must be one of {', '.join(TASKS)}; got {self.task!r}")
@@ -124,8 +128,8 @@ class ServerConfig:
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError("--tls-client-ca (mTLS) needs --tls-cert and --tls-key")
         if self.decode_device is not None:
-            if self.estimator != "rand-proj-spatial":
-                raise ValueError("--decode-device applies to --estimator rand-proj-spatial")
+            if not traits.takes_projection:
+                raise ValueError(f"--decode-device applies to --estimator {PROJECTION_SCHEMES}")
             try:
                 from rpsagg._torch import resolve_device
             except ImportError as exc:  # pragma: no cover - the test set-up installs torch
@@ -136,8 +140,9 @@ class ServerConfig:
         if self.decode_backend not in ("local", "ray"):
             raise ValueError(f"--decode-backend must be local or ray; got {self.decode_backend!r}")
         if self.decode_backend == "ray":
-            if self.estimator != "rand-proj-spatial":
-                raise ValueError("--decode-backend ray applies to --estimator rand-proj-spatial")
+            if not traits.takes_projection:
+                raise ValueError("--decode-backend ray applies to --estimator "
+                                 f"{PROJECTION_SCHEMES}")
             try:
                 import ray  # noqa: F401
             except ImportError as exc:  # pragma: no cover - the test set-up installs ray

@@ -44,13 +44,9 @@ from typing import NoReturn
 
 import numpy as np
 
-from rpsagg import (
-    QUANTIZER_NAMES,
-    CorrelationTracker,
-    Estimator,
-    make_estimator,
-    round_encoding,
-)
+from rpsagg import CorrelationTracker, Estimator, round_encoding
+from rpsagg._estimators import estimator_from_options
+from rpsagg._wireprofile import WireProfile
 from rpsagg.tasks import Task, make_task
 from rpsagg_server.betawarm import BetaWarmup
 from rpsagg_server.config import ServerConfig
@@ -78,7 +74,6 @@ from rpsagg_wire.v1.serde import (
 )
 
 log = logging.getLogger("rpsagg.server")
-SPATIAL = ("rand-k-spatial", "rand-proj-spatial")
 CONFIG_KEYS = ("n", "k", "d", "estimator", "transform", "task", "eval")
 # a deadline timer that fires this late means the process was stalled (SIGSTOP, swapping):
 # submissions may be waiting in gRPC's queues, so the close waits until arrivals are quiet
@@ -138,17 +133,14 @@ class RoundEngine:
     # -- set-up ----------------------------------------------------------------------------
     def _make_estimator(self, prior: float | None) -> Estimator:
         c = self.cfg
-        if c.estimator in QUANTIZER_NAMES:
-            return make_estimator(c.estimator, n=c.n, d=c.d, bits=c.bits)
-        if c.estimator not in SPATIAL:
-            return make_estimator(c.estimator, n=c.n, k=c.k, d=c.d, value_bits=c.value_bits)
-        transform: str | float = c.transform
-        if transform not in ("avg", "max", "one", "auto"):
-            transform = float(transform)
-        projection = self.projection if c.estimator == "rand-proj-spatial" else "auto"
-        return make_estimator(c.estimator, n=c.n, k=c.k, d=c.d, transform=transform,
-                              prior_r=prior if transform == "auto" else None,
-                              projection=projection, value_bits=c.value_bits)
+        return estimator_from_options(c.estimator, n=c.n, k=c.k, d=c.d, transform=c.transform,
+                                      prior_r=prior, projection=self.projection,
+                                      value_bits=c.value_bits, bits=c.bits)
+
+    @property
+    def wire(self) -> WireProfile:
+        """What the job's clients send (the estimator's wire profile)."""
+        return self._base.wire
 
     def _recover_encoding(self, job_exists: bool) -> None:
         """Keep the projection a job was started with; record it for a new job.
@@ -162,7 +154,7 @@ class RoundEngine:
         if saved is not None:
             projection = str(json.loads(saved)[1])
         elif job_exists:
-            projection = "srht" if self.cfg.estimator == "rand-proj-spatial" else ""
+            projection = "srht" if self.encoding[1] else ""  # the projection before "auto"
         else:
             projection = self.encoding[1]
         if projection and projection != self.encoding[1]:
@@ -426,7 +418,7 @@ class RoundEngine:
         if committed is not None:
             raise self._different(sub)
         check_submission_spec(sub, self.encoding[0], self.encoding[1])
-        validate_submission(sub, self.cfg, self.m)
+        validate_submission(sub, self.cfg, self.m, self._base)
         ops = [op_submission(StoredSubmission(live.round_id, sub.client_id, sub.client_seed,
                                               sub.digest,
                                               serde.encode_submission(sub) if raw is None
