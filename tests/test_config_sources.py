@@ -58,6 +58,17 @@ def test_type_errors_name_the_option_and_its_sources(
     assert str(info.value) == message
 
 
+def test_an_overridden_value_must_still_be_valid(tmp_path: Path) -> None:
+    """A typo stays an error where a higher source happens to override it."""
+    conf = tmp_path / "c.toml"
+    conf.write_text('insecure = true\nk = "x"\n')
+    with pytest.raises(ValueError, match="config key k\\) must be an integer; got 'x'"):
+        load_config([], env={"RPSAGG_K": "5", "RPSAGG_CONFIG": str(conf)})
+    with pytest.raises(ValueError) as info:
+        load_config(["--insecure", "--k", "4"], env={"RPSAGG_K": "many"})
+    assert str(info.value) == "--k (RPSAGG_K or config key k) must be an integer; got 'many'"
+
+
 def test_config_file_errors(tmp_path: Path) -> None:
     conf = tmp_path / "c.toml"
     conf.write_text("insecure = true\nround-timout = 3\n")

@@ -3,9 +3,9 @@
 Everything outside the registry asks an estimator what it sends (``Estimator.wire``) or the
 registry what a scheme is (``rpsagg._estimators.scheme_traits``); a string literal naming a
 scheme anywhere else is a scheme-name match in disguise. The scan is an AST walk over the
-sources of the four packages in this repository, so docstrings and comments that mention a scheme in prose do
-not count, while ``"rand-k"``, ``"rand-proj-spatial:dct"`` and the constant head of
-``f"rand-proj-spatial:block={b}"`` do.
+sources of the four packages in this repository, so docstrings and comments that mention a
+scheme in prose do not count, while ``"rand-k"``, ``"rand-proj-spatial:dct"`` and the
+constant head of ``f"rand-proj-spatial:block={b}"`` do.
 """
 
 from __future__ import annotations

@@ -327,6 +327,26 @@ class _ConfigFile(TomlConfigSettingsSource):
         return out
 
 
+class _Checked(PydanticBaseSettingsSource):
+    """Every value of ``source`` must convert to its field's type, whether a source above
+    overrides it or not (``RPSAGG_K=many`` is an error even with ``--k 4``)."""
+
+    def __init__(self, source: PydanticBaseSettingsSource) -> None:
+        super().__init__(source.settings_cls)
+        self.source = source
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self.source.get_field_value(field, field_name)
+
+    def __call__(self) -> dict[str, Any]:
+        values = self.source()
+        try:
+            _Settings.model_validate(values)  # validation only: no sources are read
+        except ValidationError as exc:
+            raise _type_error(exc) from None
+        return values
+
+
 def _type_error(exc: ValidationError) -> ValueError:
     """The first conversion error, as the one line the command prints."""
     err = exc.errors()[0]
@@ -362,9 +382,9 @@ def load_config(
             file_secret_settings: PydanticBaseSettingsSource,
         ) -> tuple[PydanticBaseSettingsSource, ...]:
             sources: list[PydanticBaseSettingsSource] = [
-                init_settings, _Environment(settings_cls, environ)]
+                init_settings, _Checked(_Environment(settings_cls, environ))]
             if config_path:
-                sources.append(_ConfigFile(settings_cls, toml_file=Path(config_path)))
+                sources.append(_Checked(_ConfigFile(settings_cls, toml_file=Path(config_path))))
             return tuple(sources)
 
     try:
