@@ -175,7 +175,8 @@ class WireProfile:
             if not (math.isfinite(payload.scale) and payload.scale >= 0):
                 raise ValueError(f"{what}.scale must be finite and >= 0; got {payload.scale}")
             try:
-                values = self.values_of(payload)
+                with np.errstate(over="ignore"):  # an overflow is reported below
+                    values = self.values_of(payload)
             except ValueError as exc:
                 raise ValueError(f"{what}: {exc}") from None
             if not np.all(np.isfinite(values)):
