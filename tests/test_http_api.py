@@ -328,6 +328,8 @@ def test_metrics_started_late_agree_with_the_state_counters(harness: Harness) ->
         "submissions_total:ok"] == N
     assert m[("rpsagg_bytes_received_total", ())] == counters["bytes_received_total:wire"]
     assert m[("rpsagg_rounds_total", (("state", "done"),))] == 1
+    # one ledger: the decode histogram of an app created late holds the earlier decodes too
+    assert m[("rpsagg_decode_seconds_count", ())] == counters["decode_count"] == 1
 
 
 def test_each_app_has_its_own_registry(harness: Harness) -> None:

@@ -155,3 +155,43 @@ def test_status_shows_booleans_never_paths(certs: tuple[Certs, str], tmp_path: P
     plain = base_config().public_dict()
     assert (plain["tls"], plain["mtls"], plain["tokens"], plain["persistent_db"]) == (
         False, False, False, False)
+
+
+def test_token_check_covers_every_aggregation_call_but_not_health(
+    certs: tuple[Certs, str]
+) -> None:
+    """The interceptor refuses each Aggregation method without a token (Submit counted as a
+    refused submission), while the health service stays open for probes."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    c, tokens = certs
+    with in_process_server(_tls_cfg(c, tokens)) as srv:
+        target = f"localhost:{srv.port}"
+        creds = grpc.ssl_channel_credentials(Path(c.ca).read_bytes())
+        with grpc.secure_channel(target, creds) as ch:
+            health = health_pb2_grpc.HealthStub(ch)
+            reply = health.Check(health_pb2.HealthCheckRequest(service=serde.SERVICE),
+                                 timeout=10)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            calls = {
+                "GetRound": serde.GetRoundRequest(),
+                "GetResult": serde.GetResultRequest(round_id=1),
+                "Submit": serde.Submission(round_id=1, client_id="c0", client_seed=1,
+                                           vectors=()),
+            }
+            for method, request in calls.items():
+                call = ch.unary_unary(serde.method_path(method),
+                                      request_serializer=serde.serializer(method),
+                                      response_deserializer=serde.deserializer(method))
+                with pytest.raises(grpc.RpcError) as info:
+                    call(request, timeout=10)
+                assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED, method
+            watch = ch.unary_stream(serde.method_path("WatchRounds"),
+                                    request_serializer=serde.serializer("WatchRounds"),
+                                    response_deserializer=serde.deserializer("WatchRounds"))
+            with pytest.raises(grpc.RpcError) as info:
+                list(watch(serde.WatchRequest(), timeout=10))
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        counters = srv.running.state.counters()
+        assert counters.get("submissions_total:UNAUTHENTICATED") == 1
+        assert "submissions_total:ok" not in counters

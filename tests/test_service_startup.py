@@ -23,7 +23,7 @@ import pytest
 from service_util import Certs, kill_all, make_certs, server_command, wait_port_file
 
 from rpsagg_server.startup import StartupError, bind_http_sockets
-from rpsagg_server.store import Store, op_meta
+from rpsagg_server.store import Store
 
 JOB = ["--n", "2", "--k", "4", "--d", "16", "--task", "mean", "--rounds", "1"]
 
@@ -136,7 +136,7 @@ def test_a_truncated_rpsagg_database(tmp_path: Path) -> None:
     """An rpsagg database cut in half (a bad copy) is reported, not a traceback."""
     db = tmp_path / "job.db"
     store = Store(str(db))
-    store.write_sync([op_meta("filler", "x" * 100_000)])
+    store.put_meta("filler", "x" * 100_000)
     store.close()
     with sqlite3.connect(db) as conn:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -164,7 +164,7 @@ def test_a_database_of_a_job_with_other_settings(tmp_path: Path) -> None:
     store = Store(str(db))
     other = {"n": 3, "k": 4, "d": 16, "estimator": "rand-proj-spatial", "transform": "avg",
              "task": "mean", "eval": False}
-    store.write_sync([op_meta("config", json.dumps(other))])
+    store.put_meta("config", json.dumps(other))
     store.close()
     status, err = run_server([*JOB, "--insecure", "--db", str(db), "--grpc-port", "0",
                               "--http-port", "0"])

@@ -203,12 +203,14 @@ class AggregationClient:
             enc = est.encode(x, derive_round_seed(seed, rnd.nonce, self.client_id, j))
             ref = x if rnd.eval else None
             if enc.codes is None or enc.scales is None:
-                payloads.append(VectorPayload(enc.values, enc.indices, ref))
+                payloads.append(VectorPayload(values=enc.values, indices=enc.indices,
+                                              reference=ref))
             else:
-                payloads.append(VectorPayload(np.empty(0, np.float32), enc.indices, ref,
-                                              enc.codes, enc.value_bits, float(enc.scales[0])))
-        return Submission(rnd.round_id, self.client_id, seed, tuple(payloads),
-                          spec_version=SPEC_VERSION)
+                payloads.append(VectorPayload(
+                    values=np.empty(0, np.float32), indices=enc.indices, reference=ref,
+                    codes=enc.codes, value_bits=enc.value_bits, scale=float(enc.scales[0])))
+        return Submission(round_id=rnd.round_id, client_id=self.client_id, client_seed=seed,
+                          vectors=tuple(payloads), spec_version=SPEC_VERSION)
 
     def estimator_for(self, rnd: RoundInfo) -> Estimator:
         """The encoder ``rnd`` announces (scheme, projection, block size, spec version).

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rpsagg_server.state import ClientView, RoundView
+    from rpsagg_server.views import ClientView, RoundView
 
 
 @dataclass(frozen=True)

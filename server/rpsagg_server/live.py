@@ -14,8 +14,8 @@ from rpsagg import SPEC_VERSIONS, Estimator, check_spec_version
 from rpsagg.spec import SpecTooOld, UnknownSpecVersion
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.decoding import DecodeOutcome
-from rpsagg_server.state import Arrival, EvalErrors, RoundView
-from rpsagg_server.store import StoredRound
+from rpsagg_server.rows import StoredRound
+from rpsagg_server.views import Arrival, EvalErrors, RoundView
 from rpsagg_wire.v1.serde import Submission
 
 FloatArray = NDArray[np.float64]
@@ -148,11 +148,14 @@ class LiveRound:
                         shape=list(o.estimate.shape))
         gs = np.ascontiguousarray(self.global_state, dtype="<f8")
         return StoredRound(
-            self.round_id, self.nonce, self.state, self.reason, self.task_step, self.transform,
-            self.r_prior, gs.tobytes(), tuple(gs.shape), self.opened_at, info,
-            None if o is None else np.ascontiguousarray(o.estimate, dtype="<f8").tobytes(),
-            None if self.next_state is None
-            else np.ascontiguousarray(self.next_state, dtype="<f8").tobytes(),
+            round_id=self.round_id, nonce=self.nonce, state=self.state, reason=self.reason,
+            task_step=self.task_step, transform=self.transform, r_prior=self.r_prior,
+            global_state=gs.tobytes(), global_shape=tuple(gs.shape), opened_at=self.opened_at,
+            info=info,
+            estimate=(None if o is None
+                      else np.ascontiguousarray(o.estimate, dtype="<f8").tobytes()),
+            next_state=(None if self.next_state is None
+                        else np.ascontiguousarray(self.next_state, dtype="<f8").tobytes()),
         )
 
     @classmethod
@@ -160,9 +163,11 @@ class LiveRound:
         """Rebuild a round from its row (submissions are loaded separately)."""
         gs = np.frombuffer(r.global_state, dtype="<f8").astype(np.float64).reshape(r.global_shape)
         info = r.info
-        live = cls(r.round_id, r.nonce, r.task_step, r.transform, r.r_prior, gs, r.opened_at,
-                   r.state, r.reason, info.get("first_at"), info.get("deadline"),
-                   info.get("closed_at"), info.get("finished_at"))
+        live = cls(round_id=r.round_id, nonce=r.nonce, task_step=r.task_step,
+                   transform=r.transform, r_prior=r.r_prior, global_state=gs,
+                   opened_at=r.opened_at, state=r.state, reason=r.reason,
+                   first_at=info.get("first_at"), deadline=info.get("deadline"),
+                   closed_at=info.get("closed_at"), finished_at=info.get("finished_at"))
         live.archived = info.get("archived", {})
         if r.next_state is not None:
             live.next_state = np.frombuffer(r.next_state, dtype="<f8").astype(

@@ -26,10 +26,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from rpsagg._wireprofile import WireProfile
+from rpsagg_server.auth import TokenBook, TokenInterceptor
 from rpsagg_server.config import ServerConfig, load_config
+from rpsagg_server.events import EventBus, SubmissionRefused
 from rpsagg_server.http import create_app
+from rpsagg_server.live import Rejected
 from rpsagg_server.rounds import RoundEngine
-from rpsagg_server.servicer import AggregationServicer, TokenBook
+from rpsagg_server.servicer import AggregationServicer
 from rpsagg_server.startup import (
     StartupError,
     bind_http_sockets,
@@ -83,7 +86,7 @@ class RunningServer:
         finish; new ones are refused) and close the database."""
         self.serving = False
         await self.health.enter_graceful_shutdown()
-        self.engine.end_watches()
+        self.engine.results.end_watches()
         await asyncio.sleep(0)  # let the streams finish
         await self.grpc_server.stop(grace)
         await self.engine.close()
@@ -125,17 +128,23 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
     except sqlite3.Error as exc:
         raise StartupError(f"--db {cfg.db}: cannot open it ({exc})") from None
     try:
+        # one bus: the read model, the metrics ledger, the engine's watchers and the task
+        # monitor subscribe to the engine's domain events
+        bus = EventBus()
         state = ServerState(cfg.public_dict())
-        engine = RoundEngine(cfg, store, state)
-        monitor = TaskMonitor(cfg, engine.task, state)
-        engine.done_hooks.append(monitor.on_round)
+        bus.subscribe(state.apply)
+        bus.subscribe(state.ledger.observe)
+        engine = RoundEngine(cfg, store, bus)
+        monitor = TaskMonitor(cfg, engine.task, bus.publish)
+        bus.subscribe(monitor.observe)
         limit = max_request_bytes(cfg, engine.m, engine.wire)
-        server = grpc.aio.server(options=[
+        interceptors = [] if tokens is None else [TokenInterceptor(tokens, _count_refusal(bus))]
+        server = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", 256 * 1024 * 1024),
             ("grpc.so_reuseport", 0),  # a second server on the same port is an error
         ])
-        server.add_generic_rpc_handlers((AggregationServicer(engine, tokens).generic_handler(),))
+        server.add_generic_rpc_handlers((AggregationServicer(engine).generic_handler(),))
         health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         address = f"{cfg.host}:{cfg.grpc_port}"
@@ -161,21 +170,28 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
         store.close()
         raise
     # where the task starts (round 0), then rounds finished before a restart, again
-    engine._spawn(monitor.on_round(0, engine.task.initial_state(cfg.seed)))
-    for rid in sorted(engine.results):
-        res = engine.results[rid]
+    monitor.measure_later(0, engine.task.initial_state(cfg.seed))
+    for rid, res in sorted(engine.results.results.items()):
         if res.state == "done" and res.global_state is not None:
-            engine._spawn(monitor.on_round(rid, res.global_state))
+            monitor.measure_later(rid, res.global_state)
     await server.start()
     for name in ("", serde.SERVICE):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("[Server] listening on %s:%d (%s), max request %d bytes", cfg.host, port,
              "TLS" if creds else "insecure", limit)
     running = RunningServer(server, engine, state, store, health, port, task_monitor=monitor)
-    state._add_check("database", store.writable)  # the last transaction (or heartbeat) committed
-    state._add_check("grpc", lambda: running.serving)
-    state._add_check("beta", engine.beta.ready.is_set)
+    state.add_check("database", store.writable)  # the last transaction (or heartbeat) committed
+    state.add_check("grpc", lambda: running.serving)
+    state.add_check("beta", engine.beta.ready.is_set)
     return running, port
+
+
+def _count_refusal(bus: EventBus) -> Callable[[str, Rejected], None]:
+    """The interceptor's refusals of Submit calls, as events (the metrics count them)."""
+    def refused(method: str, exc: Rejected) -> None:
+        if method == "Submit":
+            bus.publish(SubmissionRefused(exc.code, exc.message))
+    return refused
 
 
 def start_http(app: Any, sockets: list[socket.socket]) -> tuple[Any, asyncio.Future[None]]:
@@ -244,11 +260,11 @@ async def serve(
         engine = running.engine
         await engine.done_event.wait()
         started = time.monotonic()
-        if await engine.drain(cfg.drain):
+        if await engine.results.drain(cfg.drain):
             log.info("[Server] job end drained: all %d joined clients were told (%.1f s)",
                      len(engine.clients), time.monotonic() - started)
         else:
-            missing = engine.undrained()
+            missing = engine.results.undrained()
             log.warning("[Server] job end: drain bound of %.1f s passed; %d joined client(s) "
                         "were not told: %s", cfg.drain, len(missing),
                         ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else ""))

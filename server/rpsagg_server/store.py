@@ -18,61 +18,12 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from rpsagg_server.rows import SCHEMA, StoredRound, StoredSubmission
+
+__all__ = ["Store", "StoredRound", "StoredSubmission", "WriteError", "describe"]
 log = logging.getLogger("rpsagg.server")
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS clients (
-    client_id TEXT PRIMARY KEY, idx INTEGER NOT NULL UNIQUE, joined_at REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS rounds (
-    round_id INTEGER PRIMARY KEY, nonce TEXT NOT NULL, state TEXT NOT NULL,
-    reason TEXT NOT NULL DEFAULT '', task_step INTEGER NOT NULL, transform TEXT NOT NULL,
-    r_prior REAL, global_state BLOB NOT NULL, global_shape TEXT NOT NULL,
-    opened_at REAL NOT NULL, info TEXT NOT NULL DEFAULT '{}',
-    estimate BLOB, next_state BLOB);
-CREATE TABLE IF NOT EXISTS submissions (
-    round_id INTEGER NOT NULL, client_id TEXT NOT NULL, client_seed TEXT NOT NULL,
-    digest BLOB NOT NULL, payload BLOB NOT NULL, received_at REAL NOT NULL,
-    PRIMARY KEY (round_id, client_id));
-"""
-
-
-@dataclass(frozen=True)
-class StoredRound:
-    """A round row as stored (``info`` holds timestamps, metrics and eval errors)."""
-
-    round_id: int
-    nonce: int
-    state: str
-    reason: str
-    task_step: int
-    transform: str
-    r_prior: float | None
-    global_state: bytes
-    global_shape: tuple[int, ...]
-    opened_at: float
-    info: dict[str, Any]
-    estimate: bytes | None
-    next_state: bytes | None
-
-
-@dataclass(frozen=True)
-class StoredSubmission:
-    """A committed submission: its request bytes (as received; ``digest`` is the SHA-256 of
-    their canonical form) and when they arrived.
-    """
-
-    round_id: int
-    client_id: str
-    client_seed: int
-    digest: bytes
-    payload: bytes
-    received_at: float
-
 
 _Op = tuple[str, tuple[Any, ...]]
 _STOP = object()
@@ -213,7 +164,7 @@ class Store:
             if item is _STOP:
                 return
             if item is _PROBE:  # idle: prove that a write can commit
-                self._note(self._run([op_meta("heartbeat", repr(time.time()))]))
+                self._note(self._run([_op_meta("heartbeat", repr(time.time()))]))
                 continue
             batch = [item]
             stop = False
@@ -251,7 +202,7 @@ class Store:
         for loop, results in by_loop.items():  # one wake-up of the event loop per batch
             loop.call_soon_threadsafe(_resolve_all, results)
 
-    def enqueue(self, ops: list[_Op]) -> asyncio.Future[None]:
+    def _enqueue(self, ops: list[_Op]) -> asyncio.Future[None]:
         """Queue ``ops`` for one atomic transaction; the future resolves once it is durable
         or raises :class:`WriteError` (nothing written). Call from the event loop.
 
@@ -262,16 +213,53 @@ class Store:
         self._queue.put((ops, loop, fut))
         return fut
 
-    async def write(self, ops: list[_Op]) -> None:
-        """Commit ``ops`` (SQL, args) atomically; returns once durable (raises
-        :class:`WriteError` if the transaction failed).
-        """
-        await self.enqueue(ops)
-
-    def write_sync(self, ops: list[_Op]) -> None:
-        """Commit ``ops`` from a thread that is not the event loop (start-up, tests)."""
+    def _write_sync(self, ops: list[_Op]) -> None:
+        """Commit ``ops`` from a thread that is not the event loop (start-up)."""
         with self._lock:
             self._transaction(ops)
+
+    # -- what the engine writes (queued: group-committed by the writer thread) ------------
+    def add_client(self, client_id: str, index: int, joined_at: float) -> asyncio.Future[None]:
+        """Queue a client's join; the future resolves once it is durable (or raises
+        :class:`WriteError`). A second row for the id or the index is refused."""
+        return self._enqueue([_op_client(client_id, index, joined_at)])
+
+    def commit_submission(self, sub: StoredSubmission) -> asyncio.Future[None]:
+        """Queue a submission; the future resolves once it is durable (or raises
+        :class:`WriteError`). The primary key refuses a second one per client and round."""
+        return self._enqueue([_op_submission(sub)])
+
+    async def open_round(self, r: StoredRound) -> None:
+        """Commit a new round's row (the first round of a process; later rounds open in
+        :meth:`finish_round`'s transaction)."""
+        await self._enqueue([_op_round(r)])
+
+    async def save_round(self, r: StoredRound) -> None:
+        """Commit a round's row as it is now (its deadline started; its set was closed)."""
+        await self._enqueue([_op_round(r)])
+
+    async def finish_round(self, r: StoredRound, *, next_round: StoredRound | None,
+                           tracker: bool = False, tracker_fraction: float | None = None,
+                           job_done: bool = False, job_failure: str = "") -> None:
+        """Commit a finished (done or failed) round in one transaction with what follows
+        from it: the correlation tracker's state (``tracker``: the job tracks it), the job's
+        end (and why it failed), or the next round's row.
+        """
+        ops = [_op_round(r)]
+        if tracker:
+            ops.append(_op_meta("tracker_fraction", json.dumps(tracker_fraction)))
+        if job_done:
+            ops.append(_op_meta("job_done", "1"))
+        if job_failure:
+            ops.append(_op_meta("job_failure", job_failure))
+        if next_round is not None:
+            ops.append(_op_round(next_round))
+        await self._enqueue(ops)
+
+    def put_meta(self, key: str, value: str) -> None:
+        """Upsert a meta value now, from a thread that is not the event loop (start-up: the
+        job's settings and encoding; tests)."""
+        self._write_sync([_op_meta(key, value)])
 
     def close(self) -> None:
         """Stop the writer after the queued writes and close the database."""
@@ -320,10 +308,12 @@ class Store:
             " global_shape, opened_at, info, estimate, next_state FROM rounds ORDER BY round_id"
         )
         return [
-            StoredRound(int(r[0]), int(r[1]), r[2], r[3], int(r[4]), r[5], r[6], bytes(r[7]),
-                        tuple(json.loads(r[8])), float(r[9]), json.loads(r[10]),
-                        None if r[11] is None else bytes(r[11]),
-                        None if r[12] is None else bytes(r[12]))
+            StoredRound(round_id=int(r[0]), nonce=int(r[1]), state=r[2], reason=r[3],
+                        task_step=int(r[4]), transform=r[5], r_prior=r[6],
+                        global_state=bytes(r[7]), global_shape=tuple(json.loads(r[8])),
+                        opened_at=float(r[9]), info=json.loads(r[10]),
+                        estimate=None if r[11] is None else bytes(r[11]),
+                        next_state=None if r[12] is None else bytes(r[12]))
             for r in rows
         ]
 
@@ -333,8 +323,9 @@ class Store:
             "SELECT round_id, client_id, client_seed, digest, payload, received_at FROM "
             "submissions WHERE round_id = ? ORDER BY received_at, rowid", (round_id,)
         )
-        return [StoredSubmission(int(r[0]), r[1], int(r[2]), bytes(r[3]), bytes(r[4]),
-                                 float(r[5])) for r in rows]
+        return [StoredSubmission(round_id=int(r[0]), client_id=r[1], client_seed=int(r[2]),
+                                 digest=bytes(r[3]), payload=bytes(r[4]),
+                                 received_at=float(r[5])) for r in rows]
 
 
 def _resolve_all(results: list[tuple[asyncio.Future[None], BaseException | None]]) -> None:
@@ -351,20 +342,20 @@ def _resolve(fut: asyncio.Future[None], error: BaseException | None) -> None:
         fut.set_exception(error)
 
 
-# -- SQL builders used by the engine ---------------------------------------------------------
-def op_meta(key: str, value: str) -> _Op:
+# -- SQL of the writes ---------------------------------------------------------
+def _op_meta(key: str, value: str) -> _Op:
     """Upsert a meta value."""
     return ("INSERT INTO meta(key, value) VALUES (?, ?) "
             "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
 
 
-def op_client(client_id: str, index: int, joined_at: float) -> _Op:
+def _op_client(client_id: str, index: int, joined_at: float) -> _Op:
     """Insert a client."""
     return ("INSERT INTO clients(client_id, idx, joined_at) VALUES (?, ?, ?)",
             (client_id, index, joined_at))
 
 
-def op_round(r: StoredRound) -> _Op:
+def _op_round(r: StoredRound) -> _Op:
     """Insert or replace a whole round row."""
     return (
         "INSERT OR REPLACE INTO rounds(round_id, nonce, state, reason, task_step, transform, "
@@ -376,7 +367,7 @@ def op_round(r: StoredRound) -> _Op:
     )
 
 
-def op_submission(s: StoredSubmission) -> _Op:
+def _op_submission(s: StoredSubmission) -> _Op:
     """Insert a submission (the primary key rejects a second one per client and round)."""
     return (
         "INSERT INTO submissions(round_id, client_id, client_seed, digest, payload, received_at)"
@@ -384,5 +375,3 @@ def op_submission(s: StoredSubmission) -> _Op:
         (s.round_id, s.client_id, str(s.client_seed), s.digest, s.payload, s.received_at),
     )
 
-
-OpBuilder = Callable[..., _Op]

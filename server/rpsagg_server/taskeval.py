@@ -10,7 +10,9 @@ state over them. For power iteration it also finds the top eigenvector of the cl
 mean matrix ``(1/n) sum_i X_i^T X_i / rows_i`` (Lanczos on the matrix-free product; no
 d x d matrix) and reports the distance of each iterate to it.
 
-Everything runs in one worker thread; results are published on the event loop. A failure
+It subscribes to the domain events (:meth:`TaskMonitor.observe`: every decoded round) and
+publishes :class:`~rpsagg_server.events.TaskMeasured`. Everything runs in one worker thread;
+results are published on the event loop. A failure
 (data missing, a bad file) becomes the note the dashboard shows and never touches a round.
 """
 
@@ -25,7 +27,8 @@ from numpy.typing import NDArray
 
 from rpsagg.tasks import DataUnavailable, Shard, Task, load_shard
 from rpsagg_server.config import ServerConfig
-from rpsagg_server.state import ServerState, TaskMetrics
+from rpsagg_server.events import Event, Publish, RoundDecoded, TaskMeasured, TaskNoteChanged
+from rpsagg_server.views import TaskMetrics
 
 log = logging.getLogger("rpsagg.server")
 FloatArray = NDArray[np.float64]
@@ -57,21 +60,22 @@ def top_eigenpair(shards: list[Shard], d: int) -> tuple[float, FloatArray]:
 
 
 class TaskMonitor:
-    """Measures the task after every finished round and publishes it to the state.
+    """Measures the task after every finished round and publishes it.
 
     Parameters
     ----------
     cfg : ServerConfig
     task : Task
         The engine's task (its ``metric`` is what is averaged over the shards).
-    state : ServerState
-        Where :class:`~rpsagg_server.state.TaskMetrics` and the note go.
+    publish : callable
+        The event bus's publish (the metrics and the note go there).
     """
 
-    def __init__(self, cfg: ServerConfig, task: Task, state: ServerState) -> None:
+    def __init__(self, cfg: ServerConfig, task: Task, publish: Publish) -> None:
         self.cfg = cfg
         self.task = task
-        self.state = state
+        self.publish = publish
+        self._tasks: set[asyncio.Task[None]] = set()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rpsagg-task")
         self._shards: list[Shard] | None = None
         self._top: tuple[float, FloatArray] | None = None
@@ -83,7 +87,7 @@ class TaskMonitor:
             note = f"task {task.name!r} has no progress metric (the errors above are its result)"
         else:
             note = ""
-        state._set_task_note(note)
+        publish(TaskNoteChanged(note))
 
     def _load(self) -> list[Shard]:
         if self._shards is None:
@@ -126,17 +130,32 @@ class TaskMonitor:
             metrics = await loop.run_in_executor(self._executor, self.measure, next_state)
         except (DataUnavailable, ValueError, OSError) as exc:
             self._failed = True
-            self.state._set_task_note(f"the server cannot load the task's data: {exc}")
+            self.publish(TaskNoteChanged(f"the server cannot load the task's data: {exc}"))
             log.warning("[TaskMonitor] no task metrics: %s", exc)
             return
         except Exception as exc:  # a metric must never take the server down
             self._failed = True
-            self.state._set_task_note(f"measuring the task failed: {exc}")
+            self.publish(TaskNoteChanged(f"measuring the task failed: {exc}"))
             log.exception("[TaskMonitor] measuring round %d failed", round_id)
             return
         if metrics is not None:
-            self.state._set_task_metrics(round_id, metrics)
+            self.publish(TaskMeasured(round_id, metrics))
+
+    def observe(self, event: Event) -> None:
+        """Measure the state after every decoded round (subscribed to the event bus)."""
+        if isinstance(event, RoundDecoded):
+            self.measure_later(event.view.round_id, event.next_state)
+
+    def measure_later(self, round_id: int, next_state: FloatArray) -> None:
+        """Measure in the background (:meth:`on_round`); cancelled by :meth:`close`."""
+        if not self.enabled or self._failed:
+            return
+        task = asyncio.ensure_future(self.on_round(round_id, next_state))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def close(self) -> None:
         """Stop the worker thread (pending measurements are dropped)."""
+        for t in list(self._tasks):
+            t.cancel()
         self._executor.shutdown(wait=False, cancel_futures=True)

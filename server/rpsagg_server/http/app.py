@@ -55,21 +55,18 @@ def create_app(state: ServerState, registry: CollectorRegistry | None = None) ->
     FastAPI
         Routes: ``/`` (dashboard page), ``/static/*``, ``/api/status``, ``/api/clients``,
         ``/api/rounds``, ``/api/rounds/{id}``, ``/api/rounds/export.csv``,
-        ``/api/rounds/export.json``, ``/healthz``, ``/readyz``, ``/metrics``, ``/docs``. The
-        lifespan starts counting the state's metric events at start-up and stops at
-        shutdown.
+        ``/api/rounds/export.json``, ``/healthz``, ``/readyz``, ``/metrics``, ``/docs``.
+        ``/metrics`` reads the server's metrics ledger and read model at scrape time.
     """
     registry = CollectorRegistry() if registry is None else registry
     metrics = ServerMetrics(state, registry)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        metrics.attach()
         log.info("[HTTP] dashboard app started")
         try:
             yield
         finally:
-            metrics.detach()
             log.info("[HTTP] dashboard app stopped")
 
     app = FastAPI(

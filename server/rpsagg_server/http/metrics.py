@@ -1,8 +1,9 @@
 """Prometheus metrics of a server, bound to an injected ``CollectorRegistry``.
 
-Counters and the decode histogram are driven by the state's metric events
-(:meth:`~rpsagg_server.state.ServerState.add_listener`); gauges are read from the state at
-scrape time by a custom collector, so they can never go stale.
+Everything is read at scrape time, so nothing can go stale or disagree with the server:
+the counters and the decode histogram from the server's one metrics ledger
+(:class:`~rpsagg_server.ledger.MetricsLedger`, which counts the domain events since the
+process started, whenever this app was created), the gauges from the read model.
 
 =====================================  =========  ==========================================
 metric                                 type       meaning
@@ -38,17 +39,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
-from rpsagg_server.state import ROUND_STATES, MetricEvent, ServerState
+from rpsagg_server.ledger import DECODE_BUCKETS
+from rpsagg_server.state import ROUND_STATES, ServerState
 
 JOB_STATES = ("running", "done", "failed")
-
-DECODE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                  10.0, 30.0, 60.0)
 SERIES = ("estimate", "rand_k", "rand_k_spatial")
+__all__ = ["DECODE_BUCKETS", "LedgerCollector", "ServerMetrics", "StateCollector"]
 
 
 class ServerMetrics:
@@ -57,79 +63,65 @@ class ServerMetrics:
     Parameters
     ----------
     state : ServerState
-        The server to observe.
+        The server to observe (its read model and its metrics ledger).
     registry : CollectorRegistry
-        Where the metrics are registered (the app serves exactly this registry).
-
-    Notes
-    -----
-    Nothing is counted until :meth:`attach`; it first adds whatever the state counted
-    before (``state.counters()``) so the counters agree with the state whenever the app
-    starts. The decode histogram cannot be back-filled bucket by bucket and starts empty.
+        Where the metrics are registered (the app serves exactly this registry); registering
+        a second app's metrics in the same registry raises ``ValueError``.
     """
 
     def __init__(self, state: ServerState, registry: CollectorRegistry) -> None:
         self.state = state
         self.registry = registry
-        self.submissions = Counter(
-            "rpsagg_submissions", "Submissions by outcome (ok, duplicate, or the gRPC status "
-            "name of a rejection).", ["status"], registry=registry)
-        self.bytes_received = Counter(
-            "rpsagg_bytes_received", "Serialized gRPC request bytes of accepted submissions "
-            "(evaluation-mode reference vectors excluded).", registry=registry)
-        self.payload_bytes_received = Counter(
-            "rpsagg_payload_bytes_received", "Encoded payload bytes of accepted submissions "
-            "(8-byte seed + 4 bytes per value and index).", registry=registry)
-        self.rounds = Counter(
-            "rpsagg_rounds", "Rounds that entered each state.", ["state"], registry=registry)
-        self.decode_seconds = Histogram(
-            "rpsagg_decode_seconds", "Wall-clock seconds of one round's decode.",
-            buckets=DECODE_BUCKETS, registry=registry)
-        for outcome in ("ok", "duplicate"):
-            self.submissions.labels(status=outcome)
-        for st in ROUND_STATES:
-            self.rounds.labels(state=st)
+        registry.register(LedgerCollector(state))
         registry.register(StateCollector(state))
-        self._attached = False
-        self._listening = False
 
-    def attach(self) -> None:
-        """Add the state's counts so far, then follow its metric events (idempotent)."""
-        if self._listening:
-            self._attached = True
-            return
-        for key, value in self.state.counters().items():
+
+class LedgerCollector(Collector):
+    """The counters and the decode histogram, read from the metrics ledger."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    def describe(self) -> Iterable[Metric]:
+        """The families (their names make a registry refuse a second copy)."""
+        return self.collect()
+
+    def collect(self) -> Iterable[Metric]:
+        """Yield ``rpsagg_submissions_total{status}``, ``rpsagg_bytes_received_total``,
+        ``rpsagg_payload_bytes_received_total``, ``rpsagg_rounds_total{state}`` and
+        ``rpsagg_decode_seconds``."""
+        ledger = self.state.ledger
+        counters = ledger.counters()
+        submissions = CounterMetricFamily(
+            "rpsagg_submissions", "Submissions by outcome (ok, duplicate, or the gRPC status "
+            "name of a rejection).", labels=["status"])
+        rounds = CounterMetricFamily(
+            "rpsagg_rounds", "Rounds that entered each state.", labels=["state"])
+        statuses = {"ok": 0.0, "duplicate": 0.0}
+        states = dict.fromkeys(ROUND_STATES, 0.0)
+        for key, value in counters.items():
             name, _, label = key.partition(":")
             if name == "submissions_total":
-                self.submissions.labels(status=label).inc(value)
-            elif key == "bytes_received_total:wire":
-                self.bytes_received.inc(value)
-            elif key == "bytes_received_total:payload":
-                self.payload_bytes_received.inc(value)
+                statuses[label] = value
             elif name == "rounds_total":
-                self.rounds.labels(state=label).inc(value)
-        self._attached = self._listening = True
-        self.state.add_listener(self.observe)
-
-    def detach(self) -> None:
-        """Stop counting events (the state has no way to remove a listener)."""
-        self._attached = False
-
-    def observe(self, event: MetricEvent) -> None:
-        """Apply one metric event (called synchronously on the server's event loop)."""
-        if not self._attached:
-            return
-        if event.kind == "submission":
-            self.submissions.labels(status=event.label).inc()
-        elif event.kind == "bytes_received":
-            if event.label == "wire":
-                self.bytes_received.inc(event.value)
-            elif event.label == "payload":
-                self.payload_bytes_received.inc(event.value)
-        elif event.kind == "round_state":
-            self.rounds.labels(state=event.label).inc()
-        elif event.kind == "decode_seconds":
-            self.decode_seconds.observe(event.value)
+                states[label] = value
+        for status, value in statuses.items():
+            submissions.add_metric([status], value)
+        for st, value in states.items():
+            rounds.add_metric([st], value)
+        wire = CounterMetricFamily(
+            "rpsagg_bytes_received", "Serialized gRPC request bytes of accepted submissions "
+            "(evaluation-mode reference vectors excluded).",
+            value=counters.get("bytes_received_total:wire", 0.0))
+        payload = CounterMetricFamily(
+            "rpsagg_payload_bytes_received", "Encoded payload bytes of accepted submissions "
+            "(8-byte seed + 4 bytes per value and index).",
+            value=counters.get("bytes_received_total:payload", 0.0))
+        buckets, total, _ = ledger.decode_histogram()
+        decode = HistogramMetricFamily(
+            "rpsagg_decode_seconds", "Wall-clock seconds of one round's decode.",
+            buckets=[(floatToGoString(b), n) for b, n in buckets], sum_value=total)
+        return [submissions, wire, payload, rounds, decode]
 
 
 class StateCollector(Collector):

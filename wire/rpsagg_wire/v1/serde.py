@@ -11,15 +11,28 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from google.protobuf.message import DecodeError
 from numpy.typing import NDArray
 
-from rpsagg._quantize import pack_codes, packed_size, unpack_codes
+from rpsagg._quantize import pack_codes, unpack_codes
 from rpsagg_wire.v1 import aggregation_pb2 as pb
+from rpsagg_wire.v1.messages import (
+    Contributor,
+    GetResultRequest,
+    GetRoundRequest,
+    JoinReply,
+    JoinRequest,
+    RoundEvent,
+    RoundInfo,
+    RoundResult,
+    Submission,
+    SubmitReply,
+    VectorPayload,
+    WatchRequest,
+)
 
 SERVICE = "rpsagg.v1.Aggregation"
 METHODS = ("Join", "GetRound", "Submit", "GetResult", "WatchRounds")
@@ -39,196 +52,6 @@ def method_path(name: str) -> str:
 
 class WireError(ValueError):
     """A message that does not parse or whose packed arrays are malformed."""
-
-
-# -- dataclasses -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class JoinRequest:
-    """Join with a client id."""
-
-    client_id: str
-
-
-@dataclass(frozen=True)
-class JoinReply:
-    """The client's index among the n clients and what the task needs to know."""
-
-    client_index: int
-    n: int
-    task: str
-    data_hint: str = ""
-    task_params: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class GetRoundRequest:
-    """Ask for the current round; ``client_id`` (optional) names the asking client, which
-    then counts as having seen ``job_done`` when the reply says so (the drained job end)."""
-
-    client_id: str = ""
-
-
-@dataclass(frozen=True)
-class RoundInfo:
-    """The current round (see ``docs/protocol.md``); ``state`` is a name from STATES."""
-
-    round_id: int
-    nonce: int
-    scheme: str
-    n: int
-    k: int
-    d: int
-    transform: str
-    task: str
-    m: int
-    global_state: NDArray[np.float64] | None
-    state: str
-    deadline_unix_ms: int
-    eval: bool
-    job_done: bool
-    task_step: int
-    total_rounds: int = 0
-    job_failure: str = ""
-    spec_version: str = ""
-    projection: str = ""
-    block_size: int = 0
-    value_bits: int = 32
-    bits: int = 0
-
-
-@dataclass(frozen=True, eq=False)
-class VectorPayload:
-    """One encoded vector: float32 values (or b-bit codes and a float32 scale), optional
-    indices, optional eval reference.
-
-    A quantized vector (``value_bits < 32``) has empty ``values`` and carries ``codes``
-    (uint32, each ``< 2^value_bits``) and ``scale``; the decoder turns them into values with
-    its scheme's code book (``rpsagg._quantize.dequantize``).
-    """
-
-    values: NDArray[np.float32]
-    indices: NDArray[np.int64] | None = None
-    reference: NDArray[np.float64] | None = None
-    codes: NDArray[np.uint32] | None = None
-    value_bits: int = 32
-    scale: float = 0.0
-
-    @property
-    def count(self) -> int:
-        """Number of values sent (codes when quantized)."""
-        return int(self.values.size if self.codes is None else self.codes.size)
-
-    @property
-    def payload_bytes(self) -> int:
-        """Values (4 bytes each, or the packed codes plus the 4-byte scale) and indices at 4
-        bytes each (the seed is counted per submission)."""
-        if self.codes is None:
-            values = 4 * int(self.values.size)
-        else:
-            values = packed_size(int(self.codes.size), self.value_bits) + 4
-        return values + (0 if self.indices is None else 4 * int(self.indices.size))
-
-
-@dataclass(frozen=True, eq=False)
-class Submission:
-    """One client's submission for one round.
-
-    Attributes
-    ----------
-    digest : bytes
-        SHA-256 of the deterministic serialization: equal digests mean byte-identical
-        submissions (a retry).
-    wire_bytes : int
-        Size of the serialized request minus the eval references (communication cost).
-    spec_version : str
-        Wire format the vectors were encoded with, as sent; ``""`` (a client from before the
-        field) stands for ``rpsagg-seed-v1``.
-    """
-
-    round_id: int
-    client_id: str
-    client_seed: int
-    vectors: tuple[VectorPayload, ...]
-    digest: bytes = b""
-    wire_bytes: int = 0
-    spec_version: str = ""
-
-    @property
-    def payload_bytes(self) -> int:
-        """8-byte seed plus the vectors' values and indices."""
-        return 8 + sum(v.payload_bytes for v in self.vectors)
-
-
-@dataclass(frozen=True)
-class SubmitReply:
-    """Ack: the submission is committed (``duplicate`` for an identical retry)."""
-
-    round_id: int
-    received: int
-    duplicate: bool
-
-
-@dataclass(frozen=True)
-class GetResultRequest:
-    """Ask for a round's result (0 = latest finished); ``wait`` blocks until it finishes.
-
-    ``client_id`` (optional) names the asking client, as in :class:`GetRoundRequest`.
-    """
-
-    round_id: int = 0
-    wait: bool = False
-    client_id: str = ""
-
-
-@dataclass(frozen=True)
-class Contributor:
-    """A client whose submission was decoded, with its client seed."""
-
-    client_id: str
-    client_seed: int
-
-
-@dataclass(frozen=True, eq=False)
-class RoundResult:
-    """A round's outcome; NaN stands for "not applicable" in the float fields."""
-
-    round_id: int
-    state: str
-    reason: str
-    estimate: NDArray[np.float64] | None
-    global_state: NDArray[np.float64] | None
-    n_prime: int
-    beta: float
-    c: float
-    decode_seconds: float
-    contributors: tuple[Contributor, ...]
-    r_hat: float
-    eval_sq_error: float
-    eval_sq_error_rand_k: float
-    eval_sq_error_rand_k_spatial: float
-    job_done: bool
-    nonce: int
-    transform: str
-    payload_bytes: int = 0
-    wire_bytes: int = 0
-
-
-@dataclass(frozen=True)
-class WatchRequest:
-    """Subscribe to round events; ``client_id`` (optional) as in :class:`GetRoundRequest`."""
-
-    client_id: str = ""
-
-
-@dataclass(frozen=True)
-class RoundEvent:
-    """A round transition."""
-
-    round_id: int
-    state: str
-    reason: str = ""
-    job_done: bool = False
-    received: int = 0
 
 
 # -- arrays ----------------------------------------------------------------------------------
@@ -271,7 +94,7 @@ def _enc_join_req(r: JoinRequest) -> bytes:
 
 
 def _dec_join_req(raw: bytes) -> JoinRequest:
-    return JoinRequest(_parse(pb.JoinRequest, raw, "JoinRequest").client_id)
+    return JoinRequest(client_id=_parse(pb.JoinRequest, raw, "JoinRequest").client_id)
 
 
 def _enc_join_reply(r: JoinReply) -> bytes:
@@ -282,7 +105,8 @@ def _enc_join_reply(r: JoinReply) -> bytes:
 
 def _dec_join_reply(raw: bytes) -> JoinReply:
     m = _parse(pb.JoinReply, raw, "JoinReply")
-    return JoinReply(m.client_index, m.n, m.task, m.data_hint, dict(m.task_params))
+    return JoinReply(client_index=m.client_index, n=m.n, task=m.task, data_hint=m.data_hint,
+                     task_params=dict(m.task_params))
 
 
 def _enc_get_round(r: GetRoundRequest) -> bytes:
@@ -290,7 +114,7 @@ def _enc_get_round(r: GetRoundRequest) -> bytes:
 
 
 def _dec_get_round(raw: bytes) -> GetRoundRequest:
-    return GetRoundRequest(_parse(pb.GetRoundRequest, raw, "GetRoundRequest").client_id)
+    return GetRoundRequest(client_id=_parse(pb.GetRoundRequest, raw, "GetRoundRequest").client_id)
 
 
 def _enc_round(r: RoundInfo) -> bytes:
@@ -309,10 +133,13 @@ def _enc_round(r: RoundInfo) -> bytes:
 def _dec_round(raw: bytes) -> RoundInfo:
     m = _parse(pb.RoundInfo, raw, "RoundInfo")
     return RoundInfo(
-        m.round_id, m.nonce, m.scheme, m.n, m.k, m.d, m.transform, m.task, m.m,
-        _from_tensor(m.global_state, "global_state"), STATES[m.state], m.deadline_unix_ms,
-        m.eval, m.job_done, m.task_step, m.total_rounds, m.job_failure,
-        m.spec_version, m.projection, m.block_size, m.value_bits or 32, m.bits,
+        round_id=m.round_id, nonce=m.nonce, scheme=m.scheme, n=m.n, k=m.k, d=m.d,
+        transform=m.transform, task=m.task, m=m.m,
+        global_state=_from_tensor(m.global_state, "global_state"), state=STATES[m.state],
+        deadline_unix_ms=m.deadline_unix_ms, eval=m.eval, job_done=m.job_done,
+        task_step=m.task_step, total_rounds=m.total_rounds, job_failure=m.job_failure,
+        spec_version=m.spec_version, projection=m.projection, block_size=m.block_size,
+        value_bits=m.value_bits or 32, bits=m.bits,
     )
 
 
@@ -369,8 +196,9 @@ def _dec_submit(raw: bytes) -> Submission:
             codes = _codes(v, j)
             if values.size:
                 raise WireError(f"vectors[{j}] has both values_f32 and packed values")
-        vectors.append(VectorPayload(values, indices, reference, codes, v.value_bits or 32,
-                                     float(v.scale)))
+        vectors.append(VectorPayload(values=values, indices=indices, reference=reference,
+                                     codes=codes, value_bits=v.value_bits or 32,
+                                     scale=float(v.scale)))
     canonical = m.SerializeToString(deterministic=True)
     wire = len(raw)
     if has_refs:  # exactly what the references added: their fields and the longer prefixes
@@ -379,8 +207,9 @@ def _dec_submit(raw: bytes) -> Submission:
             v.ClearField("reference_f64")
         wire -= with_refs - m.ByteSize()
     return Submission(
-        m.round_id, m.client_id, m.client_seed, tuple(vectors),
-        hashlib.sha256(canonical).digest(), wire, m.spec_version,
+        round_id=m.round_id, client_id=m.client_id, client_seed=m.client_seed,
+        vectors=tuple(vectors), digest=hashlib.sha256(canonical).digest(), wire_bytes=wire,
+        spec_version=m.spec_version, canonical=canonical,
     )
 
 
@@ -391,7 +220,7 @@ def _enc_submit_reply(r: SubmitReply) -> bytes:
 
 def _dec_submit_reply(raw: bytes) -> SubmitReply:
     m = _parse(pb.SubmitReply, raw, "SubmitReply")
-    return SubmitReply(m.round_id, m.received, m.duplicate)
+    return SubmitReply(round_id=m.round_id, received=m.received, duplicate=m.duplicate)
 
 
 def _enc_result_req(r: GetResultRequest) -> bytes:
@@ -401,7 +230,7 @@ def _enc_result_req(r: GetResultRequest) -> bytes:
 
 def _dec_result_req(raw: bytes) -> GetResultRequest:
     m = _parse(pb.GetResultRequest, raw, "GetResultRequest")
-    return GetResultRequest(m.round_id, m.wait, m.client_id)
+    return GetResultRequest(round_id=m.round_id, wait=m.wait, client_id=m.client_id)
 
 
 def _enc_result(r: RoundResult) -> bytes:
@@ -423,11 +252,17 @@ def _enc_result(r: RoundResult) -> bytes:
 def _dec_result(raw: bytes) -> RoundResult:
     m = _parse(pb.RoundResult, raw, "RoundResult")
     return RoundResult(
-        m.round_id, STATES[m.state], m.reason, _from_tensor(m.estimate, "estimate"),
-        _from_tensor(m.global_state, "global_state"), m.n_prime, m.beta, m.c, m.decode_seconds,
-        tuple(Contributor(c.client_id, c.client_seed) for c in m.contributors), m.r_hat,
-        m.eval_sq_error, m.eval_sq_error_rand_k, m.eval_sq_error_rand_k_spatial, m.job_done,
-        m.nonce, m.transform, m.payload_bytes, m.wire_bytes,
+        round_id=m.round_id, state=STATES[m.state], reason=m.reason,
+        estimate=_from_tensor(m.estimate, "estimate"),
+        global_state=_from_tensor(m.global_state, "global_state"), n_prime=m.n_prime,
+        beta=m.beta, c=m.c, decode_seconds=m.decode_seconds,
+        contributors=tuple(Contributor(client_id=c.client_id, client_seed=c.client_seed)
+                           for c in m.contributors),
+        r_hat=m.r_hat, eval_sq_error=m.eval_sq_error,
+        eval_sq_error_rand_k=m.eval_sq_error_rand_k,
+        eval_sq_error_rand_k_spatial=m.eval_sq_error_rand_k_spatial, job_done=m.job_done,
+        nonce=m.nonce, transform=m.transform, payload_bytes=m.payload_bytes,
+        wire_bytes=m.wire_bytes,
     )
 
 
@@ -436,7 +271,7 @@ def _enc_watch(r: WatchRequest) -> bytes:
 
 
 def _dec_watch(raw: bytes) -> WatchRequest:
-    return WatchRequest(_parse(pb.WatchRequest, raw, "WatchRequest").client_id)
+    return WatchRequest(client_id=_parse(pb.WatchRequest, raw, "WatchRequest").client_id)
 
 
 def _enc_event(e: RoundEvent) -> bytes:
@@ -447,7 +282,8 @@ def _enc_event(e: RoundEvent) -> bytes:
 
 def _dec_event(raw: bytes) -> RoundEvent:
     m = _parse(pb.RoundEvent, raw, "RoundEvent")
-    return RoundEvent(m.round_id, STATES[m.state], m.reason, m.job_done, m.received)
+    return RoundEvent(round_id=m.round_id, state=STATES[m.state], reason=m.reason,
+                      job_done=m.job_done, received=m.received)
 
 
 _REQ: dict[str, tuple[Callable[[Any], bytes], Callable[[bytes], Any]]] = {
@@ -489,6 +325,12 @@ def reply_serializer(method: str) -> Callable[[Any], bytes]:
 def encode_submission(s: Submission) -> bytes:
     """Canonical bytes of a submission (what is stored and hashed)."""
     return _enc_submit(s)
+
+
+def canonical_bytes(s: Submission) -> bytes:
+    """The canonical bytes a parsed submission's digest was computed from (carried from the
+    parse: no second serialization), or ``s`` encoded when it was built in code."""
+    return s.canonical or _enc_submit(s)
 
 
 def decode_submission(raw: bytes) -> Submission:

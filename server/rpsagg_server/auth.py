@@ -1,0 +1,172 @@
+"""Token authentication of the ``rpsagg.v1.Aggregation`` service, as a grpc.aio interceptor.
+
+With ``--tokens FILE``, every call of the service must carry exactly one metadata entry
+``authorization: Bearer <token>`` with a token of the file; anything else is answered
+UNAUTHENTICATED before the handler runs (more than one entry included: "the last one wins"
+never picks among several tokens). A token bound to a client id in the file
+(``CLIENT_ID TOKEN``) may only act as that client: the handler checks the id the request
+names with :func:`authorize` (PERMISSION_DENIED otherwise). Other services on the same
+server (the gRPC health service) are not intercepted.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hmac
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from rpsagg_server.live import Rejected
+from rpsagg_wire.v1 import serde
+
+log = logging.getLogger("rpsagg.server")
+_CODES = {c.name: c for c in grpc.StatusCode}
+#: the client id the caller's token is bound to (None: any client, or no tokens)
+_bound: contextvars.ContextVar[str | None] = contextvars.ContextVar("rpsagg_bound",
+                                                                   default=None)
+
+
+class TokenBook:
+    """Client tokens from a file: one per line, ``TOKEN`` (any client id) or ``CLIENT_ID TOKEN``.
+
+    Blank lines and lines starting with ``#`` are ignored.
+    """
+
+    def __init__(self, entries: list[tuple[str | None, str]]) -> None:
+        self.entries = entries
+
+    @classmethod
+    def from_file(cls, path: str) -> TokenBook:
+        """Parse a token file."""
+        entries: list[tuple[str | None, str]] = []
+        for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
+            parts = line.split()
+            if not parts or parts[0].startswith("#"):
+                continue
+            if len(parts) == 1:
+                entries.append((None, parts[0]))
+            elif len(parts) == 2:
+                entries.append((parts[0], parts[1]))
+            else:
+                raise ValueError(f"{path}:{lineno}: expected 'TOKEN' or 'CLIENT_ID TOKEN'")
+        if not entries:
+            raise ValueError(f"{path}: no tokens")
+        return cls(entries)
+
+    def lookup(self, token: str) -> tuple[bool, str | None]:
+        """``(known, bound_client_id)``; compares in constant time per entry."""
+        found, bound = False, None
+        for cid, tok in self.entries:
+            if hmac.compare_digest(tok.encode(), token.encode()):
+                found, bound = True, cid
+        return found, bound
+
+    def authenticate(self, metadata: Any) -> str | None:
+        """The client id the call's token is bound to (None: any); raises
+        :class:`~rpsagg_server.live.Rejected` (UNAUTHENTICATED) for anything but exactly one
+        ``authorization: Bearer <known token>`` entry."""
+        headers = [v for k, v in (metadata or ()) if k == "authorization"]
+        if len(headers) > 1:
+            raise Rejected("UNAUTHENTICATED",
+                           f"{len(headers)} 'authorization' metadata entries; send exactly one")
+        header = headers[0] if headers else ""
+        if not isinstance(header, str) or not header.startswith("Bearer ") or not header[7:]:
+            raise Rejected("UNAUTHENTICATED",
+                           "missing token: send metadata 'authorization: Bearer <token>'")
+        known, bound = self.lookup(header[7:])
+        if not known:
+            raise Rejected("UNAUTHENTICATED", "invalid token")
+        return bound
+
+
+def authorize(client_id: str) -> None:
+    """Refuse (PERMISSION_DENIED) a request naming another client than the token's own."""
+    bound = _bound.get()
+    if bound is not None and bound != client_id:
+        raise Rejected("PERMISSION_DENIED",
+                       f"this token belongs to client {bound!r}, not {client_id!r}")
+
+
+async def abort(context: Any, method: str, exc: Rejected) -> None:
+    """Log a refusal with the method's tag and end the call with its status."""
+    log.info("[Aggregator.%s] %s: %s", method, exc.code, exc.message)
+    await context.abort(_CODES[exc.code], exc.message)
+
+
+Refused = Callable[[str, Rejected], None]
+
+
+class TokenInterceptor(grpc.aio.ServerInterceptor):
+    """Authenticates every call of the Aggregation service before its handler runs.
+
+    Parameters
+    ----------
+    tokens : TokenBook
+    on_refused : callable, optional
+        ``on_refused(method, rejected)`` for each refused call (the metrics count refused
+        submissions).
+    """
+
+    def __init__(self, tokens: TokenBook, on_refused: Refused | None = None) -> None:
+        self.tokens = tokens
+        self.on_refused = on_refused
+        self._prefix = f"/{serde.SERVICE}/"
+
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails],
+                                     Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        """Wrap the Aggregation service's handlers with the token check."""
+        handler = await continuation(details)
+        path: str = details.method
+        if handler is None or not path.startswith(self._prefix):
+            return handler
+        method = path[len(self._prefix):]
+        try:
+            verdict: str | Rejected | None = self.tokens.authenticate(
+                details.invocation_metadata)
+        except Rejected as exc:
+            verdict = exc
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._unary(method, handler.unary_unary, verdict),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._stream(method, handler.unary_stream, verdict),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+        return handler  # the service has no other kinds of method
+
+    async def _refuse(self, context: Any, method: str, exc: Rejected) -> None:
+        if self.on_refused is not None:
+            self.on_refused(method, exc)
+        await abort(context, method, exc)
+
+    def _unary(self, method: str, inner: Any, verdict: str | Rejected | None) -> Any:
+        async def behavior(request: Any, context: Any) -> Any:
+            if isinstance(verdict, Rejected):
+                await self._refuse(context, method, verdict)
+                raise AssertionError("unreachable")
+            token = _bound.set(verdict)
+            try:
+                return await inner(request, context)
+            finally:
+                _bound.reset(token)
+        return behavior
+
+    def _stream(self, method: str, inner: Any, verdict: str | Rejected | None) -> Any:
+        async def behavior(request: Any, context: Any) -> AsyncIterator[Any]:
+            if isinstance(verdict, Rejected):
+                await self._refuse(context, method, verdict)
+                return
+            _bound.set(verdict)  # this call's own task: nothing else reads it
+            async for item in inner(request, context):
+                yield item
+        return behavior

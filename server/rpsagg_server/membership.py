@@ -1,0 +1,91 @@
+"""Membership: which clients joined the job, with their stable index.
+
+A join is durable before it is answered: its row is queued on the store's writer, and the
+write's outcome decides (a caller that goes away never undoes a join that commits; a write
+that fails is answered UNAVAILABLE and nothing of it is kept). A client's index is stable
+across re-joins and restarts. Publishes :class:`~rpsagg_server.events.ClientJoined`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+
+from rpsagg_server.config import ServerConfig
+from rpsagg_server.events import ClientJoined, Publish
+from rpsagg_server.live import Rejected
+from rpsagg_server.store import Store, WriteError
+from rpsagg_server.views import ClientView
+from rpsagg_wire.v1.serde import JoinReply
+
+log = logging.getLogger("rpsagg.server")
+
+
+async def outcome(fut: asyncio.Future[None]) -> None:
+    """Wait for a queued write without owning it: cancelling the caller leaves the write (and
+    its callbacks) alone; a failed write is UNAVAILABLE with the reason.
+    """
+    try:
+        await asyncio.shield(fut)
+    except WriteError as exc:
+        raise Rejected("UNAVAILABLE", exc.reason) from None
+
+
+class Membership:
+    """The job's clients: ``clients`` maps each joined client id to its index.
+
+    Parameters
+    ----------
+    config : ServerConfig
+    store : Store
+    publish : callable
+        The event bus's publish.
+    """
+
+    def __init__(self, config: ServerConfig, store: Store, publish: Publish) -> None:
+        self.cfg = config
+        self.store = store
+        self.publish = publish
+        self.clients: dict[str, int] = {}
+        self._joining: dict[str, tuple[int, asyncio.Future[None]]] = {}
+
+    def recover(self) -> None:
+        """Read the joined clients back from the store (start-up)."""
+        for cid, idx, joined in self.store.clients():
+            self.clients[cid] = idx
+            self.publish(ClientJoined(ClientView(cid, idx, joined), recovered=True))
+
+    async def join(self, client_id: str) -> JoinReply:
+        """Register ``client_id``; its index is stable across re-joins and restarts."""
+        if client_id in self.clients:
+            idx = self.clients[client_id]
+        elif client_id in self._joining:
+            idx, fut = self._joining[client_id]
+            await outcome(fut)
+        else:
+            used = set(self.clients.values()) | {i for i, _ in self._joining.values()}
+            if len(used) >= self.cfg.n:
+                raise Rejected("RESOURCE_EXHAUSTED",
+                               f"all n={self.cfg.n} client slots are taken; "
+                               f"client {client_id!r} cannot join")
+            idx = next(i for i in range(self.cfg.n) if i not in used)
+            now = time.time()
+            fut = self.store.add_client(client_id, idx, now)
+            self._joining[client_id] = (idx, fut)
+            fut.add_done_callback(functools.partial(self._joined, client_id, idx, now))
+            await outcome(fut)
+        c = self.cfg
+        hint = c.data if c.data != "synthetic" else f"synthetic:r={c.data_r}"
+        return JoinReply(client_index=idx, n=c.n, task=c.task, data_hint=hint,
+                         task_params=c.params)
+
+    def _joined(self, client_id: str, idx: int, now: float, fut: asyncio.Future[None]) -> None:
+        """The join's write finished (whoever still waits for it)."""
+        del self._joining[client_id]
+        if fut.exception() is not None:
+            return
+        self.clients[client_id] = idx
+        log.info("[Engine.Join] client %s -> index %d", client_id, idx)
+        self.publish(ClientJoined(ClientView(client_id, idx, now)))

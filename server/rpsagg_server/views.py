@@ -1,0 +1,214 @@
+"""The snapshots the read model serves: rounds, clients, the job, beta, task metrics.
+
+Frozen dataclasses, built by the engine (a round's view by
+:meth:`~rpsagg_server.live.LiveRound.view`) and carried by the domain events of
+:mod:`rpsagg_server.events` to :class:`~rpsagg_server.state.ServerState`, which the dashboard
+reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ROUND_STATES = ("open", "collecting", "decoding", "done", "failed")
+
+
+@dataclass(frozen=True)
+class EvalErrors:
+    """Evaluation-mode squared errors of one round (summed over the m vectors).
+
+    Attributes
+    ----------
+    estimate : float
+        ``||x_hat - x_bar||^2`` of the round's estimator.
+    rand_k : float
+        What Rand-k would have had on the same vectors and seeds.
+    rand_k_spatial : float
+        What Rand-k-Spatial(avg) would have had.
+    truth_sq_norm : float or None
+        ``||x_bar||^2`` (summed over the m vectors): relative errors are the squared errors
+        divided by it. None for rounds stored before it was recorded.
+    """
+
+    estimate: float
+    rand_k: float
+    rand_k_spatial: float
+    truth_sq_norm: float | None = None
+
+    def relative(self) -> tuple[float, float, float] | None:
+        """The three squared errors divided by ``||x_bar||^2`` (None when it is unknown or 0)."""
+        t = self.truth_sq_norm
+        if t is None or not t > 0:
+            return None
+        return self.estimate / t, self.rand_k / t, self.rand_k_spatial / t
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One accepted submission of a round: who, when (unix seconds) and how many bytes."""
+
+    client_id: str
+    received_at: float
+    wire_bytes: int
+    payload_bytes: int
+
+
+@dataclass(frozen=True)
+class RoundView:
+    """Snapshot of one round.
+
+    Attributes
+    ----------
+    round_id, state, reason : int, str, str
+        ``state`` is one of :data:`ROUND_STATES`; ``reason`` explains ``failed``.
+    nonce : int
+        The round nonce mixed into every transform seed.
+    scheme, transform : str
+        Estimator name and the transform label used (or planned) at decode.
+    task_step : int
+        Completed task iterations before this round.
+    opened_at, first_submission_at, deadline_at, closed_at, finished_at : float or None
+        Unix seconds (``deadline_at`` is None while the deadline is not running).
+    clients_expected : int
+        n.
+    clients_arrived, clients_missing : tuple of str
+        Client ids that submitted / that joined but have not submitted.
+    payload_bytes : int
+        Encoded payload received: 8-byte seed + 4 bytes per value and per index.
+    wire_bytes : int
+        Serialized gRPC request bytes of the accepted submissions (excluding eval references).
+    raw_float32_bytes : int
+        What sending the vectors uncompressed would cost: ``arrived * m * d * 4``.
+    decode_seconds : float or None
+    c, beta : float or None
+        Transform coefficient and unbiasing scalar used.
+    r_hat : float or None
+        This round's correlation estimate from the sketches.
+    r_prior : float or None
+        The prior R the transform used (``transform=auto``).
+    eval_errors : EvalErrors or None
+        Evaluation mode only.
+    arrivals : tuple of Arrival
+        Every accepted submission, in client-index order (empty for rounds finished before
+        a restart by a version that did not store them).
+    """
+
+    round_id: int
+    state: str
+    reason: str
+    nonce: int
+    scheme: str
+    transform: str
+    task_step: int
+    opened_at: float
+    first_submission_at: float | None
+    deadline_at: float | None
+    closed_at: float | None
+    finished_at: float | None
+    clients_expected: int
+    clients_arrived: tuple[str, ...]
+    clients_missing: tuple[str, ...]
+    payload_bytes: int
+    wire_bytes: int
+    raw_float32_bytes: int
+    decode_seconds: float | None
+    c: float | None
+    beta: float | None
+    r_hat: float | None
+    r_prior: float | None
+    eval_errors: EvalErrors | None
+    arrivals: tuple[Arrival, ...] = ()
+
+
+@dataclass(frozen=True)
+class ClientView:
+    """A joined client: id, index (its data shard) and when it joined (unix seconds)."""
+
+    client_id: str
+    index: int
+    joined_at: float
+
+
+@dataclass(frozen=True)
+class TaskMetrics:
+    """The task's progress measured on the global state after a round.
+
+    Attributes
+    ----------
+    name : str
+        What ``value`` is (e.g. ``"Rayleigh quotient"``, ``"k-means objective"``).
+    value : float
+        The task's own metric (``Task.metric``) averaged over the n clients' shards.
+    optimum : float or None
+        The best value where the server knows it (power iteration: the top eigenvalue).
+    eigenvector_distance : float or None
+        Power iteration: ``sin`` of the angle between the iterate and the top eigenvector
+        (0 when converged, 1 when orthogonal).
+    """
+
+    name: str
+    value: float
+    optimum: float | None = None
+    eigenvector_distance: float | None = None
+
+
+@dataclass(frozen=True)
+class JobView:
+    """Progress of the server's task.
+
+    Attributes
+    ----------
+    task : str
+    steps_done : int
+        Rounds that finished with an estimate (task iterations taken).
+    rounds_planned : int
+        ``--rounds``.
+    done : bool
+    r_hat_smoothed : float or None
+        The smoothed correlation prior (``transform=auto``), in units of R for n clients.
+    failure : str
+        Why the job ended without finishing its rounds (``--max-failed-rounds``
+        consecutive failed rounds); empty while it runs and when it finished.
+    """
+
+    task: str
+    steps_done: int
+    rounds_planned: int
+    done: bool
+    r_hat_smoothed: float | None
+    failure: str = ""
+
+    @property
+    def state(self) -> str:
+        """``running``, ``done`` or ``failed``."""
+        return "failed" if self.failure else "done" if self.done else "running"
+
+
+BETA_STATES = ("computing", "ready", "failed", "not needed")
+
+
+@dataclass(frozen=True)
+class BetaView:
+    """The start-up computation of beta for n (the first decode waits for it).
+
+    Attributes
+    ----------
+    state : str
+        One of :data:`BETA_STATES` (``not needed`` when the job was already done).
+    n : int
+    started_at : float
+        Unix seconds.
+    seconds : float or None
+        How long it took, once finished.
+    value : float or None
+        beta, once ready.
+    error : str
+        Why it failed.
+    """
+
+    state: str
+    n: int
+    started_at: float
+    seconds: float | None = None
+    value: float | None = None
+    error: str = ""

@@ -1,0 +1,208 @@
+"""The ``rpsagg.v1`` messages as frozen dataclasses (what client and server code handle).
+
+:mod:`rpsagg_wire.v1.serde` converts them to and from protobuf bytes (and re-exports every
+name here). Build them by keyword: most have many fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from rpsagg._quantize import packed_size
+
+
+@dataclass(frozen=True)
+class JoinRequest:
+    """Join with a client id."""
+
+    client_id: str
+
+
+@dataclass(frozen=True)
+class JoinReply:
+    """The client's index among the n clients and what the task needs to know."""
+
+    client_index: int
+    n: int
+    task: str
+    data_hint: str = ""
+    task_params: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GetRoundRequest:
+    """Ask for the current round; ``client_id`` (optional) names the asking client, which
+    then counts as having seen ``job_done`` when the reply says so (the drained job end)."""
+
+    client_id: str = ""
+
+
+@dataclass(frozen=True)
+class RoundInfo:
+    """The current round (see ``docs/protocol.md``); ``state`` is a name from STATES."""
+
+    round_id: int
+    nonce: int
+    scheme: str
+    n: int
+    k: int
+    d: int
+    transform: str
+    task: str
+    m: int
+    global_state: NDArray[np.float64] | None
+    state: str
+    deadline_unix_ms: int
+    eval: bool
+    job_done: bool
+    task_step: int
+    total_rounds: int = 0
+    job_failure: str = ""
+    spec_version: str = ""
+    projection: str = ""
+    block_size: int = 0
+    value_bits: int = 32
+    bits: int = 0
+
+
+@dataclass(frozen=True, eq=False)
+class VectorPayload:
+    """One encoded vector: float32 values (or b-bit codes and a float32 scale), optional
+    indices, optional eval reference.
+
+    A quantized vector (``value_bits < 32``) has empty ``values`` and carries ``codes``
+    (uint32, each ``< 2^value_bits``) and ``scale``; the decoder turns them into values with
+    its scheme's code book (``rpsagg._quantize.dequantize``).
+    """
+
+    values: NDArray[np.float32]
+    indices: NDArray[np.int64] | None = None
+    reference: NDArray[np.float64] | None = None
+    codes: NDArray[np.uint32] | None = None
+    value_bits: int = 32
+    scale: float = 0.0
+
+    @property
+    def count(self) -> int:
+        """Number of values sent (codes when quantized)."""
+        return int(self.values.size if self.codes is None else self.codes.size)
+
+    @property
+    def payload_bytes(self) -> int:
+        """Values (4 bytes each, or the packed codes plus the 4-byte scale) and indices at 4
+        bytes each (the seed is counted per submission)."""
+        if self.codes is None:
+            values = 4 * int(self.values.size)
+        else:
+            values = packed_size(int(self.codes.size), self.value_bits) + 4
+        return values + (0 if self.indices is None else 4 * int(self.indices.size))
+
+
+@dataclass(frozen=True, eq=False)
+class Submission:
+    """One client's submission for one round.
+
+    Attributes
+    ----------
+    digest : bytes
+        SHA-256 of the deterministic serialization: equal digests mean byte-identical
+        submissions (a retry).
+    wire_bytes : int
+        Size of the serialized request minus the eval references (communication cost).
+    spec_version : str
+        Wire format the vectors were encoded with, as sent; ``""`` (a client from before the
+        field) stands for ``rpsagg-seed-v1``.
+    canonical : bytes
+        The deterministic serialization ``digest`` was computed from, as parsed (what the
+        server stores); empty for a submission built in code (``serde.canonical_bytes``
+        encodes it then).
+    """
+
+    round_id: int
+    client_id: str
+    client_seed: int
+    vectors: tuple[VectorPayload, ...]
+    digest: bytes = b""
+    wire_bytes: int = 0
+    spec_version: str = ""
+    canonical: bytes = field(default=b"", repr=False)
+
+    @property
+    def payload_bytes(self) -> int:
+        """8-byte seed plus the vectors' values and indices."""
+        return 8 + sum(v.payload_bytes for v in self.vectors)
+
+
+@dataclass(frozen=True)
+class SubmitReply:
+    """Ack: the submission is committed (``duplicate`` for an identical retry)."""
+
+    round_id: int
+    received: int
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class GetResultRequest:
+    """Ask for a round's result (0 = latest finished); ``wait`` blocks until it finishes.
+
+    ``client_id`` (optional) names the asking client, as in :class:`GetRoundRequest`.
+    """
+
+    round_id: int = 0
+    wait: bool = False
+    client_id: str = ""
+
+
+@dataclass(frozen=True)
+class Contributor:
+    """A client whose submission was decoded, with its client seed."""
+
+    client_id: str
+    client_seed: int
+
+
+@dataclass(frozen=True, eq=False)
+class RoundResult:
+    """A round's outcome; NaN stands for "not applicable" in the float fields."""
+
+    round_id: int
+    state: str
+    reason: str
+    estimate: NDArray[np.float64] | None
+    global_state: NDArray[np.float64] | None
+    n_prime: int
+    beta: float
+    c: float
+    decode_seconds: float
+    contributors: tuple[Contributor, ...]
+    r_hat: float
+    eval_sq_error: float
+    eval_sq_error_rand_k: float
+    eval_sq_error_rand_k_spatial: float
+    job_done: bool
+    nonce: int
+    transform: str
+    payload_bytes: int = 0
+    wire_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class WatchRequest:
+    """Subscribe to round events; ``client_id`` (optional) as in :class:`GetRoundRequest`."""
+
+    client_id: str = ""
+
+
+@dataclass(frozen=True)
+class RoundEvent:
+    """A round transition."""
+
+    round_id: int
+    state: str
+    reason: str = ""
+    job_done: bool = False
+    received: int = 0
