@@ -9,6 +9,7 @@ process group and the whole group is ended on exit, including the ``flower-super
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -137,13 +138,15 @@ class LocalFederation:
             _signal_group(proc, signal.SIGTERM)
         deadline = time.monotonic() + 10.0
         for proc in self.procs:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
         for proc in self.procs:
             _signal_group(proc, signal.SIGKILL)  # children (superexec, clientapps) too
             proc.wait()
+        groups = [p.pid for p in self.procs]
+        deadline = time.monotonic() + 10.0
+        while any(live_members(g) for g in groups) and time.monotonic() < deadline:
+            time.sleep(0.05)  # SIGKILL is delivered asynchronously
         self.procs.clear()
         if self._own_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -160,11 +163,26 @@ class LocalFederation:
         self.stop()
 
 
+def live_members(pgid: int) -> list[int]:
+    """Processes of group ``pgid`` that are still running (zombies, which are dead and only
+    wait to be reaped, do not count). Linux ``/proc``."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # exited meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(entry.name))
+    return out
+
+
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _toml(value: object) -> str:

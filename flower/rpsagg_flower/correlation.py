@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+
 from rpsagg import Encoded, Estimator, correlation_terms
 from rpsagg._blockwise import BlockwiseRandProjSpatial, block_seed
 

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord
 from numpy.typing import NDArray
+
 from rpsagg import Encoded, Estimator
 from rpsagg._quantize import dequantize, pack_codes, unpack_codes
 from rpsagg._spec import derive_round_seed
-
 from rpsagg_flower.settings import nonce_from_bytes, nonce_to_bytes
 
 FloatArray = NDArray[np.float64]
@@ -42,7 +42,7 @@ class Layout:
 
     keys: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
-    dtypes: tuple[np.dtype, ...]  # type: ignore[type-arg]
+    dtypes: tuple[np.dtype, ...]
 
     @property
     def d(self) -> int:
@@ -91,8 +91,9 @@ def apply_update(record: ArrayRecord, layout: Layout, update: FloatArray) -> Arr
     offset = 0
     for key, shape, dtype in zip(layout.keys, layout.shapes, layout.dtypes, strict=True):
         size = int(np.prod(shape))
-        new = (base[offset : offset + size] + update[offset : offset + size]).reshape(shape)
-        out[key] = Array(np.ascontiguousarray(new.astype(dtype)))
+        new = base[offset : offset + size] + update[offset : offset + size]
+        # np.array, not ascontiguousarray: that would turn a 0-d array into shape (1,)
+        out[key] = Array(np.array(new, dtype=dtype).reshape(shape))
         offset += size
     return ArrayRecord(out)
 
@@ -155,6 +156,8 @@ def records_to_encoded(
         scheme, count, value_bits = meta["scheme"], meta["count"], meta["value-bits"]
     except KeyError as exc:
         raise ValueError(f"the compressed reply lacks {exc.args[0]!r}") from None
+    if not (isinstance(scheme, str) and isinstance(count, int) and isinstance(value_bits, int)):
+        raise ValueError("the compressed reply's scheme, count or value-bits is malformed")
     if sent_nonce != nonce:
         raise ValueError("the reply was encoded for another round (its nonce differs)")
     if scheme != est.name or value_bits != est.value_bits:
@@ -162,9 +165,7 @@ def records_to_encoded(
             f"the reply is {scheme!r} with {value_bits}-bit values; this round is "
             f"{est.name!r} with {est.value_bits}-bit values"
         )
-    if not isinstance(count, int) or count < 0 or (
-        est.values_per_message is not None and count != est.values_per_message
-    ):
+    if count < 0 or (est.values_per_message is not None and count != est.values_per_message):
         raise ValueError(f"the reply has {count!r} values; expected {est.values_per_message}")
     seed = derive_round_seed(client_seed, nonce, str(node_id))
     indices = _from_raw(arrays, "indices", "int32").astype(np.int64) if (
@@ -173,7 +174,7 @@ def records_to_encoded(
     if indices is not None and indices.size != count:
         raise ValueError(f"the reply has {indices.size} indices for {count} values")
     if est.value_bits == 32:
-        values = _from_raw(arrays, "values", "float32")
+        values = _from_raw(arrays, "values", "float32").astype(np.float32)
         if values.size != count:
             raise ValueError(f"the reply has {values.size} values; it says {count}")
         return Encoded(est.name, seed, est.k, est.d, values, indices)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flwr.app import ConfigRecord
+
 from rpsagg import ESTIMATOR_NAMES, QUANTIZER_NAMES, Estimator, make_estimator
 
 #: Prefix of every key this package adds to a ``ConfigRecord``.

@@ -11,8 +11,8 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
-from rpsagg import ESTIMATOR_NAMES, QUANTIZER_NAMES, CorrelationTracker, Encoded, Estimator
 
+from rpsagg import ESTIMATOR_NAMES, QUANTIZER_NAMES, CorrelationTracker, Encoded, Estimator
 from rpsagg_flower.correlation import r_hat
 from rpsagg_flower.payload import REPLY_CONFIG, Layout, apply_update, records_to_encoded
 from rpsagg_flower.settings import AUTO_BLOCK_SIZE, AUTO_BLOCK_THRESHOLD, RoundEncoding
@@ -201,7 +201,11 @@ class RandProjSpatialFedAvg(FedAvg):
         new_arrays = apply_update(plan.arrays, plan.layout, update)
 
         contents = [valid[a.content_index].content for a in accepted]
-        metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
+        key = self.weighted_by_key
+        if all(any(key in m for m in c.metric_records.values()) for c in contents):
+            metrics = self.train_metrics_aggr_fn(contents, key)
+        else:  # FedAvg's aggregation needs the weight in every reply; unweighted runs may not
+            metrics = MetricRecord()
         up = sum(a.wire_bytes for a in accepted)
         raw = len(accepted) * plan.arrays.count_bytes()
         metrics["rpsagg.n-prime"] = len(accepted)

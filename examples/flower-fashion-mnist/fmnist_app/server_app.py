@@ -14,9 +14,9 @@ from pathlib import Path
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
-from rpsagg_flower import RandProjSpatialFedAvg
 
 from fmnist_app.task import evaluate, init_model, load
+from rpsagg_flower import RandProjSpatialFedAvg
 
 app = ServerApp()
 
@@ -27,16 +27,17 @@ def main(grid: Grid, context: Context) -> None:
     rc = context.run_config
     method = str(rc["method"])
     nodes = int(rc["clients"])
-    common = {"fraction_evaluate": 0.0, "min_train_nodes": nodes, "min_available_nodes": nodes}
     strategy: FedAvg
     if method == "fedavg":
-        strategy = FedAvg(**common)  # type: ignore[arg-type]
+        strategy = FedAvg(fraction_evaluate=0.0, min_train_nodes=nodes,
+                          min_available_nodes=nodes)
     else:
         bits = int(rc["bits"])
         strategy = RandProjSpatialFedAvg(
             method, k=None if method in ("eden", "qsgd") else int(rc["k"]),
             transform=str(rc["transform"]), value_bits=int(rc["value-bits"]),
-            bits=bits or None, **common,
+            bits=bits or None, fraction_evaluate=0.0, min_train_nodes=nodes,
+            min_available_nodes=nodes,
         )
     w, b = init_model()
     initial = ArrayRecord({"weight": Array(w), "bias": Array(b)})
@@ -58,7 +59,7 @@ def main(grid: Grid, context: Context) -> None:
     raw_reply = initial.count_bytes()
     for rnd, metrics in result.train_metrics_clientapp.items():
         entry = log.setdefault(rnd, {})
-        entry.update({key: float(v) for key, v in metrics.items()  # type: ignore[arg-type]
+        entry.update({key: float(v) for key, v in metrics.items()
                       if isinstance(v, int | float)})
         entry.setdefault("rpsagg.bytes-up", float(nodes * raw_reply))  # FedAvg: every reply raw
     path = str(rc["results-path"])
