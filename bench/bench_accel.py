@@ -132,7 +132,7 @@ def avg_c(n: int) -> float:
 
 
 def seeds_for(n: int, salt: int) -> list[int]:
-    from rpsagg._spec import mix64
+    from rpsagg.spec import mix64
 
     return [mix64(salt * 1_000_003 + i) for i in range(n)]
 
@@ -161,7 +161,7 @@ def env_section(device: str, native: str) -> dict[str, Any]:
     import torch
 
     import rpsagg
-    from rpsagg import _spec
+    from rpsagg import spec as _spec
 
     out: dict[str, Any] = {
         "python": platform.python_version(),

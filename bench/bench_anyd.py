@@ -35,8 +35,8 @@ from numpy.typing import NDArray
 
 from rpsagg._dct import dct_encode, dct_matrix
 from rpsagg._fwht import fwht
-from rpsagg._spec import padded_dim
 from rpsagg._srht import srht_encode, srht_matrix
+from rpsagg.spec import padded_dim
 
 FloatArray = NDArray[np.float64]
 Maker = Callable[[int, int, int], FloatArray]  # (seed, k, d) -> dense k x d_op matrix

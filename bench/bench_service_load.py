@@ -36,16 +36,16 @@ import grpc
 import numpy as np
 
 from rpsagg import make_estimator
-from rpsagg._spec import derive_round_seed
-from rpsagg.v1 import serde
-from rpsagg.v1.serde import (
+from rpsagg.spec import derive_round_seed
+from rpsagg_server.store import Store
+from rpsagg_wire.v1 import serde
+from rpsagg_wire.v1.serde import (
     GetResultRequest,
     GetRoundRequest,
     JoinRequest,
     Submission,
     VectorPayload,
 )
-from rpsagg_server.store import Store
 
 CONFIGS = ((200, 128, 4096), (1000, 64, 4096))  # (clients, k, d): the two cases
 TICK = os.sysconf("SC_CLK_TCK")

@@ -55,8 +55,8 @@ from typing import Any
 import grpc
 import numpy as np
 
-from rpsagg.v1 import serde
 from rpsagg_client import AggregationClient
+from rpsagg_wire.v1 import serde
 
 FAULTS = ("client-kill", "server-kill", "stall", "lock-storm")
 

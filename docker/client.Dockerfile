@@ -11,8 +11,9 @@ RUN python -m venv "$VIRTUAL_ENV"
 ENV PATH="/opt/venv/bin:$PATH"
 WORKDIR /src
 COPY common/ common/
+COPY wire/ wire/
 COPY client/ client/
-RUN --mount=type=cache,target=/root/.cache/pip pip install "./common[fast]" ./client
+RUN --mount=type=cache,target=/root/.cache/pip pip install "./common[fast]" ./wire ./client
 
 # --- runtime: the venv, the demo data and a non-root user ---------------------------------
 FROM python:3.11.14-slim-bookworm

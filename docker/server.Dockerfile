@@ -11,8 +11,9 @@ RUN python -m venv "$VIRTUAL_ENV"
 ENV PATH="/opt/venv/bin:$PATH"
 WORKDIR /src
 COPY common/ common/
+COPY wire/ wire/
 COPY server/ server/
-RUN --mount=type=cache,target=/root/.cache/pip pip install "./common[fast]" ./server
+RUN --mount=type=cache,target=/root/.cache/pip pip install "./common[fast]" ./wire ./server
 
 # --- runtime: the venv and a non-root user ------------------------------------------------
 FROM python:3.11.14-slim-bookworm

@@ -43,7 +43,8 @@ if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
   "$python" -m venv --clear .venv
 fi
 
-inputs=(common/pyproject.toml common/setup.py common/rpsagg/_fast.c server/pyproject.toml client/pyproject.toml)
+inputs=(common/pyproject.toml common/setup.py common/rpsagg/_fast.c wire/pyproject.toml
+        server/pyproject.toml client/pyproject.toml experiments/pyproject.toml)
 [ "$role" = test ] && inputs+=(requirements-dev.txt)
 stamp_file=.venv/.setup-stamp-$role
 stamp=$(cat "${inputs[@]}" scripts/setup-env.sh | sha256sum | cut -d' ' -f1)
@@ -51,15 +52,15 @@ if [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp" ]; then
   export PIP_DISABLE_PIP_VERSION_CHECK=1
   echo "[setup] updating pip"
   .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-  args=(-e "common[fast,experiments]" -e server -e client)
+  args=(-e "common[fast,blas]" -e wire -e server -e client -e experiments)
   # the tests also run the PyTorch decode backend (rpsagg[torch]) on the CPU (requirements-dev
   # pins torch to the CPU build) and the Ray decode backend (rpsagg-server[ray])
-  [ "$role" = test ] && args=(-e "common[fast,experiments,torch]" -e "server[ray]" -e client
-                              -r requirements-dev.txt)
-  echo "[setup] installing rpsagg, rpsagg-server, rpsagg-client$([ "$role" = test ] \
+  [ "$role" = test ] && args=(-e "common[fast,blas,torch]" -e wire -e "server[ray]" -e client
+                              -e experiments -r requirements-dev.txt)
+  echo "[setup] installing rpsagg, rpsagg-wire, rpsagg-server, rpsagg-client, rpsagg-experiments$([ "$role" = test ] \
     && echo " and the test tools") into .venv (a minute the first time)"
   .venv/bin/python -m pip install -q "${args[@]}" 2>&1 | grep -v "^WARNING: Location" || true
-  .venv/bin/python -c "import rpsagg, rpsagg_server, rpsagg_client"
+  .venv/bin/python -c "import rpsagg, rpsagg_wire, rpsagg_server, rpsagg_client, rpsagg_experiments"
   echo "$stamp" > "$stamp_file"
   echo "[setup] .venv ready ($role)"
 fi
@@ -81,13 +82,9 @@ if [ "$role" = test ]; then
     export PIP_DISABLE_PIP_VERSION_CHECK=1
     echo "[setup] installing rpsagg, rpsagg-flower (flwr) and the test tools into .venv-flower"
     .venv-flower/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-    # rpsagg's metadata still requires protobuf >= 7 for its rpsagg.v1 wire code, which the
-    # math does not import: install rpsagg and rpsagg-flower without their dependency lists
-    # and name the math's and flwr's instead
-    .venv-flower/bin/python -m pip install -q --no-deps -e common -e flower 2>&1 \
-      | grep -v "^WARNING: Location" || true
-    .venv-flower/bin/python -m pip install -q "flwr>=1.42,<1.43" "numpy>=1.26" "scipy>=1.11" \
-      "threadpoolctl>=3.1" -r flower/requirements-test.txt 2>&1 | grep -v "^WARNING: Location" || true
+    # rpsagg is the math alone (numpy, scipy): it installs beside flwr's protobuf pin
+    .venv-flower/bin/python -m pip install -q -e "common[blas]" -e flower \
+      -r flower/requirements-test.txt 2>&1 | grep -v "^WARNING: Location" || true
     .venv-flower/bin/python -c "import rpsagg, rpsagg_flower, flwr"
     echo "$fl_stamp" > "$fl_stamp_file"
     echo "[setup] .venv-flower ready"

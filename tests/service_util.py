@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 
 from rpsagg import make_estimator
-from rpsagg.v1 import serde
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.decoding import messages
 from rpsagg_server.server import RunningServer, create_server
 from rpsagg_server.store import Store
+from rpsagg_wire.v1 import serde
 
 PY = sys.executable
 

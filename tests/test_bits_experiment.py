@@ -7,7 +7,7 @@ import math
 import pytest
 
 from rpsagg._correlation import CorrelationTracker
-from rpsagg.experiments.bits import Point, floored_prior, pareto, points, run_point
+from rpsagg_experiments.bits import Point, floored_prior, pareto, points, run_point
 
 
 def test_pareto_keeps_only_points_no_cheaper_point_beats() -> None:

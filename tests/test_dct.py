@@ -23,7 +23,7 @@ from test_spec import (
 )
 
 import rpsagg
-from rpsagg import _spec
+from rpsagg import spec
 from rpsagg._dct import JointDCT, dct_encode, dct_matrix
 from rpsagg._decode import joint_solve
 from rpsagg._projection import resolve_projection
@@ -53,7 +53,7 @@ def ref_dct_encode(x: list[float], seed: int, k: int) -> tuple[int, list[int], l
 def test_shift_stream_keys_match_the_vectors() -> None:
     for seed, keys in VECTORS["keys"].items():
         assert ref_key(int(seed, 16), "rpsSHIFT") == int(keys["SHIFT"], 16)
-        assert _spec.stream_key(int(seed, 16), _spec.TAG_SHIFT) == int(keys["SHIFT"], 16)
+        assert spec.stream_key(int(seed, 16), spec.TAG_SHIFT) == int(keys["SHIFT"], 16)
 
 
 @pytest.mark.parametrize("case", VECTORS["dct_cases"], ids=lambda c: f"d={c['d']}")
@@ -63,16 +63,16 @@ def test_golden_dct_vectors(case: dict[str, object], monkeypatch: pytest.MonkeyP
     tol = float(VECTORS["dct_abs_tolerance"]) * max(1.0, math.sqrt(sum(v * v for v in x)))
     shift, rows, ref = ref_dct_encode(x, seed, k)
     # the reference reproduces the file's integers and values
-    assert shift == case["shift"] == _spec.dct_shift(seed, d)
-    assert rows == case["rows"] == _spec.sample_distinct(seed, _spec.TAG_ROWS, k, d).tolist()
+    assert shift == case["shift"] == spec.dct_shift(seed, d)
+    assert rows == case["rows"] == spec.sample_distinct(seed, spec.TAG_ROWS, k, d).tolist()
     bits = ref_sign_bits(seed, d)[:64]
     assert hex(sum(b << j for j, b in enumerate(bits))) == case["sign_bits"]
     expected = [float(v) for v in case["y_f64"]]  # type: ignore[attr-defined]
     assert np.allclose(ref, expected, rtol=0, atol=1e-12)
     assert [hex(f32_bits(v)) for v in expected] == case["y_f32"]
     # the library, with the compiled sign kernel and with numpy, within the stated tolerance
-    for native in (_spec.NATIVE, None):
-        monkeypatch.setattr(_spec, "NATIVE", native)
+    for native in (spec.NATIVE, None):
+        monkeypatch.setattr(spec, "NATIVE", native)
         est = rpsagg.make_estimator("rand-proj-spatial", n=2, k=k, d=d, projection="dct")
         msg = est.encode(np.array(x), seed=seed)
         assert msg.scheme == "rand-proj-spatial:dct"
@@ -237,11 +237,11 @@ def test_avg_is_unbiased_per_coordinate_at_d_300() -> None:
 
 def test_worked_example_of_the_document() -> None:
     # docs/wire-format.md, section 12: seed 1, d = 300, k = 9, x_j = (j mod 7) - 3
-    assert _spec.stream_key(1, _spec.TAG_SHIFT) == 0xED100D1251F9BFF7
-    assert _spec.dct_shift(1, 300) == 62
-    rows = _spec.sample_distinct(1, _spec.TAG_ROWS, 9, 300).tolist()
+    assert spec.stream_key(1, spec.TAG_SHIFT) == 0xED100D1251F9BFF7
+    assert spec.dct_shift(1, 300) == 62
+    rows = spec.sample_distinct(1, spec.TAG_ROWS, 9, 300).tolist()
     assert rows == [118, 207, 4, 140, 297, 204, 121, 266, 154]
-    bits = _spec.sign_bits(1, 300)[:64]
+    bits = spec.sign_bits(1, 300)[:64]
     assert sum(int(b) << j for j, b in enumerate(bits)) == 0xE590BEA4ADE76226
     y = dct_encode(np.array(golden_x(300)), 1, 9)
     np.testing.assert_allclose(y[:3], [0.4706747515, 0.7972705461, -4.787007518], atol=1e-9)

@@ -18,8 +18,8 @@ from rpsagg._auto import auto_c
 from rpsagg._beta import mc_seeds
 from rpsagg._dct import dct_matrix
 from rpsagg._decode import joint_solve
-from rpsagg._spec import randk_indices
 from rpsagg._srht import JointSRHT
+from rpsagg.spec import randk_indices
 from rpsagg.synthetic import correlated_vectors
 
 

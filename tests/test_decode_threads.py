@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import rpsagg
-from rpsagg import _fwht, _spec
+from rpsagg import _fwht, spec
 from rpsagg._decode import joint_solve
 from rpsagg._srht import JointSRHT, _split, default_threads
 from rpsagg.synthetic import correlated_vectors
@@ -21,7 +21,7 @@ from rpsagg.synthetic import correlated_vectors
 
 def _backends() -> list[str]:
     out = ["numpy"]
-    if _spec.NATIVE is not None:
+    if spec.NATIVE is not None:
         out.append("native")
     if _fwht._FAST is not None:
         out.append("fht-cpu")

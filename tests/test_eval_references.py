@@ -18,12 +18,12 @@ from prometheus_client import CollectorRegistry
 from service_util import base_config, in_process_server
 
 from rpsagg import make_estimator
-from rpsagg._spec import derive_round_seed
-from rpsagg.v1.serde import Submission, VectorPayload
+from rpsagg.spec import derive_round_seed
 from rpsagg_client import AggregationClient
 from rpsagg_server import decoding
 from rpsagg_server.decoding import decode_round, messages
 from rpsagg_server.http import create_app
+from rpsagg_wire.v1.serde import Submission, VectorPayload
 
 N, K, D = 2, 8, 128
 SCHEME = "rand-proj-spatial"

@@ -1,4 +1,4 @@
-"""Reduced versions of the reproduction experiments (rpsagg.experiments).
+"""Reduced versions of the reproduction experiments (rpsagg_experiments).
 
 Tolerances: a Monte Carlo mean of T independent squared errors has standard error
 s / sqrt(T) (s the sample standard deviation); by the CLT z = (mean - truth) / se is close to
@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from rpsagg import make_estimator, spatial_beta
-from rpsagg.experiments import closed_forms, full_correlation, rank, varying_correlation
-from rpsagg.experiments.montecarlo import mse
-from rpsagg.experiments.runtime import seed_of
+from rpsagg_experiments import closed_forms, full_correlation, rank, varying_correlation
+from rpsagg_experiments.montecarlo import mse
+from rpsagg_experiments.runtime import seed_of
 
 ROOT = Path(__file__).resolve().parents[1]
 UJI = ROOT.parent / "shared" / "data" / "ujiindoorloc.zip"
@@ -105,7 +105,7 @@ def test_rand_proj_spatial_beats_rand_k_spatial_opt() -> None:
 
 @pytest.mark.skipif(not FASHION.exists(), reason="dataset-fashion-mnist not installed")
 def test_fashion_noniid_split_two_labels_per_client() -> None:
-    from rpsagg.experiments.splits import fashion_mnist, split_rows
+    from rpsagg_experiments.splits import fashion_mnist, split_rows
 
     data = fashion_mnist()
     assert data.x.shape == (10000, 1024) and data.labels is not None
@@ -122,7 +122,7 @@ def test_kmeans_objective_goes_down_under_the_papers_budget() -> None:
     # updates the objective falls for Rand-k and Rand-Proj-Spatial(avg) alike (measured at
     # 30 rounds: 1.4e6 -> 4.5e5 and 9.3e5 -> 3.6e5), and the squared error of the estimate
     # shrinks with the updates. (Sending whole centroids it never fell: docs/reproduction.md.)
-    from rpsagg.experiments.optimization import Job, run_job
+    from rpsagg_experiments.optimization import Job, run_job
 
     for est in ("rand-k", "rand-proj-spatial(avg)"):
         tr = run_job(Job("kmeans", "iid", 10, 102, est, 0, 8))
@@ -131,7 +131,7 @@ def test_kmeans_objective_goes_down_under_the_papers_budget() -> None:
 
 
 def test_verdicts_check_both_rivals_on_error_and_loss() -> None:
-    from rpsagg.experiments.verdict import markdown, verdicts
+    from rpsagg_experiments.verdict import markdown, verdicts
 
     def rows(est: str, errs: list[float], losses: list[float]) -> list[dict[str, object]]:
         return [{"task": "t", "split": "iid", "n": "4", "k": "2", "estimator": est,
@@ -155,8 +155,8 @@ def test_verdicts_check_both_rivals_on_error_and_loss() -> None:
 
 @pytest.mark.skipif(not UJI.exists(), reason="UJIIndoorLoc zip not in ../shared/data")
 def test_linreg_noniid_split_and_short_run() -> None:
-    from rpsagg.experiments.optimization import Job, run_job
-    from rpsagg.experiments.splits import split_rows, ujiindoorloc
+    from rpsagg_experiments.optimization import Job, run_job
+    from rpsagg_experiments.splits import split_rows, ujiindoorloc
 
     data = ujiindoorloc(str(UJI))
     assert data.x.shape == (10000, 512) and data.y is not None
@@ -185,8 +185,8 @@ def test_via_service_matches_in_process(
     tmp_path: Path, label: str, n: int, iterations: int
 ) -> None:
     pytest.importorskip("rpsagg_server")
-    from rpsagg.experiments.optimization import Job
-    from rpsagg.experiments.service import compare, service_job
+    from rpsagg_experiments.optimization import Job
+    from rpsagg_experiments.service import compare, service_job
 
     job = Job("power-iteration", "iid", n, 8, label, 0, iterations)
     res = service_job(job, tmp_path, timeout=120.0)
@@ -203,8 +203,8 @@ def test_kmeans_via_service_in_both_modes(tmp_path: Path) -> None:
     # shows that server and clients used it too (the two modes' numbers differ: the server
     # adds the estimate to the centroids in one and replaces them in the other).
     pytest.importorskip("rpsagg_server")
-    from rpsagg.experiments.optimization import Job
-    from rpsagg.experiments.service import compare, server_flags, service_job
+    from rpsagg_experiments.optimization import Job
+    from rpsagg_experiments.service import compare, server_flags, service_job
 
     assert server_flags({"centroids": 10, "updates": 0.0, "lr": 0.001}) == [
         "--centroids", "10", "--kmeans-updates", "0", "--lr", "0.001"]

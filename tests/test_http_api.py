@@ -22,10 +22,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from service_util import InProcessServer, base_config, in_process_server
 
 import rpsagg
-from rpsagg.v1.serde import RoundInfo, RoundResult, Submission
 from rpsagg_client import AggregationClient
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.http import create_app
+from rpsagg_wire.v1.serde import RoundInfo, RoundResult, Submission
 
 N, K, D = 3, 8, 64
 

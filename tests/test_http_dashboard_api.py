@@ -24,10 +24,10 @@ from prometheus_client import CollectorRegistry
 from service_util import InProcessServer, base_config, in_process_server
 
 from rpsagg.tasks import load_shard
-from rpsagg.v1.serde import Submission
 from rpsagg_client import AggregationClient
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.http import create_app
+from rpsagg_wire.v1.serde import Submission
 
 N, K, D = 3, 8, 64
 

@@ -8,21 +8,23 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-GENERATED = ("aggregation_pb2.py", "aggregation_pb2.pyi", "aggregation_pb2_grpc.py")
+GENERATED = ("aggregation_pb2.py", "aggregation_pb2.pyi")
 
 
 def test_regenerating_the_protobuf_code_changes_nothing(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHON=sys.executable)
     subprocess.run([str(ROOT / "scripts" / "gen-proto.sh"), str(tmp_path)], check=True, env=env)
     for name in GENERATED:
-        fresh = (tmp_path / "rpsagg" / "v1" / name).read_bytes()
-        committed = (ROOT / "common" / "rpsagg" / "v1" / name).read_bytes()
+        fresh = (tmp_path / "rpsagg_wire" / "v1" / name).read_bytes()
+        committed = (ROOT / "wire" / "rpsagg_wire" / "v1" / name).read_bytes()
         assert fresh == committed, f"{name} is stale: run scripts/gen-proto.sh"
+    committed_files = {p.name for p in (ROOT / "wire" / "rpsagg_wire" / "v1").glob("*_pb2*")}
+    assert committed_files == set(GENERATED), "generated code that gen-proto.sh does not make"
 
 
 def test_only_the_serde_module_imports_generated_code() -> None:
     offenders = []
-    for base in ("common/rpsagg", "server", "client"):
+    for base in ("common", "wire", "server", "client", "experiments"):
         for path in (ROOT / base).rglob("*.py"):
             if path.name.endswith(("_pb2.py", "_pb2_grpc.py")) or path.name == "serde.py":
                 continue

@@ -267,7 +267,7 @@ def test_golden_rand_k_codes_from_the_documented_rule() -> None:
     # t = L (v + m) / (2 m), code = floor(t) + (uniform(seed, rpsQRND_, j) < frac(t)),
     # packed least significant bit first
     from rpsagg._quantize import TAG_QROUND
-    from rpsagg._spec import uniforms
+    from rpsagg.spec import uniforms
 
     x = [float((j % 7) - 3) for j in range(20)]
     plain = rpsagg.make_estimator("rand-k", n=2, k=6, d=20).encode(np.array(x), GOLDEN_SEED)

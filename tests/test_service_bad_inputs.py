@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from service_util import Certs, InProcessServer, base_config, make_certs
 
-from rpsagg.v1 import serde
-from rpsagg.v1.serde import RoundInfo, Submission, VectorPayload
 from rpsagg_client import AggregationClient
+from rpsagg_wire.v1 import serde
+from rpsagg_wire.v1.serde import RoundInfo, Submission, VectorPayload
 
 N, K, D = 3, 8, 128
 TOKENS = "c0 tok-c0\nc1 tok-c1\nc2 tok-c2\nstranger tok-stranger\n"

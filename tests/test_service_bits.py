@@ -14,11 +14,11 @@ from service_util import base_config, in_process_server
 
 import rpsagg
 from rpsagg.synthetic import correlated_vectors
-from rpsagg.v1 import serde
-from rpsagg.v1.serde import VectorPayload
 from rpsagg_client import AggregationClient
 from rpsagg_server.config import load_config
 from rpsagg_server.decoding import messages
+from rpsagg_wire.v1 import serde
+from rpsagg_wire.v1.serde import VectorPayload
 
 N, K, D = 4, 8, 128
 

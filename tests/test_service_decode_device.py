@@ -17,9 +17,9 @@ from service_util import (
 
 import rpsagg
 from rpsagg.synthetic import correlated_vectors
-from rpsagg.v1.serde import Submission, VectorPayload
 from rpsagg_server import decoding
 from rpsagg_server.config import load_config
+from rpsagg_wire.v1.serde import Submission, VectorPayload
 
 pytest.importorskip("torch", reason="scripts/setup-env.sh test installs rpsagg[torch]")
 import rpsagg._torch
@@ -61,7 +61,7 @@ def test_decode_threads_option_gives_the_same_estimate() -> None:
     subs = []
     for i in range(N):
         cid = f"client-{i}"
-        seed = rpsagg._spec.derive_round_seed(7 + i, 5, cid, 0)
+        seed = rpsagg.spec.derive_round_seed(7 + i, 5, cid, 0)
         subs.append(Submission(1, cid, 7 + i, (VectorPayload(est.encode(xs[i], seed).values),)))
     one = decoding.decode_round(est, subs, 5, 1, tracker=None, evaluate=False,
                                 options=decoding.DecodeOptions(threads=1))
@@ -85,7 +85,7 @@ def test_decode_round_on_device_equals_numpy(monkeypatch: pytest.MonkeyPatch) ->
     subs = []
     for i in range(N):
         cid = f"client-{i}"
-        seed = rpsagg._spec.derive_round_seed(1000 + i, nonce, cid, 0)
+        seed = rpsagg.spec.derive_round_seed(1000 + i, nonce, cid, 0)
         enc = est.encode(xs[i], seed)
         subs.append(Submission(1, cid, 1000 + i, (VectorPayload(enc.values),)))
     want = decoding.decode_round(est, subs, nonce, 1, tracker=None, evaluate=False)

@@ -30,10 +30,10 @@ from service_util import (
     wait_port_file,
 )
 
-from rpsagg.v1 import serde
-from rpsagg.v1.serde import RoundEvent, RoundInfo, RoundResult
 from rpsagg_client import AggregationClient
 from rpsagg_server.http import create_app
+from rpsagg_wire.v1 import serde
+from rpsagg_wire.v1.serde import RoundEvent, RoundInfo, RoundResult
 
 K, D = 8, 64
 

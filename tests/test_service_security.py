@@ -12,10 +12,10 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from service_util import Certs, base_config, in_process_server, make_certs
 
-from rpsagg.v1 import serde
 from rpsagg_client import AggregationClient
 from rpsagg_server.config import ServerConfig, load_config
 from rpsagg_server.http import create_app
+from rpsagg_wire.v1 import serde
 
 
 @pytest.fixture(scope="module")

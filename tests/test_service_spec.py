@@ -20,9 +20,9 @@ import pytest
 from service_util import base_config, in_process_server
 
 import rpsagg
-from rpsagg.v1 import serde
-from rpsagg.v1.serde import RoundInfo
 from rpsagg_client import AggregationClient
+from rpsagg_wire.v1 import serde
+from rpsagg_wire.v1.serde import RoundInfo
 
 N, K = 3, 8
 
@@ -45,7 +45,7 @@ def _decoded_like_the_library(clients: list[AggregationClient], rnd: RoundInfo,
     assert res.estimate is not None
     est = clients[0].estimator_for(rnd)
     msgs = [
-        rpsagg.Encoded(est.name, rpsagg._spec.derive_round_seed(s.client_seed, rnd.nonce,
+        rpsagg.Encoded(est.name, rpsagg.spec.derive_round_seed(s.client_seed, rnd.nonce,
                                                                  s.client_id, 0),
                        K, rnd.d, s.vectors[0].values)
         for s in subs

@@ -32,9 +32,9 @@ from service_util import (
 )
 
 from rpsagg.synthetic import correlated_vectors
-from rpsagg.v1 import serde
-from rpsagg.v1.serde import Submission
 from rpsagg_client import AggregationClient
+from rpsagg_wire.v1 import serde
+from rpsagg_wire.v1.serde import Submission
 
 N, K, D = 4, 8, 128
 

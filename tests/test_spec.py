@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 import rpsagg
-from rpsagg import _fwht, _spec
+from rpsagg import _fwht, spec
 from rpsagg._srht import JointSRHT, srht_encode
 
 # --------------------------------------------------------------------------------------
@@ -180,16 +180,16 @@ GOLDEN_ROUND = [
 
 def library_snapshot() -> dict[str, Any]:
     """Every golden quantity as computed by the library (JSON-able; hex strings for ints)."""
-    tags = {name: _spec._tag(raw.encode()) for name, raw in TAG_NAMES.items()}
+    tags = {name: spec._tag(raw.encode()) for name, raw in TAG_NAMES.items()}
     snap: dict[str, Any] = {"keys": {}, "words": {}, "cases": [], "round": []}
     for seed in GOLDEN_KEYS:
-        snap["keys"][hex(seed)] = {n: hex(_spec.stream_key(seed, t)) for n, t in tags.items()}
-        key = _spec.stream_key(seed, _spec.TAG_SIGNS)
-        snap["words"][hex(seed)] = [hex(int(w)) for w in _spec.stream_words(key, 0, 4)]
+        snap["keys"][hex(seed)] = {n: hex(spec.stream_key(seed, t)) for n, t in tags.items()}
+        key = spec.stream_key(seed, spec.TAG_SIGNS)
+        snap["words"][hex(seed)] = [hex(int(w)) for w in spec.stream_words(key, 0, 4)]
     for case in GOLDEN_CASES:
         seed, k, d = case["seed"], case["k"], case["d"]
-        d_pad = _spec.padded_dim(d)
-        bits = _spec.sign_bits(seed, d_pad)[:64]
+        d_pad = spec.padded_dim(d)
+        bits = spec.sign_bits(seed, d_pad)[:64]
         est = rpsagg.make_estimator("rand-proj-spatial", n=2, k=k, d=d, projection="srht")
         y = est.encode(np.array(golden_x(d)), seed=seed).values
         snap["cases"].append(
@@ -199,15 +199,15 @@ def library_snapshot() -> dict[str, Any]:
                 "d": d,
                 "d_pad": d_pad,
                 "sign_bits": hex(sum(int(b) << j for j, b in enumerate(bits))),
-                "rows": _spec.srht_rows(seed, k, d_pad).tolist(),
-                "randk": _spec.randk_indices(seed, k, d).tolist(),
-                "induced": _spec.sample_distinct(seed, _spec.TAG_INDUCED, k - k // 2, d).tolist(),
-                "wangni_u": [float(u).hex() for u in _spec.uniforms(seed, _spec.TAG_WANGNI, 3)],
+                "rows": spec.srht_rows(seed, k, d_pad).tolist(),
+                "randk": spec.randk_indices(seed, k, d).tolist(),
+                "induced": spec.sample_distinct(seed, spec.TAG_INDUCED, k - k // 2, d).tolist(),
+                "wangni_u": [float(u).hex() for u in spec.uniforms(seed, spec.TAG_WANGNI, 3)],
                 "y": [hex(int(v)) for v in y.view(np.uint32)],
             }
         )
     for cs, nonce, cid, idx, _ in GOLDEN_ROUND:
-        snap["round"].append(hex(_spec.derive_round_seed(cs, nonce, cid, idx)))
+        snap["round"].append(hex(spec.derive_round_seed(cs, nonce, cid, idx)))
     return snap
 
 
@@ -239,25 +239,25 @@ def expected_snapshot() -> dict[str, Any]:
 # The reference against itself and against published values
 # --------------------------------------------------------------------------------------
 def test_spec_version() -> None:
-    assert rpsagg.SPEC_VERSION == _spec.SPEC_VERSION == VECTORS["spec"] == "rpsagg-seed-v3"
-    assert _spec.SPEC_VERSIONS == ("rpsagg-seed-v1", "rpsagg-seed-v2", "rpsagg-seed-v3")
+    assert rpsagg.SPEC_VERSION == spec.SPEC_VERSION == VECTORS["spec"] == "rpsagg-seed-v3"
+    assert spec.SPEC_VERSIONS == ("rpsagg-seed-v1", "rpsagg-seed-v2", "rpsagg-seed-v3")
 
 
 def test_reference_matches_published_splitmix64() -> None:
     for state, outputs in PUBLISHED_SPLITMIX64.items():
         assert ref_words(state, len(outputs)) == outputs
-        assert [int(w) for w in _spec.stream_words(state, 0, len(outputs))] == outputs
+        assert [int(w) for w in spec.stream_words(state, 0, len(outputs))] == outputs
 
 
 def test_tags_are_the_documented_ascii_names() -> None:
-    assert _spec.TAG_SIGNS == ref_tag("rpsSIGNS") == 0x7270735349474E53
-    assert ref_tag("rpsROWS_") == _spec.TAG_ROWS
-    assert ref_tag("rpsRANDK") == _spec.TAG_RANDK
-    assert ref_tag("rpsWNGNI") == _spec.TAG_WANGNI
-    assert ref_tag("rpsINDCD") == _spec.TAG_INDUCED
-    assert ref_tag("rpsMCBTA") == _spec.TAG_MCBETA
-    assert ref_tag("rpsROUND") == _spec.TAG_ROUND
-    assert ref_tag("rpsSHIFT") == _spec.TAG_SHIFT
+    assert spec.TAG_SIGNS == ref_tag("rpsSIGNS") == 0x7270735349474E53
+    assert ref_tag("rpsROWS_") == spec.TAG_ROWS
+    assert ref_tag("rpsRANDK") == spec.TAG_RANDK
+    assert ref_tag("rpsWNGNI") == spec.TAG_WANGNI
+    assert ref_tag("rpsINDCD") == spec.TAG_INDUCED
+    assert ref_tag("rpsMCBTA") == spec.TAG_MCBETA
+    assert ref_tag("rpsROUND") == spec.TAG_ROUND
+    assert ref_tag("rpsSHIFT") == spec.TAG_SHIFT
 
 
 # --------------------------------------------------------------------------------------
@@ -345,30 +345,30 @@ def _random_seeds(count: int, salt: int) -> list[int]:
 def test_stream_words_match_reference() -> None:
     for seed in _random_seeds(50, 1):
         for name in TAG_NAMES.values():
-            key = _spec.stream_key(seed, ref_tag(name))
+            key = spec.stream_key(seed, ref_tag(name))
             assert key == ref_key(seed, name)
         key = ref_key(seed, "rpsSIGNS")
-        words = _spec.stream_words(key, 0, 70)
+        words = spec.stream_words(key, 0, 70)
         assert words.dtype == np.uint64
         assert [int(w) for w in words] == ref_words(key, 70)
         # counter mode: any window of the stream
-        assert [int(w) for w in _spec.stream_words(key, 33, 5)] == ref_words(key, 38)[33:]
+        assert [int(w) for w in spec.stream_words(key, 33, 5)] == ref_words(key, 38)[33:]
 
 
 def test_sign_bits_match_reference() -> None:
     for seed, d_pad in zip(_random_seeds(20, 2), [1, 2, 4, 64, 128, 256, 1024] * 3, strict=False):
-        bits = _spec.sign_bits(seed, d_pad)
+        bits = spec.sign_bits(seed, d_pad)
         assert bits.shape == (d_pad,)
         assert bits.tolist() == ref_sign_bits(seed, d_pad)
-        np.testing.assert_array_equal(_spec.signs(seed, d_pad), 1.0 - 2.0 * bits)
+        np.testing.assert_array_equal(spec.signs(seed, d_pad), 1.0 - 2.0 * bits)
 
 
 @pytest.fixture(params=["native", "numpy"])
 def kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run a test with the compiled kernels (rpsagg._fast) and with the numpy code."""
     if request.param == "numpy":
-        monkeypatch.setattr(_spec, "NATIVE", None)
-    elif _spec.NATIVE is None:
+        monkeypatch.setattr(spec, "NATIVE", None)
+    elif spec.NATIVE is None:
         pytest.fail("rpsagg._fast is not built (pip install compiles it; needs a C compiler)")
     return str(request.param)
 
@@ -377,9 +377,9 @@ def test_native_kernels_are_built_unless_disabled() -> None:
     # The install compiles rpsagg/_fast.c on this kind of machine; a silent fallback to the
     # numpy code would hide a broken build (RPSAGG_NATIVE=0 disables it on purpose).
     if os.environ.get("RPSAGG_NATIVE") == "0":
-        assert _spec.NATIVE is None
+        assert spec.NATIVE is None
     else:
-        assert _spec.NATIVE is not None
+        assert spec.NATIVE is not None
 
 
 def test_sample_distinct_matches_reference(kernels: str) -> None:
@@ -388,45 +388,45 @@ def test_sample_distinct_matches_reference(kernels: str) -> None:
     for i, seed in enumerate(_random_seeds(120, 4)):
         bound = bounds[i % len(bounds)]
         k = int(rng.integers(1, bound + 1)) if i % 3 else bound  # k = bound a third of the time
-        name, tag = [("rpsROWS_", _spec.TAG_ROWS), ("rpsRANDK", _spec.TAG_RANDK)][i % 2]
-        got = _spec.sample_distinct(seed, tag, k, bound)
+        name, tag = [("rpsROWS_", spec.TAG_ROWS), ("rpsRANDK", spec.TAG_RANDK)][i % 2]
+        got = spec.sample_distinct(seed, tag, k, bound)
         assert got.dtype == np.int64
         assert got.tolist() == ref_sample_distinct(seed, name, k, bound), (seed, k, bound)
     # prefix property: the first k' of k draws are the draws for k'
-    full = _spec.randk_indices(9, 500, 1000)
-    np.testing.assert_array_equal(_spec.randk_indices(9, 123, 1000), full[:123])
+    full = spec.randk_indices(9, 500, 1000)
+    np.testing.assert_array_equal(spec.randk_indices(9, 123, 1000), full[:123])
 
 
 @pytest.mark.parametrize("path", ["scatter", "sort"])
 def test_both_first_accepted_paths_match_reference(
     path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_spec, "NATIVE", None)  # the numpy paths, not the compiled one
+    monkeypatch.setattr(spec, "NATIVE", None)  # the numpy paths, not the compiled one
     # sample_distinct picks the scatter path for large draws and the sort path otherwise;
     # force each in turn on draws big enough to hold duplicates and (for bounds that are
     # not powers of two) rejections, and compare with the plain-Python reference.
     if path == "scatter":
-        monkeypatch.setattr(_spec, "_SCATTER_MIN_DRAWN", 0)
+        monkeypatch.setattr(spec, "_SCATTER_MIN_DRAWN", 0)
     else:
-        monkeypatch.setattr(_spec, "_SCATTER_MAX_BOUND", 0)
+        monkeypatch.setattr(spec, "_SCATTER_MAX_BOUND", 0)
     cases = [(5000, 1 << 14), (3000, 5000), (4097, 4097), (1, 1), (7, 9), (20000, 1 << 16)]
     for i, (k, bound) in enumerate(cases):
         seed = _random_seeds(len(cases), 11)[i]
-        got = _spec.sample_distinct(seed, _spec.TAG_ROWS, k, bound)
+        got = spec.sample_distinct(seed, spec.TAG_ROWS, k, bound)
         assert got.dtype == np.int64
         assert got.tolist() == ref_sample_distinct(seed, "rpsROWS_", k, bound), (k, bound)
 
 
 def test_native_sampler_equals_numpy_at_scale(monkeypatch: pytest.MonkeyPatch) -> None:
-    if _spec.NATIVE is None:
+    if spec.NATIVE is None:
         pytest.skip("rpsagg._fast not built (test_native_kernels_are_built_unless_disabled)")
     cases = [(1 << 15, 1 << 20), (1 << 12, 1 << 12), (50_000, 1_000_003), (3, (1 << 28) - 5)]
     for i, (k, bound) in enumerate(cases):
         seed = _random_seeds(len(cases), 14)[i]
-        native = _spec.sample_distinct(seed, _spec.TAG_RANDK, k, bound)
+        native = spec.sample_distinct(seed, spec.TAG_RANDK, k, bound)
         with monkeypatch.context() as m:
-            m.setattr(_spec, "NATIVE", None)
-            numpy_rows = _spec.sample_distinct(seed, _spec.TAG_RANDK, k, bound)
+            m.setattr(spec, "NATIVE", None)
+            numpy_rows = spec.sample_distinct(seed, spec.TAG_RANDK, k, bound)
         assert native.dtype == np.int64 and native.tolist() == numpy_rows.tolist(), (k, bound)
 
 
@@ -436,8 +436,8 @@ def test_first_accepted_paths_agree_on_duplicates() -> None:
     rng = np.random.default_rng(12)
     drawn = rng.integers(0, 300, size=5000).astype(np.uint64)
     drawn[-1] = drawn[0]
-    scatter = _spec._first_accepted_scatter(drawn, 200)
-    sort = _spec._first_accepted_sort(drawn, 200, 9)
+    scatter = spec._first_accepted_scatter(drawn, 200)
+    sort = spec._first_accepted_sort(drawn, 200, 9)
     seen: set[int] = set()
     expected = []
     for pos, value in enumerate(drawn.tolist()):
@@ -453,19 +453,19 @@ def test_sign_factors_equal_one_minus_twice_the_bits() -> None:
     idx = np.empty(256, dtype=np.intp)
     for seed, d_pad in zip(_random_seeds(8, 13), [1, 2, 7, 8, 64, 100, 1024, 2048], strict=True):
         expected = 1 - 2 * np.array(ref_sign_bits(seed, d_pad), dtype=np.int8)
-        fresh = _spec.sign_factors(seed, d_pad)
-        reused = _spec.sign_factors(seed, d_pad, out=buf, index_buffer=idx)
+        fresh = spec.sign_factors(seed, d_pad)
+        reused = spec.sign_factors(seed, d_pad, out=buf, index_buffer=idx)
         assert fresh.dtype == np.int8 and fresh.tolist() == expected.tolist()
         assert reused.tolist() == expected.tolist()
     with pytest.raises(ValueError, match="int8"):
-        _spec.sign_factors(1, 64, out=np.empty(64, dtype=np.float64))  # type: ignore[arg-type]
+        spec.sign_factors(1, 64, out=np.empty(64, dtype=np.float64))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="int8"):
-        _spec.sign_factors(1, 64, out=np.empty(8, dtype=np.int8))
+        spec.sign_factors(1, 64, out=np.empty(8, dtype=np.int8))
 
 
 def test_uniforms_match_reference() -> None:
     for seed in _random_seeds(10, 5):
-        u = _spec.uniforms(seed, _spec.TAG_WANGNI, 40)
+        u = spec.uniforms(seed, spec.TAG_WANGNI, 40)
         assert u.tolist() == ref_uniforms(seed, "rpsWNGNI", 40)
         assert np.all((u >= 0.0) & (u < 1.0))
 
@@ -476,13 +476,13 @@ def test_derive_round_seed_matches_reference() -> None:
         nonce = int(rng.integers(0, 2**63)) * 2 + 1
         idx = int(rng.integers(0, 100))
         cid = f"client-{idx}-ü"
-        assert _spec.derive_round_seed(seed, nonce, cid, idx) == ref_round_seed(
+        assert spec.derive_round_seed(seed, nonce, cid, idx) == ref_round_seed(
             seed, nonce, cid, idx
         )
-    assert _spec.derive_round_seed(1, 2, "c") == _spec.derive_round_seed(1, 2, "c", 0)
-    assert _spec.derive_round_seed(1, 2, "c", 0) != _spec.derive_round_seed(1, 2, "c", 1)
-    assert _spec.derive_round_seed(1, 2, "c") != _spec.derive_round_seed(1, 2, "d")
-    assert _spec.derive_round_seed(1, 2, "c") != _spec.derive_round_seed(1, 3, "c")
+    assert spec.derive_round_seed(1, 2, "c") == spec.derive_round_seed(1, 2, "c", 0)
+    assert spec.derive_round_seed(1, 2, "c", 0) != spec.derive_round_seed(1, 2, "c", 1)
+    assert spec.derive_round_seed(1, 2, "c") != spec.derive_round_seed(1, 2, "d")
+    assert spec.derive_round_seed(1, 2, "c") != spec.derive_round_seed(1, 3, "c")
 
 
 @pytest.fixture(params=["one-fwht", "two-halves"])
@@ -533,16 +533,16 @@ def test_both_encode_paths_agree_at_full_size(monkeypatch: pytest.MonkeyPatch) -
     # The compiled kernels give the numpy code's bits on both paths.
     d = 1 << 18
     rng = np.random.default_rng(21)
-    native = _spec.NATIVE
+    native = spec.NATIVE
     for x in (rng.integers(-50, 50, d).astype(np.float64), rng.standard_normal(d)):
         monkeypatch.setattr(srht_module, "_SPLIT_MIN", 2)
         monkeypatch.setattr(srht_module, "_CORES", 2)
         halves = srht_encode(x, 31, d // 32)
-        monkeypatch.setattr(_spec, "NATIVE", None)
+        monkeypatch.setattr(spec, "NATIVE", None)
         assert srht_encode(x, 31, d // 32).tolist() == halves.tolist()
         monkeypatch.setattr(srht_module, "_SPLIT_MIN", 1 << 62)
         whole = srht_encode(x, 31, d // 32)
-        monkeypatch.setattr(_spec, "NATIVE", native)
+        monkeypatch.setattr(spec, "NATIVE", native)
         assert srht_encode(x, 31, d // 32).tolist() == whole.tolist()
         if np.all(x == np.round(x)):
             assert halves.tolist() == whole.tolist()
@@ -562,7 +562,7 @@ def test_both_encode_paths_agree_at_full_size(monkeypatch: pytest.MonkeyPatch) -
 )
 def test_srht_matrix_rows_are_orthonormal(seed: int, k: int, d: int) -> None:
     g = rpsagg.srht_matrix(seed, k, d)
-    d_pad = _spec.padded_dim(d)
+    d_pad = spec.padded_dim(d)
     assert g.shape == (k, d_pad)
     np.testing.assert_allclose(g @ g.T, np.eye(k), atol=1e-12)
     np.testing.assert_allclose(np.abs(g), 1.0 / math.sqrt(d_pad))
@@ -588,8 +588,8 @@ def test_same_seed_same_transform_different_seed_different() -> None:
     g3 = rpsagg.srht_matrix(124, 8, 100)
     np.testing.assert_array_equal(g1, g2)
     assert not np.allclose(g1, g3)
-    assert not np.array_equal(_spec.signs(123, 128), _spec.signs(124, 128))
-    assert not np.array_equal(_spec.srht_rows(123, 8, 128), _spec.srht_rows(124, 8, 128))
+    assert not np.array_equal(spec.signs(123, 128), spec.signs(124, 128))
+    assert not np.array_equal(spec.srht_rows(123, 8, 128), spec.srht_rows(124, 8, 128))
     # numpy integer seeds are the same seeds
     np.testing.assert_array_equal(
         rpsagg.srht_matrix(np.uint64(MASK64), 3, 10),  # type: ignore[arg-type]
@@ -635,7 +635,7 @@ def test_fwht_backends_agree_with_dense_hadamard(log_n: int) -> None:
         backends.append(("fht-cpu", _fwht._FAST))
     elif os.environ.get("RPSAGG_FWHT", "").lower() != "numpy":
         pytest.importorskip("fht_cpu")
-    native = _spec.NATIVE
+    native = spec.NATIVE
     if native is not None:  # the compiled kernel: numpy's butterflies, so the same bits
         def fwht_native(a: np.ndarray) -> np.ndarray:
             native.fwht_rows(a.reshape(-1), a.shape[-1])
@@ -670,7 +670,7 @@ def test_fwht_backends_agree_with_dense_hadamard(log_n: int) -> None:
 def test_native_fwht_equals_numpy_on_large_rows(log_n: int) -> None:
     # Every blocking regime of fwht_rows: one L1 block (<= 2^11), column tiles (up to
     # 2^22), and streaming passes beyond; each must give numpy's bits exactly.
-    native = _spec.NATIVE
+    native = spec.NATIVE
     if native is None:
         pytest.skip("compiled kernels not built (a test in test_spec fails for that)")
     n = 1 << log_n
@@ -704,14 +704,14 @@ BAD_SEEDS = [-1, 2**64, True, 1.0, "1", None]
 @pytest.mark.parametrize("seed", BAD_SEEDS)
 def test_bad_seeds_rejected_everywhere(seed: Any) -> None:
     calls = [
-        lambda: _spec.check_seed(seed),
-        lambda: _spec.stream_key(seed, _spec.TAG_SIGNS),
-        lambda: _spec.sign_bits(seed, 8),
-        lambda: _spec.signs(seed, 8),
-        lambda: _spec.srht_rows(seed, 2, 8),
-        lambda: _spec.randk_indices(seed, 2, 8),
-        lambda: _spec.uniforms(seed, _spec.TAG_WANGNI, 3),
-        lambda: _spec.derive_round_seed(seed, 0, "a"),
+        lambda: spec.check_seed(seed),
+        lambda: spec.stream_key(seed, spec.TAG_SIGNS),
+        lambda: spec.sign_bits(seed, 8),
+        lambda: spec.signs(seed, 8),
+        lambda: spec.srht_rows(seed, 2, 8),
+        lambda: spec.randk_indices(seed, 2, 8),
+        lambda: spec.uniforms(seed, spec.TAG_WANGNI, 3),
+        lambda: spec.derive_round_seed(seed, 0, "a"),
         lambda: rpsagg.srht_matrix(seed, 2, 8),
     ]
     for call in calls:
@@ -719,9 +719,9 @@ def test_bad_seeds_rejected_everywhere(seed: Any) -> None:
             call()
     # the other 64-bit arguments of derive_round_seed are named in their messages
     with pytest.raises(ValueError, match=r"nonce must be (an integer )?in \[0, 2\^64\)"):
-        _spec.derive_round_seed(0, seed, "a")
+        spec.derive_round_seed(0, seed, "a")
     with pytest.raises(ValueError, match=r"vector_index must be (an integer )?in \[0, 2\^64\)"):
-        _spec.derive_round_seed(0, 0, "a", seed)
+        spec.derive_round_seed(0, 0, "a", seed)
 
 
 @pytest.mark.parametrize(
@@ -741,19 +741,19 @@ def test_srht_matrix_rejects_bad_dims(args: tuple[int, int, int], pattern: str) 
 
 def test_spec_rejects_bad_dims() -> None:
     with pytest.raises(ValueError, match=r"k must be in \[1, bound\]"):
-        _spec.srht_rows(0, 9, 8)
+        spec.srht_rows(0, 9, 8)
     with pytest.raises(ValueError, match=r"k must be in \[1, bound\]"):
-        _spec.randk_indices(0, 0, 5)
+        spec.randk_indices(0, 0, 5)
     with pytest.raises(ValueError, match=r"k must be in \[1, bound\]"):
-        _spec.randk_indices(0, 6, 5)
+        spec.randk_indices(0, 6, 5)
     with pytest.raises(ValueError, match=r"bound must be >= 1"):
-        _spec.randk_indices(0, 1, 0)
+        spec.randk_indices(0, 1, 0)
     with pytest.raises(ValueError, match=r"d_pad must be >= 1"):
-        _spec.sign_bits(0, 0)
+        spec.sign_bits(0, 0)
     for bad in (0, -4, True, 2.0):
         with pytest.raises(ValueError, match=r"d must be an integer >= 1"):
-            _spec.padded_dim(bad)  # type: ignore[arg-type]
-    assert [_spec.padded_dim(d) for d in (1, 2, 3, 4, 5, 100, 1024, 1025)] == [
+            spec.padded_dim(bad)  # type: ignore[arg-type]
+    assert [spec.padded_dim(d) for d in (1, 2, 3, 4, 5, 100, 1024, 1025)] == [
         1,
         2,
         4,
@@ -767,15 +767,15 @@ def test_spec_rejects_bad_dims() -> None:
 
 def test_worked_example_of_the_document() -> None:
     # docs/wire-format.md, section 9: seed 1, d = 5 (d' = 8), k = 3, x = [1, 2, 3, 4, 5]
-    assert _spec.stream_key(1, _spec.TAG_SIGNS) == 0x46CD1D801095F9F8
-    assert _spec.sign_bits(1, 8).tolist() == [0, 1, 1, 0, 0, 1, 0, 0]
-    assert _spec.srht_rows(1, 3, 8).tolist() == [5, 7, 1]
-    assert _spec.randk_indices(1, 3, 5).tolist() == [3, 0, 2]
-    assert _spec.sample_distinct(1, _spec.TAG_INDUCED, 2, 5).tolist() == [1, 2]
-    assert _spec.uniforms(1, _spec.TAG_WANGNI, 1)[0] == 0.5218696010989519
+    assert spec.stream_key(1, spec.TAG_SIGNS) == 0x46CD1D801095F9F8
+    assert spec.sign_bits(1, 8).tolist() == [0, 1, 1, 0, 0, 1, 0, 0]
+    assert spec.srht_rows(1, 3, 8).tolist() == [5, 7, 1]
+    assert spec.randk_indices(1, 3, 5).tolist() == [3, 0, 2]
+    assert spec.sample_distinct(1, spec.TAG_INDUCED, 2, 5).tolist() == [1, 2]
+    assert spec.uniforms(1, spec.TAG_WANGNI, 1)[0] == 0.5218696010989519
     est = rpsagg.make_estimator("rand-proj-spatial", n=2, k=3, d=5, projection="srht")
     y = est.encode([1.0, 2.0, 3.0, 4.0, 5.0], seed=1).values
     assert y.view(np.uint32).tolist() == [0xC04BA592, 0x3FE24630, 0x3EB504F3]
-    assert _spec.client_id_word("client-0") == 0x16C2885525297D11
-    assert _spec.derive_round_seed(1, 2, "client-0", 0) == 0xDDFC6760C0D058EA
-    assert _spec.derive_round_seed(1, 2, "client-0", 1) == 0xC5E9BBF600EA0398
+    assert spec.client_id_word("client-0") == 0x16C2885525297D11
+    assert spec.derive_round_seed(1, 2, "client-0", 0) == 0xDDFC6760C0D058EA
+    assert spec.derive_round_seed(1, 2, "client-0", 1) == 0xC5E9BBF600EA0398

@@ -109,7 +109,7 @@ def test_encoded_is_frozen_and_read_only() -> None:
 
 
 def test_derive_round_seed_names_the_bad_argument() -> None:
-    from rpsagg._spec import derive_round_seed
+    from rpsagg.spec import derive_round_seed
 
     assert derive_round_seed(1, 2, "a", 0) != derive_round_seed(1, 2, "a", 1)
     with pytest.raises(ValueError, match="client_seed must be in"):

@@ -12,10 +12,10 @@ import pytest
 from service_util import base_config, in_process_server
 
 import rpsagg
-from rpsagg.v1 import aggregation_pb2 as pb
-from rpsagg.v1 import serde
-from rpsagg.v1.serde import Submission, VectorPayload
 from rpsagg_client import AggregationClient
+from rpsagg_wire.v1 import aggregation_pb2 as pb
+from rpsagg_wire.v1 import serde
+from rpsagg_wire.v1.serde import Submission, VectorPayload
 
 
 def varint_len(x: int) -> int:

@@ -18,9 +18,9 @@ from pathlib import Path
 import grpc
 
 from rpsagg.tasks import DATA_SOURCES, DataUnavailable, load_shard, make_task
-from rpsagg.v1 import serde
-from rpsagg.v1.serde import RoundResult, Submission
 from rpsagg_client.client import AggregationClient
+from rpsagg_wire.v1 import serde
+from rpsagg_wire.v1.serde import RoundResult, Submission
 
 log = logging.getLogger("rpsagg.client")
 

@@ -39,9 +39,9 @@ from rpsagg import (
     check_spec_version,
     make_estimator,
 )
-from rpsagg._spec import derive_round_seed
-from rpsagg.v1 import serde
-from rpsagg.v1.serde import (
+from rpsagg.spec import derive_round_seed
+from rpsagg_wire.v1 import serde
+from rpsagg_wire.v1.serde import (
     GetResultRequest,
     GetRoundRequest,
     JoinReply,

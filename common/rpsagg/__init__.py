@@ -31,8 +31,8 @@ from rpsagg._estimators import (
 from rpsagg._fwht import BACKEND as FWHT_BACKEND
 from rpsagg._fwht import fwht
 from rpsagg._projection import PROJECTIONS, round_encoding
-from rpsagg._spec import SPEC_VERSION, SPEC_VERSIONS, check_spec_version, padded_dim
 from rpsagg._srht import srht_matrix
+from rpsagg.spec import SPEC_VERSION, SPEC_VERSIONS, check_spec_version, padded_dim
 
 __version__ = "0.1.0"
 

@@ -39,7 +39,8 @@ import numpy as np
 from rpsagg._beta_free import free_error_bound, free_is_accurate, free_spectral_sum
 from rpsagg._decode import EXACT_LIMIT, eig_tolerance, solve_krylov, solve_lsqr
 from rpsagg._fwht import fwht
-from rpsagg._spec import (
+from rpsagg._srht import JointSRHT
+from rpsagg.spec import (
     SPEC_V1,
     SPEC_V2,
     TAG_MCBETA,
@@ -48,7 +49,6 @@ from rpsagg._spec import (
     stream_words,
     uniforms,
 )
-from rpsagg._srht import JointSRHT
 
 log = logging.getLogger("rpsagg")
 

@@ -22,9 +22,9 @@ from numpy.typing import NDArray
 from rpsagg._decode import DEFAULT_RTOL, SolveInfo
 from rpsagg._encoded import Encoded
 from rpsagg._estimators import DecodeResult, Estimator, RandProjSpatial
-from rpsagg._spec import MASK64, TAG_BLOCK, check_seed, mix64
 from rpsagg._srht import srht_encode
 from rpsagg._transform import parse_transform
+from rpsagg.spec import MASK64, TAG_BLOCK, check_seed, mix64
 
 FloatArray = NDArray[np.float64]
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from rpsagg._encoded import Encoded
 from rpsagg._projection import joint_operator, operator_dim, projection_of_scheme
-from rpsagg._spec import randk_indices
+from rpsagg.spec import randk_indices
 
 _SUPPORTED = ("rand-proj-spatial", "rand-proj-spatial:dct", "rand-k", "rand-k-spatial")
 

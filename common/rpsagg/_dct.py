@@ -34,8 +34,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from rpsagg import _spec
-from rpsagg._spec import (
+from rpsagg import spec
+from rpsagg._srht import JointShape
+from rpsagg.spec import (
     TAG_ROWS,
     TAG_SIGNS,
     check_seed,
@@ -45,7 +46,6 @@ from rpsagg._spec import (
     sign_factors,
     stream_key,
 )
-from rpsagg._srht import JointShape
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -104,7 +104,7 @@ def dct_encode(x: FloatArray, seed: int, k: int) -> FloatArray:
 
     d = x.shape[0]
     v = np.empty(d)
-    native = _spec.NATIVE
+    native = spec.NATIVE
     if native is not None:  # the same bits as the numpy branch, one pass
         native.sign_multiply(np.ascontiguousarray(x, dtype=np.float64),
                              stream_key(seed, TAG_SIGNS), v)

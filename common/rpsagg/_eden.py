@@ -23,7 +23,7 @@ from rpsagg._encoded import Encoded
 from rpsagg._estimators import DecodeResult, Estimator, FloatArray
 from rpsagg._fwht import fwht
 from rpsagg._lloyd_max import EDEN_BITS, boundaries, centroids
-from rpsagg._spec import padded_dim, sign_factors
+from rpsagg.spec import padded_dim, sign_factors
 
 
 def rotate(x: FloatArray, seed: int, d_pad: int) -> FloatArray:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from rpsagg._spec import SPEC_VERSION
+from rpsagg.spec import SPEC_VERSION
 
 
 @dataclass(frozen=True, eq=False)

@@ -24,7 +24,9 @@ from rpsagg._projection import (
     resolve_projection,
 )
 from rpsagg._quantize import check_value_bits, dequantize, quantize_uniform
-from rpsagg._spec import (
+from rpsagg._transform import Transform, parse_transform
+from rpsagg._validation import check_batch, check_dims, check_vector
+from rpsagg.spec import (
     TAG_INDUCED,
     TAG_WANGNI,
     check_seed,
@@ -32,8 +34,6 @@ from rpsagg._spec import (
     sample_distinct,
     uniforms,
 )
-from rpsagg._transform import Transform, parse_transform
-from rpsagg._validation import check_batch, check_dims, check_vector
 
 FloatArray = NDArray[np.float64]
 

@@ -1,6 +1,6 @@
 /* Optional compiled kernels of the SRHT encode (module rpsagg._fast).
  *
- * The same arithmetic as the numpy code in _spec.py / _srht.py, bit for bit (the tests
+ * The same arithmetic as the numpy code in spec.py / _srht.py, bit for bit (the tests
  * compare the two on every path): SplitMix64 words in counter mode, rejection sampling of
  * distinct rows, the +-1 sign multiply, and the SRHT's last butterfly stage at the kept
  * rows. docs/wire-format.md is the normative description of the first three. Arrays are

@@ -72,11 +72,11 @@ def _load_fast() -> Callable[..., FloatArray] | None:
 
 
 def _load_native() -> Callable[[FloatArray], FloatArray] | None:
-    from rpsagg import _spec
+    from rpsagg import spec
 
     if os.environ.get("RPSAGG_FWHT", "").lower() == "numpy":
         return None
-    native = _spec.NATIVE
+    native = spec.NATIVE
     if native is None or not hasattr(native, "fwht_rows"):
         return None
 

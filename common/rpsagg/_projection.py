@@ -18,8 +18,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rpsagg._dct import JointDCT, dct_encode
-from rpsagg._spec import SPEC_V1, SPEC_V2, SPEC_V3, padded_dim
 from rpsagg._srht import JointSRHT, srht_encode
+from rpsagg.spec import SPEC_V1, SPEC_V2, SPEC_V3, padded_dim
 
 FloatArray = NDArray[np.float64]
 JointOperator = JointSRHT | JointDCT

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from rpsagg._spec import _tag, uniforms
+from rpsagg.spec import _tag, uniforms
 
 FloatArray = NDArray[np.float64]
 CodeArray = NDArray[np.uint32]

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from rpsagg import _fwht, _spec
+from rpsagg import _fwht, spec
 from rpsagg._fwht import fwht
-from rpsagg._spec import (
+from rpsagg.spec import (
     TAG_SIGNS,
     padded_dim,
     sign_bits,
@@ -84,7 +84,7 @@ def srht_encode(x: FloatArray, seed: int, k: int, d_pad: int | None = None) -> F
     d = x.shape[0]
     d_pad = d if d_pad is None else d_pad
     v = _work_buffer(d_pad)
-    native = _spec.NATIVE
+    native = spec.NATIVE
     if native is not None:  # the same bits from compiled loops (one pass, no temporaries)
         native.sign_multiply(np.ascontiguousarray(x, dtype=np.float64),
                              stream_key(seed, TAG_SIGNS), v)
@@ -116,7 +116,7 @@ def _last_stage(v: FloatArray, rows: IntArray) -> FloatArray:
     otherwise: the last butterfly stage, evaluated only at the k rows kept.
     """
     scale = float(np.sqrt(v.shape[0]))
-    native = _spec.NATIVE
+    native = spec.NATIVE
     if native is not None:
         out = np.empty(rows.shape[0])
         native.last_stage(v, rows, scale, out)
@@ -148,7 +148,7 @@ def srht_matrix(seed: int, k: int, d: int) -> FloatArray:
     ndarray, shape (k, d')
         ``G = (1/sqrt(d')) E H D`` with ``H[r, j] = (-1)^popcount(r & j)``.
     """
-    from rpsagg._spec import check_seed
+    from rpsagg.spec import check_seed
 
     seed = check_seed(seed)
     if d < 1:

@@ -4,7 +4,7 @@ The same code runs on a CUDA device and on the CPU (where the tests run it, so i
 skipped): the matrix-free operator ``A = [G_1; ...; G_n]`` with a batched FWHT, and the
 Krylov solvers of :mod:`rpsagg._decode` on tensors of that device.
 
-* Randomness: the signs and rows come from the spec code (:mod:`rpsagg._spec`, integer
+* Randomness: the signs and rows come from the spec code (:mod:`rpsagg.spec`, integer
   arithmetic on the CPU). The signs travel as the packed ``TAG_SIGNS`` words (``d'/8``
   bytes per client) and are expanded to int8 +-1 on the device.
 * FWHT: ``H_{d'} = H_{2^a} (x) H_{2^b} (x) ...`` (Sylvester order is a Kronecker power), so
@@ -33,8 +33,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rpsagg._decode import DEFAULT_RTOL, EXACT_LIMIT, SolveInfo, choose_method, joint_solve
-from rpsagg._spec import TAG_SIGNS, srht_rows, stream_key, stream_words
 from rpsagg._srht import JointShape, JointSRHT
+from rpsagg.spec import TAG_SIGNS, srht_rows, stream_key, stream_words
 
 if TYPE_CHECKING:
     import torch

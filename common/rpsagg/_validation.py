@@ -8,7 +8,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from rpsagg._encoded import Encoded
-from rpsagg._spec import SPEC_V1, SPEC_V2, SPEC_V3, SPEC_VERSIONS, check_seed
+from rpsagg.spec import SPEC_V1, SPEC_V2, SPEC_V3, SPEC_VERSIONS, check_seed
 
 DCT_SCHEME = "rand-proj-spatial:dct"  # the one scheme rpsagg-seed-v1 does not define
 

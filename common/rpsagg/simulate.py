@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from rpsagg._estimators import make_estimator
-from rpsagg._spec import GAMMA, MASK64
+from rpsagg.spec import GAMMA, MASK64
 from rpsagg.synthetic import correlated_vectors
 
 LINEUP: list[tuple[str, str | float]] = [

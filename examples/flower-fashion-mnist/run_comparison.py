@@ -39,7 +39,8 @@ def table(results: list[dict]) -> str:
     """The comparison as a Markdown table."""
     last = max(int(r) for r in results[0]["rounds"])
     marks = sorted({r for r in (1, 5, 10, last) if r <= last})
-    head = ["method", *[f"acc. round {r}" for r in marks], "bytes up / round", "vs FedAvg"]
+    head = ["method", *[f"acc. round {r}" for r in marks], f"test loss round {last}",
+            "bytes up / round", "vs FedAvg"]
     raw = max(res["rounds"][str(last)].get("rpsagg.bytes-up-uncompressed",
                                            res["rounds"][str(last)]["rpsagg.bytes-up"])
               for res in results)
@@ -48,7 +49,8 @@ def table(results: list[dict]) -> str:
         rounds = res["rounds"]
         up = sum(rounds[str(r)]["rpsagg.bytes-up"] for r in range(1, last + 1)) / last
         rows.append([label(res), *[f"{rounds[str(r)]['test-accuracy']:.4f}" for r in marks],
-                     f"{up:,.0f}", f"{raw / up:.1f}x less" if up < raw else "1x"])
+                     f"{rounds[str(last)]['test-loss']:.4f}", f"{up:,.0f}",
+                     f"{raw / up:.1f}x less" if up < raw else "1x"])
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
@@ -94,8 +96,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--examples-per-client", type=int, default=0)
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
+    ap.add_argument("--report-only", action="store_true",
+                    help="print the table and plot from the JSON files already in --out")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.report_only:
+        results = [json.loads((args.out / f"{m}.json").read_text()) for m in args.methods]
+        print(table(results))
+        plot(results, args.out / "accuracy.png")
+        return 0
     results = []
     with LocalFederation(args.clients) as fed:
         print(f"[fmnist] SuperLink on 127.0.0.1:{fed.port}, {args.clients} SuperNodes", flush=True)

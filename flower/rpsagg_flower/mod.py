@@ -24,7 +24,7 @@ from flwr.app import Context, Error, Message, MessageType
 from flwr.clientapp.typing import ClientAppCallable, Mod
 from flwr.common.constant import ErrorCode
 
-from rpsagg._spec import derive_round_seed
+from rpsagg.spec import derive_round_seed
 from rpsagg_flower.payload import REPLY_CONFIG, Layout, encoded_to_records, flatten
 from rpsagg_flower.settings import KEY_SCHEME, RoundEncoding
 

@@ -25,7 +25,7 @@ from numpy.typing import NDArray
 
 from rpsagg import Encoded, Estimator
 from rpsagg._quantize import dequantize, pack_codes, unpack_codes
-from rpsagg._spec import derive_round_seed
+from rpsagg.spec import derive_round_seed
 from rpsagg_flower.settings import nonce_from_bytes, nonce_to_bytes
 
 FloatArray = NDArray[np.float64]

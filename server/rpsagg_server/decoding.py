@@ -20,8 +20,8 @@ from numpy.typing import NDArray
 from rpsagg import QUANTIZER_NAMES, CorrelationTracker, Encoded, Estimator, make_estimator
 from rpsagg._estimators import DecodeResult
 from rpsagg._quantize import dequantize
-from rpsagg._spec import derive_round_seed
-from rpsagg.v1.serde import Submission, VectorPayload
+from rpsagg.spec import derive_round_seed
+from rpsagg_wire.v1.serde import Submission, VectorPayload
 
 log = logging.getLogger("rpsagg.server")
 FloatArray = NDArray[np.float64]

@@ -11,12 +11,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rpsagg import SPEC_VERSIONS, Estimator, check_spec_version, padded_dim
-from rpsagg._spec import SpecTooOld, UnknownSpecVersion
-from rpsagg.v1.serde import Submission
+from rpsagg.spec import SpecTooOld, UnknownSpecVersion
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.decoding import DecodeOutcome, codebook_for, payload_values
 from rpsagg_server.state import Arrival, EvalErrors, RoundView
 from rpsagg_server.store import StoredRound
+from rpsagg_wire.v1.serde import Submission
 
 FloatArray = NDArray[np.float64]
 MAX_CLIENT_ID = 128

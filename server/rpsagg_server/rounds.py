@@ -52,16 +52,6 @@ from rpsagg import (
     round_encoding,
 )
 from rpsagg.tasks import Task, make_task
-from rpsagg.v1 import serde
-from rpsagg.v1.serde import (
-    Contributor,
-    JoinReply,
-    RoundEvent,
-    RoundInfo,
-    RoundResult,
-    Submission,
-    SubmitReply,
-)
 from rpsagg_server.betawarm import BetaWarmup
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.decoding import DecodeOptions, DecodeOutcome, decode_round
@@ -75,6 +65,16 @@ from rpsagg_server.store import (
     op_meta,
     op_round,
     op_submission,
+)
+from rpsagg_wire.v1 import serde
+from rpsagg_wire.v1.serde import (
+    Contributor,
+    JoinReply,
+    RoundEvent,
+    RoundInfo,
+    RoundResult,
+    Submission,
+    SubmitReply,
 )
 
 log = logging.getLogger("rpsagg.server")

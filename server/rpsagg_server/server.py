@@ -26,7 +26,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from rpsagg import padded_dim
-from rpsagg.v1 import serde
 from rpsagg_server.config import ServerConfig, load_config
 from rpsagg_server.http import create_app
 from rpsagg_server.rounds import RoundEngine
@@ -43,6 +42,7 @@ from rpsagg_server.startup import (
 from rpsagg_server.state import ServerState
 from rpsagg_server.store import Store, WriteError
 from rpsagg_server.taskeval import TaskMonitor
+from rpsagg_wire.v1 import serde
 
 log = logging.getLogger("rpsagg.server")
 HttpAppFactory = Callable[[ServerState], Any]

@@ -1,7 +1,7 @@
 """gRPC servicer: authenticate, parse at the wire edge, validate, log with a tag, abort.
 
 Handlers are registered raw (request bytes in), so malformed bytes are parsed by
-:mod:`rpsagg.v1.serde` and answered with INVALID_ARGUMENT and a message, instead of the
+:mod:`rpsagg_wire.v1.serde` and answered with INVALID_ARGUMENT and a message, instead of the
 generic deserialization failure gRPC would give.
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 
 import grpc
 
-from rpsagg.v1 import serde
 from rpsagg_server.live import Rejected, check_client_id
 from rpsagg_server.rounds import RoundEngine
+from rpsagg_wire.v1 import serde
 
 log = logging.getLogger("rpsagg.server")
 

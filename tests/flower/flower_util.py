@@ -25,7 +25,7 @@ from flwr.app import (
 from flwr.clientapp.typing import Mod
 from numpy.typing import NDArray
 
-from rpsagg._spec import mix64
+from rpsagg.spec import mix64
 from rpsagg_flower import RandProjSpatialFedAvg, make_rpsagg_mod
 
 FloatArray = NDArray[np.float64]

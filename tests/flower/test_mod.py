@@ -16,7 +16,7 @@ from flwr.common.constant import ErrorCode
 
 from rpsagg import make_estimator
 from rpsagg._quantize import unpack_codes
-from rpsagg._spec import derive_round_seed
+from rpsagg.spec import derive_round_seed
 from rpsagg_flower import make_rpsagg_mod, rpsagg_mod
 from rpsagg_flower.payload import REPLY_CONFIG, STYPE_RAW
 from rpsagg_flower.settings import RoundEncoding, nonce_from_bytes

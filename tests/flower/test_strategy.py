@@ -8,7 +8,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
 from rpsagg import ESTIMATOR_NAMES, Encoded, estimate_correlation, make_estimator
-from rpsagg._spec import derive_round_seed
+from rpsagg.spec import derive_round_seed
 from rpsagg_flower import RandProjSpatialFedAvg, make_rpsagg_mod
 from rpsagg_flower.payload import REPLY_CONFIG, Layout, flatten
 from rpsagg_flower.settings import KEY_NONCE, RoundEncoding

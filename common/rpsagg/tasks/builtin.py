@@ -12,7 +12,7 @@ from rpsagg.tasks.base import FloatArray, Shard, Task
 
 def _mix(*words: int) -> int:
     """A data seed from integers (SplitMix64-style; data only, never a transform)."""
-    from rpsagg._spec import MASK64, mix64
+    from rpsagg.spec import MASK64, mix64
 
     z = 0
     for w in words:

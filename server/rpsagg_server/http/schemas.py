@@ -12,8 +12,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 import rpsagg
-from rpsagg.v1 import serde
 from rpsagg_server.state import BetaView, ClientStats, ClientView, JobView, RoundView, TaskMetrics
+from rpsagg_wire.v1 import serde
 
 PROTOCOL = serde.SERVICE.rsplit(".", 1)[0]  # "rpsagg.v1"
 

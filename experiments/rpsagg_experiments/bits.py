@@ -39,10 +39,10 @@ import numpy as np
 
 from rpsagg._correlation import CorrelationTracker
 from rpsagg._estimators import Estimator, make_estimator
-from rpsagg._spec import derive_round_seed
-from rpsagg.experiments.montecarlo import summarize, trial_seeds
-from rpsagg.experiments.runtime import TAGS, parallel_map, write_csv
+from rpsagg.spec import derive_round_seed
 from rpsagg.synthetic import correlated_vectors
+from rpsagg_experiments.montecarlo import summarize, trial_seeds
+from rpsagg_experiments.runtime import TAGS, parallel_map, write_csv
 
 NAME = "bits"
 TAG = TAGS[NAME]
@@ -140,7 +140,7 @@ def run_synthetic(p: Point) -> dict[str, Any]:
 def run_power_iteration(p: Point) -> dict[str, Any]:
     """Power iteration on Fashion-MNIST (IID, n = 10) with one scheme: the squared error of
     the mean estimate averaged over the iterations, and the final distance to v_top."""
-    from rpsagg.experiments.optimization import (
+    from rpsagg_experiments.optimization import (
         Job,
         build_task,
         client_name,
@@ -243,7 +243,7 @@ def run(
     write_csv(out / f"{NAME}.csv", rows)
     front = summary(rows)
     write_csv(out / f"{NAME}-frontier.csv", front)
-    from rpsagg.experiments.plotting import plot_bits
+    from rpsagg_experiments.plotting import plot_bits
 
     plot_bits(rows, out / f"{NAME}.png")
     for setting in dict.fromkeys(r["setting"] for r in front):

@@ -3,7 +3,7 @@
 The claim (Figure 4 and the appendix): Rand-Proj-Spatial(avg) has a lower squared error of
 the mean estimate and a lower task loss than Rand-k-Spatial(avg) and Rand-k. For each
 (task, split, n, k) this module reports, from the per-iteration summary rows of
-:func:`rpsagg.experiments.optimization.summarize` (or the ``<task>.csv`` they are written
+:func:`rpsagg_experiments.optimization.summarize` (or the ``<task>.csv`` they are written
 to), the squared error averaged over iterations and the last iteration's loss (mean and
 standard deviation over runs) of every estimator, and whether the claim holds for each.
 """

@@ -66,13 +66,13 @@ def run_one(name: str, out: Path, args: argparse.Namespace) -> None:
         if name == "kmeans" and args.kmeans_updates is not None:
             task_params = (("updates", float(args.kmeans_updates)),)
         if args.via_service:
-            from rpsagg.experiments.service import run_via_service
+            from rpsagg_experiments.service import run_via_service
 
             run_via_service(name, out, estimator=args.estimator, n=args.n, k=args.k,
                             iterations=args.iterations, runs=args.runs or 1,
                             data_path=args.data_path, task_params=task_params)
             return
-        from rpsagg.experiments import optimization
+        from rpsagg_experiments import optimization
 
         optimization.run(name, out, data_path=args.data_path, grid=args.grid, runs=args.runs,
                          task_params=task_params, **common)
@@ -80,15 +80,15 @@ def run_one(name: str, out: Path, args: argparse.Namespace) -> None:
     if args.via_service:
         raise SystemExit(f"--via-service applies to the tasks only, not {name}")
     if name == "full-correlation":
-        from rpsagg.experiments import full_correlation as mod
+        from rpsagg_experiments import full_correlation as mod
     elif name == "varying-correlation":
-        from rpsagg.experiments import varying_correlation as mod  # type: ignore[no-redef]
+        from rpsagg_experiments import varying_correlation as mod  # type: ignore[no-redef]
     elif name == "rank":
-        from rpsagg.experiments import rank as mod  # type: ignore[no-redef]
+        from rpsagg_experiments import rank as mod  # type: ignore[no-redef]
     elif name == "bits":
-        from rpsagg.experiments import bits as mod  # type: ignore[no-redef]
+        from rpsagg_experiments import bits as mod  # type: ignore[no-redef]
     else:
-        from rpsagg.experiments import timing as mod  # type: ignore[no-redef]
+        from rpsagg_experiments import timing as mod  # type: ignore[no-redef]
     mod.run(out, **common)
 
 

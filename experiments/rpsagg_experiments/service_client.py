@@ -2,7 +2,7 @@
 
 ``rpsagg-client`` shards the data in contiguous blocks and draws a random client seed per
 submission; to replay a service run in-process exactly, this client uses the experiment's
-split (:func:`rpsagg.experiments.optimization.run_shards`) and passes
+split (:func:`rpsagg_experiments.optimization.run_shards`) and passes
 ``client_seed(run, task_step, index)`` to :meth:`AggregationClient.encode`. It writes, per
 round, the nonce and (for index 0) the server's estimate to a JSON file.
 """
@@ -14,7 +14,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from rpsagg.experiments.optimization import (
+from rpsagg_experiments.optimization import (
     Job,
     build_task,
     client_seed,
@@ -24,7 +24,7 @@ from rpsagg.experiments.optimization import (
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: ``python -m rpsagg.experiments.service_client ...``."""
+    """Entry point: ``python -m rpsagg_experiments.service_client ...``."""
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--server", required=True)
     p.add_argument("--client-id", required=True)

@@ -19,11 +19,17 @@ from google.protobuf.message import DecodeError
 from numpy.typing import NDArray
 
 from rpsagg._quantize import pack_codes, packed_size, unpack_codes
-from rpsagg.v1 import aggregation_pb2 as pb
+from rpsagg_wire.v1 import aggregation_pb2 as pb
 
 SERVICE = "rpsagg.v1.Aggregation"
 METHODS = ("Join", "GetRound", "Submit", "GetResult", "WatchRounds")
 STATES = ("unspecified", "open", "collecting", "decoding", "done", "failed")
+
+
+def _state_number(name: str) -> Any:
+    """The ``RoundState`` enum number of a state name (typed loosely: the stubs want the
+    enum's own value type, which a plain index is at run time)."""
+    return STATES.index(name)
 
 
 def method_path(name: str) -> str:
@@ -291,7 +297,7 @@ def _enc_round(r: RoundInfo) -> bytes:
     msg = pb.RoundInfo(
         round_id=r.round_id, nonce=r.nonce, scheme=r.scheme, n=r.n, k=r.k, d=r.d,
         transform=r.transform, task=r.task, m=r.m, global_state=_tensor(r.global_state),
-        state=STATES.index(r.state), deadline_unix_ms=r.deadline_unix_ms, eval=r.eval,
+        state=_state_number(r.state), deadline_unix_ms=r.deadline_unix_ms, eval=r.eval,
         job_done=r.job_done, task_step=r.task_step, total_rounds=r.total_rounds,
         job_failure=r.job_failure,
         spec_version=r.spec_version, projection=r.projection, block_size=r.block_size,
@@ -400,7 +406,7 @@ def _dec_result_req(raw: bytes) -> GetResultRequest:
 
 def _enc_result(r: RoundResult) -> bytes:
     msg = pb.RoundResult(
-        round_id=r.round_id, state=STATES.index(r.state), reason=r.reason,
+        round_id=r.round_id, state=_state_number(r.state), reason=r.reason,
         estimate=_tensor(r.estimate), global_state=_tensor(r.global_state), n_prime=r.n_prime,
         beta=r.beta, c=r.c, decode_seconds=r.decode_seconds,
         contributors=[pb.Contributor(client_id=c.client_id, client_seed=c.client_seed)
@@ -434,7 +440,7 @@ def _dec_watch(raw: bytes) -> WatchRequest:
 
 
 def _enc_event(e: RoundEvent) -> bytes:
-    msg = pb.RoundEvent(round_id=e.round_id, state=STATES.index(e.state), reason=e.reason,
+    msg = pb.RoundEvent(round_id=e.round_id, state=_state_number(e.state), reason=e.reason,
                         job_done=e.job_done, received=e.received)
     return bytes(msg.SerializeToString())
 

@@ -20,7 +20,7 @@ import scipy.linalg
 
 from rpsagg._decode import eig_tolerance
 from rpsagg._srht import JointSRHT
-from rpsagg.experiments.runtime import TAGS, parallel_map, seed_of, write_csv
+from rpsagg_experiments.runtime import TAGS, parallel_map, seed_of, write_csv
 
 NAME = "rank"
 K_PER_CLIENT = 4
@@ -144,7 +144,7 @@ def run(
             "min_rank": min(h), "ranks": " ".join(f"{r}:{h[r]}" for r in sorted(h)),
         })
     write_csv(out / f"{NAME}.csv", rows)
-    from rpsagg.experiments.plotting import plot_rank
+    from rpsagg_experiments.plotting import plot_rank
 
     plot_rank(rows, out / f"{NAME}.png")
     return rows

@@ -12,7 +12,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rpsagg._spec import MASK64, mix64
+from rpsagg.spec import MASK64, mix64
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -190,7 +190,7 @@ BITS_MARKERS = {1: "v", 2: "s", 4: "D", 8: "^", 32: "o"}
 def plot_bits(rows: Sequence[dict[str, Any]], path: Path) -> Path:
     """Squared error against bits per coordinate, one panel per setting, Pareto frontier in
     black: colour = scheme, marker = value bits (sketches) or bits (EDEN, QSGD)."""
-    from rpsagg.experiments.bits import pareto
+    from rpsagg_experiments.bits import pareto
 
     settings = list(dict.fromkeys(r["setting"] for r in rows))
     cols = 2

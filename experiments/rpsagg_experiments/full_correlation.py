@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 from rpsagg._estimators import make_estimator
-from rpsagg.experiments.closed_forms import CLOSED_FORMS
-from rpsagg.experiments.montecarlo import mse
-from rpsagg.experiments.runtime import TAGS, parallel_map, write_csv
+from rpsagg_experiments.closed_forms import CLOSED_FORMS
+from rpsagg_experiments.montecarlo import mse
+from rpsagg_experiments.runtime import TAGS, parallel_map, write_csv
 
 NAME = "full-correlation"
 LINEUP: list[tuple[str, str, str]] = [
@@ -87,7 +87,7 @@ def run(
     chunks = parallel_map(run_point, points, workers=workers, desc=NAME, progress=progress)
     rows = [r for chunk in chunks for r in chunk]
     write_csv(out / f"{NAME}.csv", rows)
-    from rpsagg.experiments.plotting import plot_full_correlation
+    from rpsagg_experiments.plotting import plot_full_correlation
 
     plot_full_correlation(rows, out / f"{NAME}.png")
     return rows

@@ -31,11 +31,11 @@ import numpy as np
 
 from rpsagg._correlation import CorrelationTracker
 from rpsagg._estimators import Estimator, make_estimator
-from rpsagg._spec import derive_round_seed
-from rpsagg.experiments.runtime import TAGS, parallel_map, seed_of, write_csv
-from rpsagg.experiments.splits import Dataset, fashion_mnist, shards, ujiindoorloc
+from rpsagg.spec import derive_round_seed
 from rpsagg.tasks import Task, make_task
 from rpsagg.tasks.base import Shard
+from rpsagg_experiments.runtime import TAGS, parallel_map, seed_of, write_csv
+from rpsagg_experiments.splits import Dataset, fashion_mnist, shards, ujiindoorloc
 
 TASK_NAMES = ("power-iteration", "kmeans", "linreg")
 DATASET = {"power-iteration": "fashion-mnist", "kmeans": "fashion-mnist", "linreg": "ujiindoorloc"}
@@ -330,13 +330,13 @@ def run(
     rows = summarize(traces)
     write_csv(out / f"{task}.csv", rows)
     write_csv(out / f"{task}-runs.csv", trace_rows(traces))
-    from rpsagg.experiments.verdict import markdown, verdicts
+    from rpsagg_experiments.verdict import markdown, verdicts
 
     checked = verdicts(rows)
     write_csv(out / f"{task}-verdict.csv", checked)
     print(f"[{task}] the paper's claim, setting by setting ({task}-verdict.csv):\n"
           + markdown(checked, list(LINEUP)), flush=True)
-    from rpsagg.experiments.plotting import plot_task
+    from rpsagg_experiments.plotting import plot_task
 
     plot_task(rows, out, task)
     return rows

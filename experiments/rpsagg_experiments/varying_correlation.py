@@ -8,7 +8,7 @@ closest to the target and the estimators use that actual R.
 
 Rand-k's and Rand-k-Spatial's MSE on such sparse vectors is heavy-tailed (a coordinate is
 either sent or not), so their Monte Carlo means are noisy; their exact MSEs
-(:func:`~rpsagg.experiments.closed_forms.rand_k_spatial_basis`) are reported beside them
+(:func:`~rpsagg_experiments.closed_forms.rand_k_spatial_basis`) are reported beside them
 and used in the comparison and the figure.
 
 Estimators: Rand-k; Rand-k-Spatial(opt) = corr(R) (the best of the Rand-k-Spatial family,
@@ -27,9 +27,9 @@ import numpy as np
 
 from rpsagg._correlation import CorrelationTracker
 from rpsagg._estimators import RandProjSpatial, make_estimator
-from rpsagg.experiments.closed_forms import rand_k_general, rand_k_spatial_basis
-from rpsagg.experiments.montecarlo import mse, summarize, trial_seeds
-from rpsagg.experiments.runtime import TAGS, parallel_map, write_csv
+from rpsagg_experiments.closed_forms import rand_k_general, rand_k_spatial_basis
+from rpsagg_experiments.montecarlo import mse, summarize, trial_seeds
+from rpsagg_experiments.runtime import TAGS, parallel_map, write_csv
 
 NAME = "varying-correlation"
 
@@ -166,7 +166,7 @@ def run(
     rows = [r for chunk in chunks for r in chunk]
     rows.sort(key=lambda r: (r["n"], r["k"], r["r_target"]))
     write_csv(out / f"{NAME}.csv", rows)
-    from rpsagg.experiments.plotting import plot_varying_correlation
+    from rpsagg_experiments.plotting import plot_varying_correlation
 
     plot_varying_correlation(rows, out / f"{NAME}.png")
     return rows

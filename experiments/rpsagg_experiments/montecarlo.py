@@ -9,7 +9,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rpsagg._estimators import Estimator
-from rpsagg.experiments.runtime import seed_of
+from rpsagg_experiments.runtime import seed_of
 
 
 @dataclass(frozen=True)

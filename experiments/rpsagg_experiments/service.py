@@ -1,10 +1,10 @@
 """``--via-service``: a task through a real ``rpsagg-server`` and client processes (gRPC).
 
 :func:`run_via_service` starts ``rpsagg-server`` (plain-text, in-memory store, a free
-port) and n :mod:`~rpsagg.experiments.service_client` processes on this machine, lets them
+port) and n :mod:`~rpsagg_experiments.service_client` processes on this machine, lets them
 run the task, and collects the server's per-round estimates and nonces. The server draws
 its round nonces itself, so the in-process run is then replayed with those nonces and the
-same client ids and seeds (:class:`~rpsagg.experiments.optimization.Job` ``nonces`` and
+same client ids and seeds (:class:`~rpsagg_experiments.optimization.Job` ``nonces`` and
 ``client_ids``); :func:`compare` checks that both give the same per-iteration numbers.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from rpsagg.experiments.optimization import (
+from rpsagg_experiments.optimization import (
     DIM,
     ITERATIONS,
     LINEUP,
@@ -38,7 +38,7 @@ from rpsagg.experiments.optimization import (
     run_job,
     run_shards,
 )
-from rpsagg.experiments.runtime import write_csv
+from rpsagg_experiments.runtime import write_csv
 
 
 @dataclass
@@ -102,7 +102,7 @@ def service_job(job: Job, workdir: Path, timeout: float = 600.0) -> ServiceRun:
         port = _wait_for(port_file, server, 60.0)
         for i in range(job.n):
             cmd = [
-                sys.executable, "-m", "rpsagg.experiments.service_client",
+                sys.executable, "-m", "rpsagg_experiments.service_client",
                 "--server", f"127.0.0.1:{port}", "--client-id", client_name(i),
                 "--task", job.task, "--split", job.split, "--n", str(job.n),
                 "--k", str(job.k), "--run", str(job.run), "--out", str(workdir / f"c{i}.json"),

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from rpsagg.experiments.optimization import DIM, LINEUP, MAIN, make_lineup_estimator
-from rpsagg.experiments.runtime import TAGS, seed_of, write_csv
+from rpsagg_experiments.optimization import DIM, LINEUP, MAIN, make_lineup_estimator
+from rpsagg_experiments.runtime import TAGS, seed_of, write_csv
 
 NAME = "timing"
 
@@ -59,7 +59,7 @@ def run(
                 row = time_estimator(label, n, k, DIM[task], reps)
                 rows.append({"task": task, **row})
     write_csv(out / f"{NAME}.csv", rows)
-    from rpsagg.experiments.plotting import plot_timing
+    from rpsagg_experiments.plotting import plot_timing
 
     plot_timing(rows, out / f"{NAME}.png")
     return rows
