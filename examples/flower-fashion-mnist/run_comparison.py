@@ -57,7 +57,8 @@ def table(results: list[dict]) -> str:
 
 
 def plot(results: list[dict], path: Path) -> None:
-    """Test accuracy per round and cumulative bytes up, one line per method."""
+    """Test accuracy per round and against cumulative bytes up, one line per method (from
+    round 1; the starting model, round 0, has accuracy 0.1)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -65,7 +66,7 @@ def plot(results: list[dict], path: Path) -> None:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for res in results:
-        rounds = sorted(int(r) for r in res["rounds"])
+        rounds = sorted(int(r) for r in res["rounds"] if int(r) >= 1)  # round 0: nothing sent
         acc = [res["rounds"][str(r)]["test-accuracy"] for r in rounds]
         ax1.plot(rounds, acc, marker=".", label=label(res))
         sent, total = [], 0.0
