@@ -28,7 +28,7 @@ from rpsagg.spec import derive_round_seed
 from rpsagg_flower.payload import REPLY_CONFIG, Layout, encoded_to_records, flatten
 from rpsagg_flower.settings import KEY_SCHEME, RoundEncoding
 
-log = logging.getLogger("rpsagg_flower")
+log = logging.getLogger("flwr.rpsagg_flower")  # through Flower's log handlers
 
 
 def _error(msg: Message, reason: str) -> Message:

@@ -25,6 +25,7 @@ from numpy.typing import NDArray
 
 from rpsagg import Encoded, Estimator
 from rpsagg._quantize import dequantize, pack_codes, unpack_codes
+from rpsagg._validation import check_batch
 from rpsagg.spec import derive_round_seed
 from rpsagg_flower.settings import nonce_from_bytes, nonce_to_bytes
 
@@ -177,10 +178,16 @@ def records_to_encoded(
         values = _from_raw(arrays, "values", "float32").astype(np.float32)
         if values.size != count:
             raise ValueError(f"the reply has {values.size} values; it says {count}")
-        return Encoded(est.name, seed, est.k, est.d, values, indices)
-    packed = _from_raw(arrays, "codes", "uint8").tobytes()
-    codes = unpack_codes(packed, count, est.value_bits)
-    scales = _from_raw(arrays, "scale", "float32").astype(np.float32)
-    values32 = dequantize(est.codebook, codes, scales, est.value_bits)
-    return Encoded(est.name, seed, est.k, est.d, values32, indices,
-                   value_bits=est.value_bits, codes=codes, scales=scales)
+        msg = Encoded(est.name, seed, est.k, est.d, values, indices)
+    else:
+        packed = _from_raw(arrays, "codes", "uint8").tobytes()
+        codes = unpack_codes(packed, count, est.value_bits)
+        scales = _from_raw(arrays, "scale", "float32").astype(np.float32)
+        values32 = dequantize(est.codebook, codes, scales, est.value_bits)
+        msg = Encoded(est.name, seed, est.k, est.d, values32, indices,
+                      value_bits=est.value_bits, codes=codes, scales=scales)
+    # the decoder's own checks (finite values, indices in [0, d), counts), one reply at a
+    # time: a bad reply is dropped instead of failing the whole round's decode
+    check_batch([msg], scheme=est.name, n=est.n, k=est.k, d=est.d,
+                values_per_message=est.values_per_message, value_bits=est.value_bits)
+    return msg

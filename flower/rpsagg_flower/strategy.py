@@ -17,7 +17,7 @@ from rpsagg_flower.correlation import r_hat
 from rpsagg_flower.payload import REPLY_CONFIG, Layout, apply_update, records_to_encoded
 from rpsagg_flower.settings import AUTO_BLOCK_SIZE, AUTO_BLOCK_THRESHOLD, RoundEncoding
 
-log = logging.getLogger("rpsagg_flower")
+log = logging.getLogger("flwr.rpsagg_flower")  # through Flower's log handlers
 
 
 @dataclass

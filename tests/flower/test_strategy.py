@@ -260,6 +260,30 @@ def test_replies_that_do_not_fit_are_dropped() -> None:
     assert rnd.metrics["rpsagg.n-prime"] == 3
 
 
+def test_replies_with_bad_values_are_dropped() -> None:
+    """A reply whose values are not finite, or whose indices fall outside the model, is left
+    out before the decode (which would refuse the whole batch)."""
+    strategy = RandProjSpatialFedAvg("rand-k-wangni", k=15, weighted=False)
+    arrays = model(SHAPES)
+
+    def spoil(replies: list[Message]) -> list[Message]:
+        first = replies[0].content.array_records["arrays"]
+        vals = np.frombuffer(first["values"].data, "<f4").copy()
+        vals[0] = np.nan
+        first["values"] = Array(dtype="float32", shape=(vals.size,), stype=first["values"].stype,
+                                data=vals.tobytes())
+        second = replies[1].content.array_records["arrays"]
+        idx = np.frombuffer(second["indices"].data, "<i4").copy()
+        idx[0] = 60
+        second["indices"] = Array(dtype="int32", shape=(idx.size,),
+                                  stype=second["indices"].stype, data=idx.tobytes())
+        return replies
+
+    rnd = run_round(strategy, arrays, updates(60), extra_replies=spoil)
+    assert rnd.arrays is not None and rnd.metrics is not None
+    assert rnd.metrics["rpsagg.n-prime"] == 3
+
+
 def _instruction(node: int) -> Message:
     return Message(RecordDict({}), dst_node_id=node, message_type="train")
 
