@@ -44,5 +44,6 @@ def test_two_supernodes_train_with_compressed_updates(tmp_path: Path) -> None:
         assert r["train-loss"] > 0  # the ClientApps' metrics, aggregated as by FedAvg
     # the zero model predicts one class (accuracy 0.1 on the balanced test set); two rounds
     # of SGD on 600 images, sent compressed, must have learnt something real
-    assert out["rounds"]["0"]["test-accuracy"] == pytest.approx(0.1)
-    assert out["rounds"]["2"]["test-accuracy"] > 0.4
+    acc = [out["rounds"][r]["test-accuracy"] for r in ("0", "1", "2")]
+    assert acc[0] == pytest.approx(0.1)
+    assert acc[2] > 0.4, f"test accuracy per round: {acc}"
