@@ -6,6 +6,9 @@
 
 # --- build: a virtual environment with the library and the server ------------------------
 FROM python:3.11.14-slim-bookworm AS build
+# "[ray]" for the Ray decode backend and the compose file's ray profile (ray start); empty
+# by default: the default server never needs Ray's ~70 MB
+ARG SERVER_EXTRAS=""
 ENV VIRTUAL_ENV=/opt/venv PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv "$VIRTUAL_ENV"
 ENV PATH="/opt/venv/bin:$PATH"
@@ -13,7 +16,7 @@ WORKDIR /src
 COPY common/ common/
 COPY wire/ wire/
 COPY server/ server/
-RUN --mount=type=cache,target=/root/.cache/pip pip install "./common[fast]" ./wire ./server
+RUN --mount=type=cache,target=/root/.cache/pip pip install "./common[fast]" ./wire "./server${SERVER_EXTRAS}"
 
 # --- runtime: the venv and a non-root user ------------------------------------------------
 FROM python:3.11.14-slim-bookworm

@@ -89,6 +89,9 @@ def _replay_build_stage(role: str, root: Path) -> Path:
         if instr == "ENV":
             for key, value in env_pairs(args):
                 env[key] = expand(value, env).replace("/opt/venv", str(venv))
+        elif instr == "ARG":  # the build argument's default (compose may pass another)
+            name, _, default = args.partition("=")
+            env.setdefault(name.strip(), default.strip().strip('"'))
         elif instr == "WORKDIR":
             workdir = root / expand(args, env).lstrip("/")
             workdir.mkdir(parents=True, exist_ok=True)
