@@ -80,7 +80,8 @@ def plot(results: list[dict], path: Path) -> None:
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
     ax1.legend(fontsize=8)
-    d, k, n = results[0]["d"], results[0]["k"], results[0]["clients"]
+    d, n = results[0]["d"], results[0]["clients"]
+    k = next((r["k"] for r in results if r["method"] != "fedavg"), d)  # FedAvg sends all d
     fig.suptitle(f"Fashion-MNIST softmax regression, {n} clients, d = {d:,}, k = {k}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
