@@ -10,3 +10,9 @@ echo "[test] mypy"
 .venv/bin/mypy
 echo "[test] pytest"
 .venv/bin/python -m pytest "$@"
+# the Flower integration in its own environment (flwr's pins; tests/conftest.py keeps
+# tests/flower out of the run above); MYPYPATH: rpsagg's source, as .venv's mypy sees it
+echo "[test] mypy flower (.venv-flower)"
+MYPYPATH=common .venv-flower/bin/mypy flower/rpsagg_flower examples/flower-fashion-mnist
+echo "[test] pytest tests/flower (.venv-flower)"
+RPSAGG_FLOWER_TESTS=1 .venv-flower/bin/python -m pytest tests/flower

@@ -3,7 +3,7 @@
 # role needs. Idempotent: re-runs only what changed. Prints one short line per step (pip
 # and setuptools run quietly; their errors still show).
 #   scripts/setup-env.sh run    # what the main command needs
-#   scripts/setup-env.sh test   # plus the test and lint tools
+#   scripts/setup-env.sh test   # plus the test and lint tools, and .venv-flower (tests/flower)
 set -euo pipefail
 role=${1:-run}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -63,4 +63,30 @@ if [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp" ]; then
   .venv/bin/python -c "import rpsagg, rpsagg_wire, rpsagg_server, rpsagg_client, rpsagg_experiments"
   echo "$stamp" > "$stamp_file"
   echo "[setup] .venv ready ($role)"
+fi
+
+# The Flower integration (flower/, rpsagg-flower) and its tests (tests/flower) run in their
+# own environment, .venv-flower: flwr 1.42 pins protobuf < 7 (and fastapi, starlette) where
+# the service stack in .venv needs protobuf >= 7.
+if [ "$role" = test ]; then
+  if ! .venv-flower/bin/python -m pip --version >/dev/null 2>&1; then
+    echo "[setup] creating .venv-flower with $($python --version)"
+    "$python" -m venv --clear .venv-flower
+    echo '*' > .venv-flower/.gitignore  # a virtual environment is never committed
+  fi
+  fl_inputs=(common/pyproject.toml common/setup.py common/rpsagg/_fast.c flower/pyproject.toml
+             flower/requirements-test.txt)
+  fl_stamp_file=.venv-flower/.setup-stamp
+  fl_stamp=$(cat "${fl_inputs[@]}" scripts/setup-env.sh | sha256sum | cut -d' ' -f1)
+  if [ "$(cat "$fl_stamp_file" 2>/dev/null)" != "$fl_stamp" ]; then
+    export PIP_DISABLE_PIP_VERSION_CHECK=1
+    echo "[setup] installing rpsagg, rpsagg-flower (flwr) and the test tools into .venv-flower"
+    .venv-flower/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+    # rpsagg is the math alone (numpy, scipy): it installs beside flwr's protobuf pin
+    .venv-flower/bin/python -m pip install -q -e "common[blas]" -e flower \
+      -r flower/requirements-test.txt 2>&1 | grep -v "^WARNING: Location" || true
+    .venv-flower/bin/python -c "import rpsagg, rpsagg_flower, flwr"
+    echo "$fl_stamp" > "$fl_stamp_file"
+    echo "[setup] .venv-flower ready"
+  fi
 fi

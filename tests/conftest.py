@@ -2,6 +2,10 @@
 
 Every test session gets its own beta cache directory (``RPSAGG_CACHE_DIR``), inherited by the
 subprocesses tests start, so results never depend on a developer's ~/.cache.
+
+``tests/flower`` needs flwr, which lives in its own environment (``.venv-flower``): test.sh
+runs it there as a second pytest run with ``RPSAGG_FLOWER_TESTS=1``; every other run
+leaves it out.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+collect_ignore = [] if os.environ.get("RPSAGG_FLOWER_TESTS") == "1" else ["flower"]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -31,14 +31,8 @@ import grpc
 import numpy as np
 from numpy.typing import ArrayLike
 
-from rpsagg import (
-    QUANTIZER_NAMES,
-    SPEC_VERSION,
-    SPEC_VERSIONS,
-    Estimator,
-    check_spec_version,
-    make_estimator,
-)
+from rpsagg import SPEC_VERSION, SPEC_VERSIONS, Estimator, check_spec_version
+from rpsagg.schemes import estimator_from_options
 from rpsagg.spec import derive_round_seed
 from rpsagg_wire.v1 import serde
 from rpsagg_wire.v1.serde import (
@@ -232,18 +226,17 @@ class AggregationClient:
                     f"round {rnd.round_id} needs wire format {rnd.spec_version!r}; this "
                     f"client speaks {', '.join(SPEC_VERSIONS)}"
                 ) from None
-        projection = rnd.projection or ("srht" if rnd.scheme == "rand-proj-spatial" else "auto")
+        # a round without a projection, from a server before the field, uses the SRHT
+        # (schemes without a projection ignore it)
+        projection = rnd.projection or "srht"
         key = (rnd.scheme, rnd.n, rnd.k, rnd.d, projection, rnd.block_size, rnd.value_bits,
                rnd.bits)
         est = self._estimators.get(key)
         if est is None:
-            if rnd.scheme in QUANTIZER_NAMES:
-                est = make_estimator(rnd.scheme, n=rnd.n, d=rnd.d, bits=rnd.bits)
-            else:
-                est = make_estimator(
-                    rnd.scheme, n=rnd.n, k=rnd.k, d=rnd.d, projection=projection,
-                    block_size=rnd.block_size or None, value_bits=rnd.value_bits,
-                )
+            est = estimator_from_options(
+                rnd.scheme, n=rnd.n, k=rnd.k, d=rnd.d, projection=projection,
+                block_size=rnd.block_size, value_bits=rnd.value_bits, bits=rnd.bits,
+            )
             self._estimators[key] = est
         return est
 

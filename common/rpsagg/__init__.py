@@ -7,6 +7,7 @@ clients jointly (``Estimator.decode``).
 
 The public surface is this package's namespace and the public modules
 :mod:`rpsagg.spec` (seed derivation, the wire's integer streams),
+:mod:`rpsagg.schemes` (the schemes and what their messages carry),
 :mod:`rpsagg.projections` (the seeded projections and their joint operators),
 :mod:`rpsagg.linalg` (the joint decode's solvers), :mod:`rpsagg.beta` (the unbiasing
 scalars), :mod:`rpsagg.quantize` (b-bit value codes), :mod:`rpsagg.device` (the decode
@@ -25,6 +26,7 @@ Examples
 
 from rpsagg._beta import BetaEstimate, cache_dir, spatial_beta
 from rpsagg._blockwise import BlockwiseRandProjSpatial
+from rpsagg._coordinates import FullEstimator, Induced, RandK, RandKWangni
 from rpsagg._correlation import CorrelationTracker, correlation_terms, estimate_correlation
 from rpsagg._dct import dct_matrix
 from rpsagg._decode import SolveInfo
@@ -35,13 +37,14 @@ from rpsagg._estimators import (
     QUANTIZER_NAMES,
     DecodeResult,
     Estimator,
-    RandProjSpatial,
     make_estimator,
+    round_encoding,
     wangni_probabilities,
 )
 from rpsagg._fwht import BACKEND as FWHT_BACKEND
 from rpsagg._fwht import fwht
-from rpsagg._projection import PROJECTIONS, round_encoding
+from rpsagg._projection import PROJECTIONS
+from rpsagg._spatial import RandKSpatial, RandProjSpatial
 from rpsagg._srht import srht_matrix
 from rpsagg.spec import SPEC_VERSION, SPEC_VERSIONS, check_spec_version, padded_dim
 
@@ -61,6 +64,11 @@ __all__ = [
     "DecodeResult",
     "Encoded",
     "Estimator",
+    "FullEstimator",
+    "Induced",
+    "RandK",
+    "RandKSpatial",
+    "RandKWangni",
     "RandProjSpatial",
     "SolveInfo",
     "__version__",

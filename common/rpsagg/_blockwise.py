@@ -15,13 +15,15 @@ has a measured MSE table against the full transform.
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import numpy as np
 from numpy.typing import NDArray
 
 from rpsagg._decode import DEFAULT_RTOL, SolveInfo
 from rpsagg._encoded import Encoded
-from rpsagg._estimators import DecodeResult, Estimator, RandProjSpatial
+from rpsagg._estimator import DecodeResult, Estimator
+from rpsagg._spatial import SCHEME, RandProjSpatial
 from rpsagg._srht import srht_encode
 from rpsagg._transform import parse_transform
 from rpsagg.spec import MASK64, TAG_BLOCK, check_seed, mix64
@@ -52,6 +54,7 @@ class BlockwiseRandProjSpatial(Estimator):
         As for :class:`~rpsagg._estimators.RandProjSpatial`, applied in every block.
     """
 
+    traits = replace(RandProjSpatial.traits, quantizable=False, supports_r_hat=False)
     _mixes_all_inputs = True  # every block sends >= 1 value mixing all its coordinates
     projection = "srht"  # every block is an SRHT of dimension block_size
 
@@ -80,7 +83,7 @@ class BlockwiseRandProjSpatial(Estimator):
                 f"k must be >= the number of blocks ceil(d / block_size) = {self.blocks}; "
                 f"got k={self.k}"
             )
-        self.name = f"rand-proj-spatial:block={self.block_size}"
+        self.name = f"{SCHEME}:block={self.block_size}"
         self.transform = parse_transform(transform, self.n, prior_r)
         self.budgets = block_budgets(self.k, self.blocks)
         # One sub-estimator per distinct budget (at most two): they share beta caches.

@@ -18,10 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from rpsagg._encoded import Encoded
-from rpsagg._projection import joint_operator, operator_dim, projection_of_scheme
+from rpsagg._estimators import message_traits, r_hat_schemes
+from rpsagg._projection import joint_operator, operator_dim
 from rpsagg.spec import randk_indices
-
-_SUPPORTED = ("rand-proj-spatial", "rand-proj-spatial:dct", "rand-k", "rand-k-spatial")
 
 
 def correlation_terms(encoded: Sequence[Encoded]) -> tuple[float, float]:
@@ -40,9 +39,13 @@ def correlation_terms(encoded: Sequence[Encoded]) -> tuple[float, float]:
     if not batch:
         raise ValueError("estimate_correlation needs at least one message")
     first = batch[0]
-    if first.scheme not in _SUPPORTED:
+    try:
+        traits, projection = message_traits(first.scheme)
+    except ValueError:
+        traits = None
+    if traits is None or not traits.supports_r_hat:
         raise ValueError(
-            f"estimate_correlation supports {', '.join(_SUPPORTED)}; got {first.scheme!r}"
+            f"estimate_correlation supports {', '.join(r_hat_schemes())}; got {first.scheme!r}"
         )
     if any(m.scheme != first.scheme or m.k != first.k or m.d != first.d for m in batch):
         raise ValueError("mixed schemes/k/d in one estimate_correlation call")
@@ -50,8 +53,7 @@ def correlation_terms(encoded: Sequence[Encoded]) -> tuple[float, float]:
         raise ValueError("the same seed appears twice in one estimate_correlation call")
     k = first.k
     y = np.stack([m.values.astype(np.float64) for m in batch])
-    projection = projection_of_scheme(first.scheme)
-    if projection is not None:
+    if projection:
         dim = operator_dim(projection, first.d)
         back = joint_operator(projection, [m.seed for m in batch], k, dim).adjoint(y)
     else:

@@ -20,9 +20,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rpsagg._encoded import Encoded
-from rpsagg._estimators import DecodeResult, Estimator, FloatArray
+from rpsagg._estimator import DecodeResult, Estimator, FloatArray
 from rpsagg._fwht import fwht
 from rpsagg._lloyd_max import EDEN_BITS, boundaries, centroids
+from rpsagg._wireprofile import SchemeTraits
 from rpsagg.spec import padded_dim, sign_factors
 
 
@@ -54,6 +55,7 @@ class Eden(Estimator):
     """
 
     name = "eden"
+    traits = SchemeTraits(name, takes_k=False, takes_bits=True)
     codebook = "eden"
     _mixes_all_inputs = True
 
@@ -67,6 +69,9 @@ class Eden(Estimator):
     @property
     def values_per_message(self) -> int | None:
         return self.d_pad
+
+    def _count(self) -> tuple[int, str]:
+        return self.d_pad, "d'"
 
     def _encode(self, x: FloatArray, seed: int) -> tuple[FloatArray, NDArray[np.int64] | None]:
         return rotate(x, seed, self.d_pad), None

@@ -5,6 +5,8 @@
 * ``"dct"``: the subsampled randomized DCT on ``x`` itself, any ``d`` (``rpsagg-seed-v2``;
   scheme ``rand-proj-spatial:dct``), see :mod:`rpsagg._dct`.
 
+The message scheme of each is named in :mod:`rpsagg._spatial`.
+
 The default (``"auto"``) is the SRHT when ``d`` is a power of two (where the two have the
 same estimator error and the SRHT encodes faster) and the DCT otherwise (where the SRHT
 pays for its padding); ``docs/performance.md`` has the measurements behind the choice.
@@ -19,17 +21,12 @@ from numpy.typing import NDArray
 
 from rpsagg._dct import JointDCT, dct_encode
 from rpsagg._srht import JointSRHT, srht_encode
-from rpsagg.spec import SPEC_V1, SPEC_V2, SPEC_V3, padded_dim
+from rpsagg.spec import SPEC_V1, SPEC_V2, padded_dim
 
 FloatArray = NDArray[np.float64]
 JointOperator = JointSRHT | JointDCT
 
 PROJECTIONS = ("srht", "dct")
-SCHEME = "rand-proj-spatial"
-#: Message scheme of each projection (the blockwise SRHT adds ``:block=<b>`` to the first).
-SCHEMES = {"srht": SCHEME, "dct": SCHEME + ":dct"}
-#: Schemes that send packed codes whatever their options (others do with value_bits < 32).
-QUANTIZED_SCHEMES = ("eden", "qsgd")
 #: The oldest wire-format version that defines each projection.
 REQUIRED_SPEC = {"srht": SPEC_V1, "dct": SPEC_V2}
 
@@ -43,15 +40,6 @@ def resolve_projection(projection: str, d: int) -> str:
             f"projection must be 'auto', 'srht' or 'dct'; got {projection!r}"
         )
     return projection
-
-
-def projection_of_scheme(scheme: str) -> str | None:
-    """The projection a message scheme uses (None for schemes without one)."""
-    if scheme == SCHEMES["dct"]:
-        return "dct"
-    if scheme == SCHEME or scheme.startswith(SCHEME + ":block="):
-        return "srht"
-    return None
 
 
 def operator_dim(projection: str, d: int) -> int:
@@ -75,21 +63,3 @@ def joint_operator(projection: str, seeds: Sequence[int], k: int, dim: int,
     if projection != "srht":
         raise ValueError(f"unknown projection {projection!r}")
     return JointSRHT.from_seeds(seeds, k, dim, threads=threads)
-
-
-def round_encoding(estimator: object) -> tuple[str, str, int]:
-    """What a client needs to encode for ``estimator``: ``(spec_version, projection, block)``.
-
-    ``spec_version`` is the oldest wire format that defines the encoding (a client speaking
-    it or any later version can encode), ``projection`` is ``"srht"``/``"dct"`` for
-    Rand-Proj-Spatial and ``""`` for schemes without one, ``block`` is the blockwise block
-    size (0 when not blockwise). These are the ``RoundInfo`` fields of ``docs/protocol.md``.
-    """
-    projection = str(getattr(estimator, "projection", ""))
-    block = int(getattr(estimator, "block_size", 0) or 0)
-    spec = REQUIRED_SPEC.get(projection, SPEC_V1)
-    quantized = (int(getattr(estimator, "value_bits", 32) or 32) < 32
-                 or getattr(estimator, "name", "") in QUANTIZED_SCHEMES)
-    if quantized:  # packed codes exist from v3 on
-        spec = SPEC_V3
-    return spec, projection, block

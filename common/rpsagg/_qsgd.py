@@ -17,8 +17,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rpsagg._encoded import Encoded
-from rpsagg._estimators import DecodeResult, Estimator, FloatArray
+from rpsagg._estimator import DecodeResult, Estimator, FloatArray
 from rpsagg._quantize import float32_ceil, quantize_qsgd
+from rpsagg._wireprofile import SchemeTraits
 
 QSGD_MAX_BITS = 16
 
@@ -38,6 +39,7 @@ class Qsgd(Estimator):
     """QSGD with ``s = 2^bits - 1`` levels: ``(bits + 1) d + 96`` bits per message."""
 
     name = "qsgd"
+    traits = SchemeTraits(name, takes_k=False, takes_bits=True)
     codebook = "qsgd"
 
     def __init__(self, n: int, d: int, bits: int) -> None:
@@ -53,6 +55,9 @@ class Qsgd(Estimator):
     @property
     def values_per_message(self) -> int | None:
         return self.d
+
+    def _count(self) -> tuple[int, str]:
+        return self.d, "d"
 
     def _encode(self, x: FloatArray, seed: int) -> tuple[FloatArray, NDArray[np.int64] | None]:
         return x, None

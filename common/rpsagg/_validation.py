@@ -8,9 +8,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from rpsagg._encoded import Encoded
-from rpsagg.spec import SPEC_V1, SPEC_V2, SPEC_V3, SPEC_VERSIONS, check_seed
-
-DCT_SCHEME = "rand-proj-spatial:dct"  # the one scheme rpsagg-seed-v1 does not define
+from rpsagg.spec import SPEC_V1, SPEC_V3, SPEC_VERSIONS, check_seed
 
 
 def check_int(name: str, value: object, minimum: int) -> int:
@@ -62,12 +60,14 @@ def check_batch(
     d: int,
     values_per_message: int | None,
     value_bits: int = 32,
+    min_spec: str = SPEC_V1,
 ) -> list[Encoded]:
     """Messages that can be decoded together by one estimator.
 
-    Checks: 1 <= count <= n, same scheme/k/d/spec version/value bits as the estimator,
-    distinct seeds, the expected number of finite values, and indices in range where they
-    are sent.
+    Checks: 1 <= count <= n, same scheme/k/d/value bits as the estimator, a spec version
+    this decoder implements and no older than ``min_spec`` (the oldest that defines the
+    scheme), distinct seeds, the expected number of finite values, and indices in range
+    where they are sent.
     """
     batch = list(encoded)
     if not batch:
@@ -92,10 +92,10 @@ def check_batch(
                 f"message {pos} uses spec {msg.spec_version!r}; this decoder implements "
                 f"{', '.join(SPEC_VERSIONS)}"
             )
-        if msg.spec_version == SPEC_V1 and scheme == DCT_SCHEME:
+        if SPEC_VERSIONS.index(msg.spec_version) < SPEC_VERSIONS.index(min_spec):
             raise ValueError(
-                f"message {pos} claims {SPEC_V1!r}, which has no {scheme!r} (it needs "
-                f"{SPEC_V2!r})"
+                f"message {pos} claims {msg.spec_version!r}, which has no {scheme!r} (it "
+                f"needs {min_spec!r})"
             )
         if msg.codes is not None and SPEC_VERSIONS.index(msg.spec_version) < SPEC_VERSIONS.index(
             SPEC_V3

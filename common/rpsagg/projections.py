@@ -19,7 +19,7 @@ True
 from rpsagg._dct import JointDCT, dct_encode, dct_matrix
 from rpsagg._fwht import BACKEND as FWHT_BACKEND
 from rpsagg._fwht import fwht
-from rpsagg._projection import PROJECTIONS, round_encoding
+from rpsagg._projection import PROJECTIONS
 from rpsagg._srht import JointSRHT, srht_encode, srht_matrix
 
 __all__ = [
@@ -30,7 +30,6 @@ __all__ = [
     "dct_encode",
     "dct_matrix",
     "fwht",
-    "round_encoding",
     "srht_encode",
     "srht_matrix",
 ]

@@ -11,17 +11,19 @@ import time
 
 import numpy as np
 
+from rpsagg._coordinates import Induced, RandK, RandKWangni
 from rpsagg._estimators import make_estimator
+from rpsagg._spatial import RandKSpatial, RandProjSpatial
 from rpsagg.spec import GAMMA, MASK64
 from rpsagg.synthetic import correlated_vectors
 
 LINEUP: list[tuple[str, str | float]] = [
-    ("rand-k", "avg"),
-    ("rand-k-spatial", "avg"),
-    ("rand-proj-spatial", "avg"),
-    ("rand-proj-spatial", "max"),
-    ("rand-k-wangni", "avg"),
-    ("induced", "avg"),
+    (RandK.name, "avg"),
+    (RandKSpatial.name, "avg"),
+    (RandProjSpatial.name, "avg"),
+    (RandProjSpatial.name, "max"),
+    (RandKWangni.name, "avg"),
+    (Induced.name, "avg"),
 ]
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import grpc
 
+from rpsagg.schemes import DEFAULT_ESTIMATOR
 from rpsagg.tasks.data import FASHION_DIR, FASHION_IMAGES
 from rpsagg_server.launch import LocalJob, ServerExited, ServerProcess
 
@@ -39,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
                    choices=("synthetic", "fashion-mnist", "ujiindoorloc"))
     p.add_argument("--data-path", default=None)
     p.add_argument("--data-r", type=float, default=0.0, help="synthetic data correlation R")
-    p.add_argument("--estimator", default="rand-proj-spatial")
+    p.add_argument("--estimator", default=DEFAULT_ESTIMATOR)
     p.add_argument("--transform", default="avg")
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--round-timeout", type=float, default=60.0)

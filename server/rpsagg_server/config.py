@@ -3,6 +3,11 @@
 Precedence: command-line flag > environment variable ``RPSAGG_<FLAG>`` (``--round-timeout``
 -> ``RPSAGG_ROUND_TIMEOUT``) > ``--config FILE`` (TOML, keys spelled like the flags with
 ``-`` or ``_``) > default.
+
+The environment and the file are pydantic-settings sources (``RPSAGG_`` environment
+variables, a TOML file), merged in that order with the flags (parsed by argparse, for their
+help and messages) on top; pydantic converts every value to its field's type, and
+:class:`ServerConfig` then checks the combination.
 """
 
 from __future__ import annotations
@@ -10,16 +15,30 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import tomllib
+import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, NoReturn
 
-from rpsagg import ESTIMATOR_NAMES, QUANTIZABLE, QUANTIZER_NAMES
+from pydantic import ValidationError, create_model, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from rpsagg import ESTIMATOR_NAMES, QUANTIZER_NAMES
+from rpsagg.schemes import DEFAULT_ESTIMATOR, names_where, scheme_traits
 from rpsagg.tasks import TASKS
 
 SCHEMES = ESTIMATOR_NAMES + QUANTIZER_NAMES
+QUANTIZABLE = names_where(lambda t: t.quantizable)
+BITS_SCHEMES = " and ".join(names_where(lambda t: t.takes_bits))
+PROJECTION_SCHEMES = ", ".join(names_where(lambda t: t.takes_projection))
 
 
 @dataclass(frozen=True)
@@ -33,7 +52,7 @@ class ServerConfig:
     n: int = 10
     k: int = 102
     d: int = 1024
-    estimator: str = "rand-proj-spatial"
+    estimator: str = DEFAULT_ESTIMATOR
     transform: str = "avg"
     value_bits: int = 32
     bits: int = 0
@@ -67,20 +86,21 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if self.estimator not in SCHEMES:
             raise ValueError(f"--estimator must be one of {', '.join(SCHEMES)}")
+        traits = scheme_traits(self.estimator)
         if self.value_bits != 32:
-            if self.estimator not in QUANTIZABLE:
+            if not traits.quantizable:
                 raise ValueError(f"--value-bits applies to {', '.join(QUANTIZABLE)}; "
-                                 f"use --bits for eden and qsgd")
+                                 f"use --bits for {BITS_SCHEMES}")
             if not 1 <= self.value_bits <= 31:
                 raise ValueError(f"--value-bits must be in [1, 32]; got {self.value_bits}")
-        if self.estimator in QUANTIZER_NAMES:
+        if traits.takes_bits:
             from rpsagg import make_estimator
 
             if self.bits == 0:
                 raise ValueError(f"--estimator {self.estimator} needs --bits")
             make_estimator(self.estimator, n=max(self.n, 1), d=max(self.d, 1), bits=self.bits)
         elif self.bits != 0:
-            raise ValueError("--bits applies to eden and qsgd; use --value-bits for "
+            raise ValueError(f"--bits applies to {BITS_SCHEMES}; use --value-bits for "
                              f"{self.estimator}")
         if self.task not in TASKS:
             raise ValueError(f"--task must be one of {', '.join(TASKS)}; got {self.task!r}")
@@ -123,8 +143,8 @@ class ServerConfig:
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError("--tls-client-ca (mTLS) needs --tls-cert and --tls-key")
         if self.decode_device is not None:
-            if self.estimator != "rand-proj-spatial":
-                raise ValueError("--decode-device applies to --estimator rand-proj-spatial")
+            if not traits.takes_projection:
+                raise ValueError(f"--decode-device applies to --estimator {PROJECTION_SCHEMES}")
             try:
                 from rpsagg.device import resolve_device
             except ImportError as exc:  # pragma: no cover - the test set-up installs torch
@@ -135,8 +155,9 @@ class ServerConfig:
         if self.decode_backend not in ("local", "ray"):
             raise ValueError(f"--decode-backend must be local or ray; got {self.decode_backend!r}")
         if self.decode_backend == "ray":
-            if self.estimator != "rand-proj-spatial":
-                raise ValueError("--decode-backend ray applies to --estimator rand-proj-spatial")
+            if not traits.takes_projection:
+                raise ValueError("--decode-backend ray applies to --estimator "
+                                 f"{PROJECTION_SCHEMES}")
             try:
                 import ray  # noqa: F401
             except ImportError as exc:  # pragma: no cover - the test set-up installs ray
@@ -233,61 +254,141 @@ def _parser() -> argparse.ArgumentParser:
         "ray_address": "Ray cluster to join with --decode-backend ray (e.g. 10.0.0.5:6379); "
         "default: start a local one",
     }
-    for f in fields(ServerConfig):
-        if f.name == "task_params":
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if f.name in _BOOL:
-            p.add_argument(flag, action="store_true", default=None, help=helps[f.name])
+    for name, info in _Settings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        if name in _BOOL:
+            p.add_argument(flag, action="store_true", default=None, help=helps[name])
         else:
-            kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
-            p.add_argument(flag, type=kind, default=None, help=helps[f.name])
+            p.add_argument(flag, type=_flag_type(info), default=None, help=helps[name])
     return p
 
 
-def _coerce(name: str, value: Any) -> Any:
-    f = {x.name: x for x in fields(ServerConfig)}[name]
-    t = str(f.type)
-    if name in _BOOL:
+def _flag_type(info: FieldInfo) -> type:
+    """int or float for a field of that type (``int | None`` included), else str."""
+    kinds = set(typing.get_args(info.annotation) or (info.annotation,)) - {type(None)}
+    return next((t for t in (int, float) if t in kinds), str)
+
+
+class _SettingsBase(BaseSettings):
+    """The options every source can set, converted by pydantic to their field types."""
+
+    model_config = SettingsConfigDict(env_prefix="RPSAGG_", extra="forbid",
+                                      coerce_numbers_to_str=True)
+
+    @field_validator(*sorted(_BOOL), mode="before", check_fields=False)
+    @classmethod
+    def _switch(cls, value: Any) -> bool:
+        """A switch from the environment is on for 1, true, yes or on (any case)."""
         if isinstance(value, str):
             return value.strip().lower() in ("1", "true", "yes", "on")
         return bool(value)
-    try:
-        if t.startswith("int"):
-            return int(value)
-        if t.startswith("float"):
-            return float(value)
-    except (TypeError, ValueError):
-        kind = "an integer" if t.startswith("int") else "a number"
-        flag = name.replace("_", "-")
-        raise ValueError(f"--{flag} (RPSAGG_{name.upper()} or config key {flag}) must be "
-                         f"{kind}; got {value!r}") from None
-    return None if value is None else str(value)
+
+
+def _settings_model() -> type[_SettingsBase]:
+    """The settings model: every :class:`ServerConfig` field but ``task_params``."""
+    hints = typing.get_type_hints(ServerConfig)
+    spec: dict[str, Any] = {}
+    for f in fields(ServerConfig):
+        if f.name != "task_params":
+            assert f.default is not MISSING
+            spec[f.name] = (hints[f.name], f.default)
+    model: type[_SettingsBase] = create_model("ServerSettings", __base__=_SettingsBase, **spec)
+    return model
+
+
+_Settings = _settings_model()
+
+
+class _Environment(EnvSettingsSource):
+    """``RPSAGG_<FLAG>`` variables of a given mapping (``os.environ`` by default)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
+        self._env = env
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        # the hook pydantic-settings' own dotenv source overrides to read another mapping;
+        # the names are exactly RPSAGG_<FIELD IN CAPITALS> (the source matches lower case)
+        return {k.lower(): v for k, v in self._env.items()
+                if k.startswith("RPSAGG_") and k == k.upper()}
+
+
+class _ConfigFile(TomlConfigSettingsSource):
+    """The ``--config`` TOML file; keys are spelled like the flags, with ``-`` or ``_``."""
+
+    def _read_file(self, file_path: Any) -> dict[str, Any]:
+        raw = super()._read_file(file_path)
+        out = {}
+        for key, value in raw.items():
+            name = key.replace("-", "_")
+            if name not in _Settings.model_fields:
+                raise ValueError(f"{file_path}: unknown option {key!r}")
+            out[name] = value
+        return out
+
+
+class _Checked(PydanticBaseSettingsSource):
+    """Every value of ``source`` must convert to its field's type, whether a source above
+    overrides it or not (``RPSAGG_K=many`` is an error even with ``--k 4``)."""
+
+    def __init__(self, source: PydanticBaseSettingsSource) -> None:
+        super().__init__(source.settings_cls)
+        self.source = source
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self.source.get_field_value(field, field_name)
+
+    def __call__(self) -> dict[str, Any]:
+        values = self.source()
+        try:
+            _Settings.model_validate(values)  # validation only: no sources are read
+        except ValidationError as exc:
+            raise _type_error(exc) from None
+        return values
+
+
+def _type_error(exc: ValidationError) -> ValueError:
+    """The first conversion error, as the one line the command prints."""
+    err = exc.errors()[0]
+    name = str(err["loc"][0]) if err["loc"] else ""
+    flag = name.replace("_", "-")
+    kinds = set(typing.get_args(_Settings.model_fields[name].annotation)
+                or (_Settings.model_fields[name].annotation,)) if name else set()
+    kind = "an integer" if int in kinds else "a number" if float in kinds else "a string"
+    return ValueError(f"--{flag} (RPSAGG_{name.upper()} or config key {flag}) must be "
+                      f"{kind}; got {err['input']!r}")
 
 
 def load_config(
     argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 ) -> ServerConfig:
     """Parse flags, environment and config file into a validated :class:`ServerConfig`."""
-    env = os.environ if env is None else env
+    environ: Mapping[str, str] = os.environ if env is None else env
     args = _parser().parse_args(argv)
-    names = [f.name for f in fields(ServerConfig) if f.name != "task_params"]
-    values: dict[str, Any] = {}
-    config_path = args.config or env.get("RPSAGG_CONFIG")
+    flags = {name: getattr(args, name) for name in _Settings.model_fields
+             if getattr(args, name) is not None}
+    config_path = args.config or environ.get("RPSAGG_CONFIG")
     if config_path:
-        with Path(config_path).open("rb") as fh:
-            raw = tomllib.load(fh)
-        for key, val in raw.items():
-            name = key.replace("-", "_")
-            if name not in names:
-                raise ValueError(f"{config_path}: unknown option {key!r}")
-            values[name] = _coerce(name, val)
-    for name in names:
-        var = "RPSAGG_" + name.upper()
-        if var in env:
-            values[name] = _coerce(name, env[var])
-    for name in names:
-        val = getattr(args, name)
-        if val is not None:
-            values[name] = val
-    return ServerConfig(**values)
+        Path(config_path).open("rb").close()  # an unreadable file is an error, not empty
+
+    class Settings(_Settings):  # type: ignore[misc, valid-type]
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            sources: list[PydanticBaseSettingsSource] = [
+                init_settings, _Checked(_Environment(settings_cls, environ))]
+            if config_path:
+                sources.append(_Checked(_ConfigFile(settings_cls, toml_file=Path(config_path))))
+            return tuple(sources)
+
+    try:
+        settings = Settings(**flags)
+    except ValidationError as exc:
+        raise _type_error(exc) from None
+    return ServerConfig(**settings.model_dump())

@@ -17,21 +17,14 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from rpsagg import (
-    QUANTIZER_NAMES,
-    CorrelationTracker,
-    DecodeResult,
-    Encoded,
-    Estimator,
-    make_estimator,
-)
+from rpsagg import CorrelationTracker, DecodeResult, Encoded, Estimator, RandK, RandKSpatial
 from rpsagg.quantize import dequantize
+from rpsagg.schemes import message_codebook
 from rpsagg.spec import derive_round_seed
 from rpsagg_wire.v1.serde import Submission, VectorPayload
 
 log = logging.getLogger("rpsagg.server")
 FloatArray = NDArray[np.float64]
-R_HAT_SCHEMES = ("rand-proj-spatial", "rand-proj-spatial:dct", "rand-k", "rand-k-spatial")
 
 
 @dataclass(frozen=True)
@@ -96,11 +89,6 @@ class DecodeOutcome:
     eval_errors: tuple[float, ...] | None
 
 
-def codebook_for(scheme: str) -> str:
-    """The code book of a scheme's quantized values (``rpsagg.quantize.CODEBOOKS``)."""
-    return scheme if scheme in ("eden", "qsgd") else "uniform"
-
-
 def payload_values(v: VectorPayload, codebook: str) -> NDArray[np.float32]:
     """The values a vector sends: its float32 values, or its codes decoded with its scale
     (``ValueError`` for codes outside the code book)."""
@@ -114,7 +102,7 @@ def messages(
 ) -> list[Encoded]:
     """The ``Encoded`` messages of vector ``j`` of every submission, in the given order."""
     out = []
-    codebook = codebook_for(scheme)
+    codebook = message_codebook(scheme)
     for s in subs:
         v = s.vectors[j]
         seed = derive_round_seed(s.client_seed, nonce, s.client_id, j)
@@ -139,8 +127,8 @@ def shadow_errors(
     seeds : sequence of sequences
         ``seeds[i][j]``: the transform seed of client i's vector j (reused for the shadows).
     """
-    rand_k = make_estimator("rand-k", n=n, k=k, d=d)
-    spatial = make_estimator("rand-k-spatial", n=n, k=k, d=d, transform="avg")
+    rand_k = RandK(n, k, d)
+    spatial = RandKSpatial(n, k, d, transform="avg")
     err_k = err_s = 0.0
     for j in range(refs.shape[1]):
         truth = refs[:, j].mean(axis=0)
@@ -176,7 +164,8 @@ def decode_round(
     rows = []
     beta = c = math.nan
     r_hat = math.nan
-    batches = [messages(subs, nonce, estimator.name, k, d, j) for j in range(m)]
+    wire = estimator.wire
+    batches = [messages(subs, nonce, wire.scheme, k, d, j) for j in range(m)]
     results: list[DecodeResult]
     if options.backend == "ray":
         from rpsagg_server import raydecode
@@ -190,7 +179,7 @@ def decode_round(
         if j == 0:
             beta = info.beta
             c = math.nan if info.c is None else info.c
-            if estimator.name in R_HAT_SCHEMES:
+            if wire.supports_r_hat:
                 if tracker is not None:
                     r_hat = tracker.update(batch)
                 else:
@@ -198,8 +187,9 @@ def decode_round(
 
                     r_hat = estimate_correlation(batch)
     estimate = np.stack(rows)
-    # the shadows run Rand-k and Rand-k-Spatial at the job's k; EDEN and QSGD have none
-    shadows = estimator.name not in QUANTIZER_NAMES
+    # the shadows run Rand-k and Rand-k-Spatial at the job's k; schemes without a k
+    # (EDEN, QSGD: every coordinate) have none
+    shadows = wire.traits.takes_k
     errors = evaluation_errors(estimate, subs, nonce, n, k, d, shadows) if evaluate else None
     return DecodeOutcome(estimate, len(subs), beta, c, time.perf_counter() - start, r_hat, errors)
 

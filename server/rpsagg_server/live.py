@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from rpsagg import SPEC_VERSIONS, Estimator, check_spec_version, padded_dim
+from rpsagg import SPEC_VERSIONS, Estimator, check_spec_version
 from rpsagg.spec import SpecTooOld, UnknownSpecVersion
 from rpsagg_server.config import ServerConfig
-from rpsagg_server.decoding import DecodeOutcome, codebook_for, payload_values
+from rpsagg_server.decoding import DecodeOutcome
 from rpsagg_server.rows import StoredRound
 from rpsagg_server.views import Arrival, EvalErrors, RoundView
 from rpsagg_wire.v1.serde import Submission
@@ -63,54 +63,21 @@ def check_submission_spec(sub: Submission, required: str, projection: str) -> No
                        ) from None
 
 
-def validate_submission(sub: Submission, cfg: ServerConfig, m: int) -> None:
-    """Check the shape and content of a submission against the job; raises :class:`Rejected`."""
+def validate_submission(sub: Submission, cfg: ServerConfig, m: int, estimator: Estimator) -> None:
+    """Check the shape and content of a submission against the job; raises :class:`Rejected`.
+
+    Each vector is checked by the job's estimator (:attr:`~rpsagg.Estimator.wire`); the
+    evaluation references against the configuration."""
     bad = "INVALID_ARGUMENT"
     if len(sub.vectors) != m:
         raise Rejected(bad, f"expected m={m} vector(s) per submission for task {cfg.task!r}; "
                        f"got {len(sub.vectors)}")
-    sends_indices = cfg.estimator in ("rand-k-wangni", "induced")
-    want_bits = value_bits_sent(cfg)
+    wire = estimator.wire
     for j, v in enumerate(sub.vectors):
-        count = v.count
-        if v.value_bits != want_bits:
-            raise Rejected(bad, f"vectors[{j}] sends {v.value_bits}-bit values; this job's "
-                           f"{cfg.estimator} sends {want_bits}-bit values")
-        if cfg.estimator in ("full", "qsgd"):
-            if count != cfg.d:
-                raise Rejected(bad, f"vectors[{j}] has {count} values; expected d={cfg.d}")
-        elif cfg.estimator == "eden":
-            if count != padded_dim(cfg.d):
-                raise Rejected(bad, f"vectors[{j}] has {count} values; expected "
-                               f"d'={padded_dim(cfg.d)}")
-        elif cfg.estimator == "rand-k-wangni":
-            if count > cfg.d:
-                raise Rejected(bad, f"vectors[{j}] has {count} values; at most d={cfg.d}")
-        elif count != cfg.k:
-            raise Rejected(bad, f"vectors[{j}] has {count} values; expected k={cfg.k}")
-        if v.codes is not None:
-            if not (math.isfinite(v.scale) and v.scale >= 0):
-                raise Rejected(bad, f"vectors[{j}].scale must be finite and >= 0; got {v.scale}")
-            try:
-                values = payload_values(v, codebook_for(cfg.estimator))
-            except ValueError as exc:
-                raise Rejected(bad, f"vectors[{j}]: {exc}") from None
-            if not np.all(np.isfinite(values)):
-                raise Rejected(bad, f"vectors[{j}]'s values overflow float32")
-        elif not np.all(np.isfinite(v.values)):
-            raise Rejected(bad, f"vectors[{j}].values contains NaN or Inf")
-        if sends_indices:
-            if v.indices is None and count:
-                raise Rejected(bad, f"vectors[{j}] needs indices for {cfg.estimator}")
-            if v.indices is not None:
-                if v.indices.size != count:
-                    raise Rejected(bad, f"vectors[{j}] has {v.indices.size} indices for "
-                                   f"{count} values")
-                if v.indices.size and (v.indices.min() < 0 or v.indices.max() >= cfg.d):
-                    raise Rejected(bad, f"vectors[{j}] has indices outside [0, d) = "
-                                   f"[0, {cfg.d})")
-        elif v.indices is not None:
-            raise Rejected(bad, f"vectors[{j}] carries indices but {cfg.estimator} sends none")
+        try:
+            wire.validate(v, f"vectors[{j}]")
+        except ValueError as exc:
+            raise Rejected(bad, str(exc)) from None
         if cfg.eval:
             if v.reference is None:
                 raise Rejected(bad, f"vectors[{j}] lacks its reference vector (the server "
@@ -128,16 +95,6 @@ def validate_submission(sub: Submission, cfg: ServerConfig, m: int) -> None:
         elif v.reference is not None:
             raise Rejected(bad, f"vectors[{j}] carries a reference vector but the server is "
                            "not in evaluation mode")
-
-
-def value_bits_sent(cfg: ServerConfig) -> int:
-    """Bits per value the job's clients send: 32 (float32), ``--value-bits``, EDEN's
-    ``--bits`` or QSGD's ``--bits`` + 1 (sign and level)."""
-    if cfg.estimator == "eden":
-        return cfg.bits
-    if cfg.estimator == "qsgd":
-        return cfg.bits + 1
-    return cfg.value_bits
 
 
 @dataclass(eq=False)

@@ -37,13 +37,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from rpsagg import (
-    QUANTIZER_NAMES,
-    CorrelationTracker,
-    Estimator,
-    make_estimator,
-    round_encoding,
-)
+from rpsagg import CorrelationTracker, Estimator, round_encoding
+from rpsagg.schemes import WireProfile, estimator_from_options
 from rpsagg.tasks import Task, make_task
 from rpsagg_server import deadline, recovery
 from rpsagg_server.betawarm import BetaWarmup
@@ -69,7 +64,6 @@ from rpsagg_server.submissions import Intake
 from rpsagg_server.views import JobView, RoundView
 
 log = logging.getLogger("rpsagg.server")
-SPATIAL = ("rand-k-spatial", "rand-proj-spatial")
 
 
 class RoundEngine:
@@ -135,17 +129,14 @@ class RoundEngine:
     # -- set-up ----------------------------------------------------------------------------
     def _make_estimator(self, prior: float | None) -> Estimator:
         c = self.cfg
-        if c.estimator in QUANTIZER_NAMES:
-            return make_estimator(c.estimator, n=c.n, d=c.d, bits=c.bits)
-        if c.estimator not in SPATIAL:
-            return make_estimator(c.estimator, n=c.n, k=c.k, d=c.d, value_bits=c.value_bits)
-        transform: str | float = c.transform
-        if transform not in ("avg", "max", "one", "auto"):
-            transform = float(transform)
-        projection = self.projection if c.estimator == "rand-proj-spatial" else "auto"
-        return make_estimator(c.estimator, n=c.n, k=c.k, d=c.d, transform=transform,
-                              prior_r=prior if transform == "auto" else None,
-                              projection=projection, value_bits=c.value_bits)
+        return estimator_from_options(c.estimator, n=c.n, k=c.k, d=c.d, transform=c.transform,
+                                      prior_r=prior, projection=self.projection,
+                                      value_bits=c.value_bits, bits=c.bits)
+
+    @property
+    def wire(self) -> WireProfile:
+        """What the job's clients send (the estimator's wire profile)."""
+        return self._base.wire
 
     def estimator(self, prior: float | None) -> Estimator:
         """A round's estimator (``prior``: the correlation prior of ``transform=auto``)."""
@@ -163,7 +154,7 @@ class RoundEngine:
         if saved is not None:
             projection = str(json.loads(saved)[1])
         elif job_exists:
-            projection = "srht" if self.cfg.estimator == "rand-proj-spatial" else ""
+            projection = "srht" if self.encoding[1] else ""  # the projection before "auto"
         else:
             projection = self.encoding[1]
         if projection and projection != self.encoding[1]:

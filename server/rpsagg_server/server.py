@@ -25,7 +25,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from rpsagg import padded_dim
+from rpsagg.schemes import WireProfile
 from rpsagg_server.auth import TokenBook, TokenInterceptor
 from rpsagg_server.config import ServerConfig, load_config
 from rpsagg_server.events import EventBus, SubmissionRefused
@@ -52,16 +52,17 @@ HttpAppFactory = Callable[[ServerState], Any]
 STOP_GRACE = 2.0  # seconds calls in flight get to finish when the server stops
 
 
-def max_request_bytes(cfg: ServerConfig, m: int) -> int:
+def max_request_bytes(cfg: ServerConfig, m: int, wire: WireProfile) -> int:
     """Request size limit: m vectors of values (+ indices) (+ float64 reference), plus 25% and
     4 KiB of slack, so a slightly wrong submission still reaches validation and gets a
     precise INVALID_ARGUMENT, while anything far larger is refused by gRPC with
     RESOURCE_EXHAUSTED before it is buffered or parsed.
+
+    ``wire`` is what the job's estimator sends (values counted as 4 bytes each, which
+    bounds packed codes too).
     """
-    values = cfg.d if cfg.estimator in ("full", "rand-k-wangni", "qsgd") else cfg.k
-    if cfg.estimator == "eden":
-        values = padded_dim(cfg.d)
-    indices = values if cfg.estimator in ("rand-k-wangni", "induced") else 0
+    values = wire.max_values
+    indices = values if wire.sends_indices else 0
     reference = 8 * cfg.d if cfg.eval else 0
     per_vector = 4 * values + 4 * indices + reference + 32
     return int(1.25 * (m * per_vector + 1024)) + 4096
@@ -136,7 +137,7 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
         engine = RoundEngine(cfg, store, bus)
         monitor = TaskMonitor(cfg, engine.task, bus.publish)
         bus.subscribe(monitor.observe)
-        limit = max_request_bytes(cfg, engine.m)
+        limit = max_request_bytes(cfg, engine.m, engine.wire)
         interceptors = [] if tokens is None else [TokenInterceptor(tokens, _count_refusal(bus))]
         server = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.max_receive_message_length", limit),

@@ -105,7 +105,8 @@ class Intake:
             raise self._different(sub)
         spec_version, projection, _ = self.progress.encoding
         check_submission_spec(sub, spec_version, projection)
-        validate_submission(sub, self.cfg, self.m)
+        assert live.estimator is not None  # set when the round opened or resumed
+        validate_submission(sub, self.cfg, self.m, live.estimator)
         fut = self.store.commit_submission(StoredSubmission(
             round_id=live.round_id, client_id=sub.client_id, client_seed=sub.client_seed,
             digest=sub.digest, payload=serde.canonical_bytes(sub), received_at=arrived))

@@ -1,0 +1,147 @@
+"""The coordinate-sampling estimators: Full (no compression), Rand-k, Rand-k-Wangni and
+the induced compressor. Rand-k-Spatial (``rpsagg._spatial``) shares Rand-k's encoding."""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from rpsagg._encoded import Encoded
+from rpsagg._estimator import DecodeResult, Estimator, FloatArray
+from rpsagg._wireprofile import SchemeTraits
+from rpsagg.spec import TAG_INDUCED, TAG_WANGNI, randk_indices, sample_distinct, uniforms
+
+
+def _sparse_sum(batch: list[Encoded], d: int) -> FloatArray:
+    total = np.zeros(d)
+    for msg in batch:
+        assert msg.indices is not None
+        np.add.at(total, msg.indices, msg.values.astype(np.float64))
+    return total
+
+
+class FullEstimator(Estimator):
+    """No compression: every client sends its d floats; the decode is the plain mean."""
+
+    name = "full"
+    traits = SchemeTraits(name)
+
+    @property
+    def values_per_message(self) -> int | None:
+        return self.d
+
+    def _count(self) -> tuple[int, str]:
+        return self.d, "d"
+
+    def _encode(self, x: FloatArray, seed: int) -> tuple[FloatArray, NDArray[np.int64] | None]:
+        return x, None
+
+    def _decode(self, batch: list[Encoded]) -> DecodeResult:
+        total = np.sum([m.values.astype(np.float64) for m in batch], axis=0)
+        beta = self._beta(len(batch))
+        return DecodeResult(beta * total, len(batch), beta, None, None, 0.0)
+
+    def _beta(self, n_prime: int) -> float:
+        return 1.0 / n_prime
+
+
+class RandK(Estimator):
+    """Rand-k: k uniformly chosen coordinates, ``x_hat = d/(n k) sum_i E_i^T E_i x_i``."""
+
+    name = "rand-k"
+    traits = SchemeTraits(name, quantizable=True, supports_r_hat=True)
+
+    def _encode(self, x: FloatArray, seed: int) -> tuple[FloatArray, NDArray[np.int64] | None]:
+        return x[randk_indices(seed, self.k, self.d)], None
+
+    def _scatter(self, batch: list[Encoded]) -> tuple[FloatArray, NDArray[np.int64]]:
+        sums = np.zeros(self.d)
+        counts = np.zeros(self.d, dtype=np.int64)
+        for msg in batch:
+            idx = randk_indices(msg.seed, self.k, self.d)
+            sums[idx] += msg.values.astype(np.float64)  # indices are distinct per message
+            counts[idx] += 1
+        return sums, counts
+
+    def _decode(self, batch: list[Encoded]) -> DecodeResult:
+        sums, _ = self._scatter(batch)
+        beta = self._beta(len(batch))
+        return DecodeResult(beta * sums, len(batch), beta, None, None, 0.0)
+
+    def _beta(self, n_prime: int) -> float:
+        return self.d / (n_prime * self.k)
+
+
+def wangni_probabilities(x: FloatArray, k: int) -> FloatArray:
+    """Keep probabilities ``p_j = min(1, c |x_j|)`` with ``sum_j p_j = k`` (Wangni et al.).
+
+    When x has at most k non-zero entries every one of them is kept (p = 1).
+    """
+    mag = np.abs(x)
+    nnz = int(np.count_nonzero(mag))
+    if nnz <= k:
+        return (mag > 0).astype(np.float64)
+    order = np.argsort(-mag, kind="stable")
+    a = mag[order]
+    suffix = np.cumsum(a[::-1])[::-1]  # suffix[j] = sum_{i >= j} a_i
+    j = np.arange(k)
+    scale = (k - j) / suffix[:k]
+    ok = a[:k] * scale <= 1.0
+    first = int(np.argmax(ok))  # j = k-1 always satisfies the condition when nnz > k
+    c = scale[first]
+    return np.minimum(1.0, c * mag)
+
+
+class RandKWangni(Estimator):
+    """Rand-k-Wangni: keep coordinate j with ``p_j = min(1, c|x_j|)``, send ``x_j / p_j``."""
+
+    name = "rand-k-wangni"
+    traits = SchemeTraits(name, sends_indices=True)
+
+    @property
+    def values_per_message(self) -> int | None:
+        return None
+
+    def _count(self) -> tuple[int, str]:
+        return self.d, "d"  # a bound: one value per kept coordinate
+
+    def _encode(self, x: FloatArray, seed: int) -> tuple[FloatArray, NDArray[np.int64] | None]:
+        p = wangni_probabilities(x, self.k)
+        u = uniforms(seed, TAG_WANGNI, self.d)
+        keep = np.flatnonzero(u < p)
+        return x[keep] / p[keep], keep.astype(np.int64)
+
+    def _decode(self, batch: list[Encoded]) -> DecodeResult:
+        beta = self._beta(len(batch))
+        return DecodeResult(beta * _sparse_sum(batch, self.d), len(batch), beta, None, None, 0.0)
+
+    def _beta(self, n_prime: int) -> float:
+        return 1.0 / n_prime
+
+
+class Induced(Estimator):
+    """Induced compressor (Horvath & Richtarik) from Top-k/2 and Rand-k/2.
+
+    Sends the ``k // 2`` largest-magnitude entries, plus ``k - k // 2`` random coordinates of
+    the residual ``x - top(x)`` scaled by ``d / (k - k // 2)``; unbiased.
+    """
+
+    name = "induced"
+    traits = SchemeTraits(name, sends_indices=True)
+
+    def _encode(self, x: FloatArray, seed: int) -> tuple[FloatArray, NDArray[np.int64] | None]:
+        k_top = self.k // 2
+        k_rand = self.k - k_top
+        top = np.argsort(-np.abs(x), kind="stable")[:k_top].astype(np.int64)
+        residual = x.copy()
+        residual[top] = 0.0
+        rand = sample_distinct(seed, TAG_INDUCED, k_rand, self.d)
+        values = np.concatenate([x[top], residual[rand] * (self.d / k_rand)])
+        return values, np.concatenate([top, rand])
+
+    def _decode(self, batch: list[Encoded]) -> DecodeResult:
+        beta = self._beta(len(batch))
+        return DecodeResult(beta * _sparse_sum(batch, self.d), len(batch), beta, None, None, 0.0)
+
+    def _beta(self, n_prime: int) -> float:
+        return 1.0 / n_prime

@@ -1,0 +1,224 @@
+"""The spatial estimators: Rand-k-Spatial and Rand-Proj-Spatial (the transform T at decode)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Self
+
+import numpy as np
+from numpy.typing import NDArray
+
+from rpsagg._auto import auto_c
+from rpsagg._beta import BetaEstimate, rps_beta, spatial_beta
+from rpsagg._coordinates import RandK
+from rpsagg._decode import DEFAULT_RTOL, joint_solve
+from rpsagg._encoded import Encoded
+from rpsagg._estimator import DecodeResult, Estimator, FloatArray
+from rpsagg._projection import (
+    REQUIRED_SPEC,
+    encode,
+    joint_operator,
+    operator_dim,
+    resolve_projection,
+)
+from rpsagg._transform import Transform, parse_transform
+from rpsagg._wireprofile import SchemeTraits
+
+SCHEME = "rand-proj-spatial"
+#: Message scheme of each projection (the blockwise SRHT adds ``:block=<b>`` to the first).
+SCHEMES = {"srht": SCHEME, "dct": SCHEME + ":dct"}
+
+
+class _SpatialMixin:
+    transform: Transform
+
+    def _init_transform(self, transform: str | float, n: int, prior_r: float | None) -> None:
+        self.transform = parse_transform(transform, n, prior_r)
+
+    def with_prior(self, prior_r: float | None) -> Self:
+        """A copy whose ``transform="auto"`` uses the prior correlation ``prior_r``."""
+        if self.transform.kind != "auto":
+            raise ValueError("with_prior needs an estimator built with transform='auto'")
+        other = copy.copy(self)
+        other.transform = parse_transform("auto", self.transform.n, prior_r)
+        return other
+
+
+class RandKSpatial(RandK, _SpatialMixin):
+    """Rand-k-Spatial: Rand-k's encoding, ``x_hat(j) = beta / T(M_j) sum_{i sent j} x_i(j)``."""
+
+    name = "rand-k-spatial"
+    traits = SchemeTraits(name, quantizable=True, takes_transform=True, supports_r_hat=True)
+
+    def __init__(
+        self, n: int, k: int, d: int, transform: str | float = "avg", prior_r: float | None = None
+    ) -> None:
+        super().__init__(n, k, d)
+        self._init_transform(transform, self.n, prior_r)
+
+    def _decode(self, batch: list[Encoded]) -> DecodeResult:
+        sums, counts = self._scatter(batch)
+        n_prime = len(batch)
+        c = self.transform.c_for(n_prime)
+        beta = self._beta(n_prime)
+        t = (1.0 - c) + c * counts
+        est = np.where(counts > 0, beta * sums / np.where(counts > 0, t, 1.0), 0.0)
+        return DecodeResult(est, n_prime, beta, c, None, 0.0)
+
+    def _beta(self, n_prime: int) -> float:
+        return spatial_beta(n_prime, self.k, self.d, self.transform.c_for(n_prime))
+
+    def __repr__(self) -> str:
+        return (
+            f"RandKSpatial(n={self.n}, k={self.k}, d={self.d}, T={self.transform.label()}"
+            f"{self._bits_label()})"
+        )
+
+
+class RandProjSpatial(Estimator, _SpatialMixin):
+    """Rand-Proj-Spatial with a seeded projection: ``x_hat = beta T(S)^+ sum_i G_i^T y_i``.
+
+    Parameters
+    ----------
+    n, k, d : int
+        Clients, per-client budget, dimension.
+    transform : {"avg", "max", "one", "auto"} or float
+        T; a float R in [0, n-1] selects corr(R). ``auto`` with a prior takes the c of
+        :func:`rpsagg._auto.auto_c` (continuous; kept away from 1 where nk is close to d').
+    prior_r : float, optional
+        Prior correlation for ``transform="auto"``.
+    method : {"auto", "exact", "cg"}
+        Joint solver.
+    rtol : float
+        Relative residual target of the matrix-free solver.
+    projection : {"auto", "srht", "dct"}
+        ``"srht"``: the SRHT on x zero-padded to ``d' = 2^ceil(log2 d)`` (scheme
+        ``rand-proj-spatial``); ``"dct"``: the subsampled randomized DCT on x itself (scheme
+        ``rand-proj-spatial:dct``, wire format ``rpsagg-seed-v2``); ``"auto"``: the SRHT when
+        d is a power of two, the DCT otherwise.
+    device : str, optional
+        Decode on this PyTorch device (``"cuda"``, ``"cuda:1"``, ``"cpu"``; needs the
+        ``rpsagg[torch]`` extra) in float64; None (default) decodes with numpy. Encode is
+        always numpy. The device decode is for the SRHT projection.
+    threads : int, optional
+        CPU threads of the numpy SRHT decode (default: every core this process may use);
+        the estimate does not depend on it, bit for bit.
+    """
+
+    name = SCHEME
+    traits = SchemeTraits(name, quantizable=True, takes_transform=True, takes_projection=True,
+                          supports_r_hat=True)
+    _mixes_all_inputs = True
+
+    def __init__(
+        self,
+        n: int,
+        k: int,
+        d: int,
+        transform: str | float = "avg",
+        prior_r: float | None = None,
+        method: str = "auto",
+        rtol: float = DEFAULT_RTOL,
+        projection: str = "auto",
+        device: str | None = None,
+        threads: int | None = None,
+    ) -> None:
+        super().__init__(n, k, d)
+        self._init_transform(transform, self.n, prior_r)
+        if threads is not None and (isinstance(threads, bool) or int(threads) < 1):
+            raise ValueError(f"threads must be an integer >= 1; got {threads!r}")
+        self.threads = None if threads is None else int(threads)
+        if device is not None:
+            from rpsagg._torch import resolve_device
+
+            device = str(resolve_device(device))
+        if method not in ("auto", "exact", "cg"):
+            raise ValueError(f"method must be 'auto', 'exact' or 'cg'; got {method!r}")
+        if not 0 < rtol < 1:
+            raise ValueError(f"rtol must be in (0, 1); got {rtol}")
+        self.method = method
+        self.rtol = rtol
+        self.projection = resolve_projection(projection, self.d)
+        self.name = SCHEMES[self.projection]
+        #: The dimension the projection acts in: d' (SRHT, padded) or d (DCT).
+        self.d_pad = operator_dim(self.projection, self.d)
+        if device is not None and self.projection != "srht":
+            raise ValueError(f"device decoding supports the SRHT projection; this estimator "
+                             f"uses {self.projection!r} (d = {self.d}); pass projection='srht' "
+                             "to decode on a device")
+        self.device = device
+
+    def _encode(self, x: FloatArray, seed: int) -> tuple[FloatArray, NDArray[np.int64] | None]:
+        return encode(self.projection, x, seed, self.k), None
+
+    def _encoding_spec(self) -> str:
+        return REQUIRED_SPEC[self.projection]
+
+    def _decode(self, batch: list[Encoded], beta: float | None = None) -> DecodeResult:
+        """Decode; ``beta`` (from :meth:`beta_for`) may be given by a caller that computed
+        it once for several decodes (the Ray backend passes it to its tasks)."""
+        n_prime = len(batch)
+        seeds = [m.seed for m in batch]
+        y = np.stack([m.values.astype(np.float64) for m in batch])
+        c = self._c_for(n_prime)
+        if self.device is not None:
+            from rpsagg._torch import device_joint_solve
+
+            xt, info = device_joint_solve(seeds, y, self.k, self.d_pad, c, device=self.device,
+                                          method=self.method, rtol=self.rtol)
+        else:
+            op = joint_operator(self.projection, seeds, self.k, self.d_pad,
+                                threads=self.threads)
+            xt, info = joint_solve(op, y, c, method=self.method, rtol=self.rtol)
+        beta = self._beta(n_prime) if beta is None else beta
+        return DecodeResult(beta * xt[: self.d], n_prime, beta, c, info, 0.0)
+
+    def _c_for(self, n_prime: int) -> float:
+        """c of T for ``n_prime`` messages.
+
+        ``auto`` with a prior: :func:`rpsagg._auto.auto_c` of the prior's correlation
+        fraction at ``n_prime`` clients, a pure function of ``(n', k, d', R)``, so a server
+        that persisted the prior derives the same c; otherwise :meth:`Transform.c_for`.
+        """
+        t = self.transform
+        if t.kind == "auto" and t.r is not None and n_prime > 1:
+            frac = min(1.0, max(0.0, t.r / (t.n - 1))) if t.n > 1 else 0.0
+            return auto_c(n_prime, self.k, self.d_pad, frac * (n_prime - 1))
+        return t.c_for(n_prime)
+
+    def _beta(self, n_prime: int) -> float:
+        return self._beta_estimate(n_prime).beta
+
+    def _beta_estimate(self, n_prime: int) -> BetaEstimate:
+        c = self._c_for(n_prime)
+        return rps_beta(n_prime, self.k, self.d_pad, c, projection=self.projection)
+
+    def with_device(self, device: str | None) -> Self:
+        """A copy that decodes on ``device`` (a PyTorch device, or None for numpy)."""
+        other = copy.copy(self)
+        if device is not None:
+            from rpsagg._torch import resolve_device
+
+            device = str(resolve_device(device))
+        other.device = device
+        return other
+
+    def with_threads(self, threads: int | None) -> Self:
+        """A copy whose numpy decode runs ``threads`` threads (None: every core)."""
+        if threads is not None and (isinstance(threads, bool) or int(threads) < 1):
+            raise ValueError(f"threads must be an integer >= 1; got {threads!r}")
+        other = copy.copy(self)
+        other.threads = None if threads is None else int(threads)
+        return other
+
+    def beta_details(self, n_prime: int | None = None) -> BetaEstimate:
+        """The :class:`~rpsagg._beta.BetaEstimate` behind ``beta_for(n_prime)``."""
+        n_prime = self.n if n_prime is None else n_prime
+        self.beta_for(n_prime)  # validates n_prime
+        return self._beta_estimate(n_prime)
+
+    def __repr__(self) -> str:
+        return (
+            f"RandProjSpatial(n={self.n}, k={self.k}, d={self.d}, T={self.transform.label()}, "
+            f"projection={self.projection}{self._bits_label()})"
+        )

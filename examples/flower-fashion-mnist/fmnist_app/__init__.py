@@ -1,0 +1,1 @@
+"""Federated softmax regression on Fashion-MNIST with compressed updates (rpsagg-flower)."""

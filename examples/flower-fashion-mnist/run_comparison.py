@@ -1,0 +1,134 @@
+"""Run the Fashion-MNIST app once per method on a local Flower federation; table and plot.
+
+    python run_comparison.py                      # 10 SuperNodes, 20 rounds, k = 785 (d/10)
+    python run_comparison.py --rounds 3 --methods fedavg rand-proj-spatial --quick
+
+Each method is one ``flwr run`` of the app in this folder on the same federation (a
+SuperLink and ``--clients`` SuperNodes on 127.0.0.1). The ServerApp writes one JSON file
+per method into ``--out``; this script prints the table (test accuracy after chosen rounds
+and the bytes sent up per round) and writes ``accuracy.png`` beside the JSON files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from federation import LocalFederation  # noqa: E402
+
+METHODS = ["fedavg", "rand-k", "rand-k-spatial", "rand-proj-spatial"]
+LABELS = {"fedavg": "FedAvg (uncompressed)", "rand-k": "Rand-k",
+          "rand-k-spatial": "Rand-k-Spatial(avg)", "rand-proj-spatial": "Rand-Proj-Spatial(avg)"}
+
+
+def label(result: dict) -> str:
+    name = LABELS.get(result["method"], result["method"])
+    if result["method"] in ("rand-k-spatial", "rand-proj-spatial"):
+        name = name.replace("(avg)", f"({result['transform']})")
+    if result["value-bits"] != 32:
+        name += f", {result['value-bits']}-bit values"
+    return name
+
+
+def table(results: list[dict]) -> str:
+    """The comparison as a Markdown table."""
+    last = max(int(r) for r in results[0]["rounds"])
+    marks = sorted({r for r in (1, 5, 10, last) if r <= last})
+    head = ["method", *[f"acc. round {r}" for r in marks], f"test loss round {last}",
+            "bytes up / round", "vs FedAvg"]
+    raw = max(res["rounds"][str(last)].get("rpsagg.bytes-up-uncompressed",
+                                           res["rounds"][str(last)]["rpsagg.bytes-up"])
+              for res in results)
+    rows = []
+    for res in results:
+        rounds = res["rounds"]
+        up = sum(rounds[str(r)]["rpsagg.bytes-up"] for r in range(1, last + 1)) / last
+        rows.append([label(res), *[f"{rounds[str(r)]['test-accuracy']:.4f}" for r in marks],
+                     f"{rounds[str(last)]['test-loss']:.4f}", f"{up:,.0f}",
+                     f"{raw / up:.1f}x less" if up < raw else "1x"])
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], path: Path) -> None:
+    """Test accuracy per round and against cumulative bytes up, one line per method (from
+    round 1; the starting model, round 0, has accuracy 0.1)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for res in results:
+        rounds = sorted(int(r) for r in res["rounds"] if int(r) >= 1)  # round 0: nothing sent
+        acc = [res["rounds"][str(r)]["test-accuracy"] for r in rounds]
+        ax1.plot(rounds, acc, marker=".", label=label(res))
+        sent, total = [], 0.0
+        for r in rounds:
+            total += res["rounds"][str(r)].get("rpsagg.bytes-up", 0.0)
+            sent.append(total / 2**20)
+        ax2.plot(sent, acc, marker=".", label=label(res))
+    ax1.set(xlabel="round", ylabel="test accuracy", title="Accuracy per round")
+    ax2.set(xlabel="MiB sent up (all clients, cumulative)", ylabel="test accuracy",
+            title="Accuracy per byte sent", xscale="log")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+    ax1.legend(fontsize=8)
+    d, n = results[0]["d"], results[0]["clients"]
+    k = next((r["k"] for r in results if r["method"] != "fedavg"), d)  # FedAvg sends all d
+    fig.suptitle(f"Fashion-MNIST softmax regression, {n} clients, d = {d:,}, k = {k}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--clients", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--k", type=int, default=785)
+    ap.add_argument("--transform", default="avg")
+    ap.add_argument("--value-bits", type=int, default=32)
+    ap.add_argument("--methods", nargs="+", default=METHODS)
+    ap.add_argument("--examples-per-client", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
+    ap.add_argument("--report-only", action="store_true",
+                    help="print the table and plot from the JSON files already in --out")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.report_only:
+        results = [json.loads((args.out / f"{m}.json").read_text()) for m in args.methods]
+        print(table(results))
+        plot(results, args.out / "accuracy.png")
+        return 0
+    results = []
+    with LocalFederation(args.clients) as fed:
+        print(f"[fmnist] SuperLink on 127.0.0.1:{fed.port}, {args.clients} SuperNodes", flush=True)
+        for method in args.methods:
+            path = args.out / f"{method}.json"
+            path.unlink(missing_ok=True)
+            fed.run(HERE, {
+                "method": method, "k": args.k, "transform": args.transform,
+                "value-bits": args.value_bits, "clients": args.clients,
+                "num-server-rounds": args.rounds, "results-path": str(path),
+                "examples-per-client": args.examples_per_client,
+            }, timeout=args.timeout)
+            res = json.loads(path.read_text())
+            last = res["rounds"][str(args.rounds)]
+            print(f"[fmnist] {label(res)}: accuracy {last['test-accuracy']:.4f} after "
+                  f"{args.rounds} rounds", flush=True)
+            results.append(res)
+    print(table(results))
+    plot(results, args.out / "accuracy.png")
+    print(f"[fmnist] plot: {args.out / 'accuracy.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

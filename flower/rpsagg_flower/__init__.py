@@ -1,0 +1,34 @@
+"""rpsagg-flower: Rand-Proj-Spatial and the other rpsagg estimators inside Flower.
+
+Two pieces, one per side:
+
+* :data:`rpsagg_mod` (client): ``ClientApp(mods=[rpsagg_mod])`` replaces each training
+  reply's arrays with the estimator's message of the model update (``k`` values and a
+  64-bit seed);
+* :class:`RandProjSpatialFedAvg` (server): FedAvg that sends the estimator's settings and a
+  per-round nonce, decodes the replies jointly and reports bytes up, the compression ratio
+  and the estimated correlation R̂ as metrics.
+
+Examples
+--------
+>>> from rpsagg_flower import RandProjSpatialFedAvg, rpsagg_mod
+>>> strategy = RandProjSpatialFedAvg("rand-proj-spatial", k=256, transform="avg")
+"""
+
+from rpsagg_flower.mod import make_rpsagg_mod, rpsagg_mod
+from rpsagg_flower.payload import Layout, apply_update, flatten
+from rpsagg_flower.settings import RoundEncoding
+from rpsagg_flower.strategy import RandProjSpatialFedAvg
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Layout",
+    "RandProjSpatialFedAvg",
+    "RoundEncoding",
+    "__version__",
+    "apply_update",
+    "flatten",
+    "make_rpsagg_mod",
+    "rpsagg_mod",
+]

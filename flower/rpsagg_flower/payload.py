@@ -1,0 +1,193 @@
+"""A model update as one flat vector, and its compressed form as Flower records.
+
+A model is an ``ArrayRecord`` of floating-point arrays. Its update is flattened in the
+record's key order into one float64 vector of ``d`` coordinates (:func:`flatten`), and the
+mean update is cut back into arrays of the original shapes and dtypes (:func:`apply_update`).
+
+A compressed reply carries (:func:`encoded_to_records`):
+
+* an ``ArrayRecord`` with ``values`` (float32), or ``codes`` (the packed ``value_bits``-bit
+  codes, ``rpsagg._quantize.pack_codes``) and ``scale`` (one float32), and ``indices``
+  (int32) for the schemes that send coordinates. These ``Array`` objects hold raw
+  little-endian bytes (``stype`` :data:`STYPE_RAW`) rather than NumPy's ``.npy`` format,
+  whose 128-byte header per array would cost more than a small sketch;
+* a ``ConfigRecord`` :data:`REPLY_CONFIG` with the client's 64-bit ``seed`` and the round's
+  ``nonce`` (8 bytes each), the message ``scheme``, the value ``count`` and ``value-bits``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord
+from numpy.typing import NDArray
+
+from rpsagg import Encoded, Estimator
+from rpsagg._quantize import dequantize, pack_codes, unpack_codes
+from rpsagg._validation import check_batch
+from rpsagg.spec import derive_round_seed
+from rpsagg_flower.settings import nonce_from_bytes, nonce_to_bytes
+
+FloatArray = NDArray[np.float64]
+
+#: ``Array.stype`` of raw little-endian bytes (no ``.npy`` header).
+STYPE_RAW = "rpsagg.raw-le"
+#: Key of the reply's ``ConfigRecord`` with the seed and the message's description.
+REPLY_CONFIG = "rpsagg"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Keys, shapes and dtypes of a model's arrays, in record order."""
+
+    keys: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[np.dtype, ...]
+
+    @property
+    def d(self) -> int:
+        """Coordinates of the flattened model."""
+        return sum(int(np.prod(s)) for s in self.shapes)
+
+    @classmethod
+    def of(cls, record: ArrayRecord) -> Layout:
+        """The layout of ``record``; ``ValueError`` for a non-floating array or none."""
+        arrays = record.to_numpy_ndarrays()
+        if not arrays:
+            raise ValueError("the model's ArrayRecord has no arrays")
+        for key, arr in zip(record.keys(), arrays, strict=True):
+            if not np.issubdtype(arr.dtype, np.floating):
+                raise ValueError(
+                    f"array {key!r} is {arr.dtype}; rpsagg compresses floating-point arrays only"
+                )
+        return cls(
+            tuple(record.keys()),
+            tuple(tuple(int(s) for s in a.shape) for a in arrays),
+            tuple(a.dtype for a in arrays),
+        )
+
+
+def flatten(record: ArrayRecord, layout: Layout) -> FloatArray:
+    """The arrays of ``record`` (which must have ``layout``) as one float64 vector."""
+    if tuple(record.keys()) != layout.keys:
+        raise ValueError(
+            f"the arrays' keys {list(record.keys())} differ from the model's {list(layout.keys)}"
+        )
+    parts = []
+    for key, arr, shape in zip(layout.keys, record.to_numpy_ndarrays(), layout.shapes,
+                               strict=True):
+        if tuple(arr.shape) != shape:
+            raise ValueError(f"array {key!r} has shape {arr.shape}; the model's is {shape}")
+        parts.append(np.asarray(arr, dtype=np.float64).reshape(-1))
+    return np.concatenate(parts)
+
+
+def apply_update(record: ArrayRecord, layout: Layout, update: FloatArray) -> ArrayRecord:
+    """``record + update``, each array in its own shape and dtype (sums in float64)."""
+    base = flatten(record, layout)
+    if update.shape != base.shape:
+        raise ValueError(f"an update of {update.size} coordinates for a model of {base.size}")
+    out: dict[str, Array] = {}
+    offset = 0
+    for key, shape, dtype in zip(layout.keys, layout.shapes, layout.dtypes, strict=True):
+        size = int(np.prod(shape))
+        new = base[offset : offset + size] + update[offset : offset + size]
+        # np.array, not ascontiguousarray: that would turn a 0-d array into shape (1,)
+        out[key] = Array(np.array(new, dtype=dtype).reshape(shape))
+        offset += size
+    return ArrayRecord(out)
+
+
+def _raw(arr: NDArray[np.generic], dtype: str) -> Array:
+    data = np.ascontiguousarray(arr, dtype=np.dtype(dtype).newbyteorder("<")).tobytes()
+    return Array(dtype=dtype, shape=(int(arr.size),), stype=STYPE_RAW, data=data)
+
+
+def _from_raw(record: ArrayRecord, key: str, dtype: str) -> NDArray[np.generic]:
+    if key not in record:
+        raise ValueError(f"the compressed reply lacks the array {key!r}")
+    arr = record[key]
+    if arr.stype != STYPE_RAW or arr.dtype != dtype or len(arr.shape) != 1:
+        raise ValueError(f"array {key!r} is not a raw 1-D {dtype} array")
+    itemsize = np.dtype(dtype).itemsize
+    if len(arr.data) != itemsize * arr.shape[0]:
+        raise ValueError(f"array {key!r} has {len(arr.data)} bytes for {arr.shape[0]} items")
+    return np.frombuffer(arr.data, dtype=np.dtype(dtype).newbyteorder("<")).astype(dtype)
+
+
+def encoded_to_records(msg: Encoded, client_seed: int, nonce: int) -> tuple[ArrayRecord,
+                                                                               ConfigRecord]:
+    """The compressed reply's records for the message ``msg`` (encoded with the transform
+    seed derived from ``client_seed`` and ``nonce``)."""
+    arrays: dict[str, Array] = {}
+    if msg.codes is None:
+        arrays["values"] = _raw(msg.values, "float32")
+    else:
+        assert msg.scales is not None
+        packed = np.frombuffer(pack_codes(msg.codes, msg.value_bits), dtype=np.uint8)
+        arrays["codes"] = _raw(packed, "uint8")
+        arrays["scale"] = _raw(msg.scales, "float32")
+    if msg.indices is not None:
+        arrays["indices"] = _raw(msg.indices, "int32")
+    meta = ConfigRecord(
+        {
+            "seed": nonce_to_bytes(client_seed),
+            "nonce": nonce_to_bytes(nonce),
+            "scheme": msg.scheme,
+            "count": int(msg.values.size),
+            "value-bits": int(msg.value_bits),
+        }
+    )
+    return ArrayRecord(arrays), meta
+
+
+def records_to_encoded(
+    est: Estimator, arrays: ArrayRecord, meta: ConfigRecord, nonce: int, node_id: int
+) -> Encoded:
+    """The ``Encoded`` message of one compressed reply from node ``node_id``.
+
+    Its transform seed is derived here from the reply's client seed, this round's ``nonce``
+    and the node id, so a client cannot choose its projection. ``ValueError`` for a reply
+    that does not fit ``est`` or the round.
+    """
+    try:
+        client_seed = nonce_from_bytes(meta["seed"])
+        sent_nonce = nonce_from_bytes(meta["nonce"])
+        scheme, count, value_bits = meta["scheme"], meta["count"], meta["value-bits"]
+    except KeyError as exc:
+        raise ValueError(f"the compressed reply lacks {exc.args[0]!r}") from None
+    if not (isinstance(scheme, str) and isinstance(count, int) and isinstance(value_bits, int)):
+        raise ValueError("the compressed reply's scheme, count or value-bits is malformed")
+    if sent_nonce != nonce:
+        raise ValueError("the reply was encoded for another round (its nonce differs)")
+    if scheme != est.name or value_bits != est.value_bits:
+        raise ValueError(
+            f"the reply is {scheme!r} with {value_bits}-bit values; this round is "
+            f"{est.name!r} with {est.value_bits}-bit values"
+        )
+    if count < 0 or (est.values_per_message is not None and count != est.values_per_message):
+        raise ValueError(f"the reply has {count!r} values; expected {est.values_per_message}")
+    seed = derive_round_seed(client_seed, nonce, str(node_id))
+    indices = _from_raw(arrays, "indices", "int32").astype(np.int64) if (
+        "indices" in arrays
+    ) else None
+    if indices is not None and indices.size != count:
+        raise ValueError(f"the reply has {indices.size} indices for {count} values")
+    if est.value_bits == 32:
+        values = _from_raw(arrays, "values", "float32").astype(np.float32)
+        if values.size != count:
+            raise ValueError(f"the reply has {values.size} values; it says {count}")
+        msg = Encoded(est.name, seed, est.k, est.d, values, indices)
+    else:
+        packed = _from_raw(arrays, "codes", "uint8").tobytes()
+        codes = unpack_codes(packed, count, est.value_bits)
+        scales = _from_raw(arrays, "scale", "float32").astype(np.float32)
+        values32 = dequantize(est.codebook, codes, scales, est.value_bits)
+        msg = Encoded(est.name, seed, est.k, est.d, values32, indices,
+                      value_bits=est.value_bits, codes=codes, scales=scales)
+    # the decoder's own checks (finite values, indices in [0, d), counts), one reply at a
+    # time: a bad reply is dropped instead of failing the whole round's decode
+    check_batch([msg], scheme=est.name, n=est.n, k=est.k, d=est.d,
+                values_per_message=est.values_per_message, value_bits=est.value_bits)
+    return msg

@@ -1,0 +1,150 @@
+"""What the strategy tells the clients each round: the estimator, its budget and the nonce.
+
+The strategy writes these keys into the training round's ``ConfigRecord``; the client mod
+reads them back and builds the same encoder. Everything a client and the server must agree
+on (the estimator, ``k``, ``d``, the quantization, the block size, the projection and the
+round nonce) travels here; the transform (``avg``, ``max``, ...) only matters to the
+decoder and stays on the server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flwr.app import ConfigRecord
+
+from rpsagg import ESTIMATOR_NAMES, QUANTIZER_NAMES, Estimator, make_estimator
+
+#: Prefix of every key this package adds to a ``ConfigRecord``.
+PREFIX = "rpsagg."
+KEY_SCHEME = PREFIX + "scheme"
+KEY_K = PREFIX + "k"
+KEY_D = PREFIX + "d"
+KEY_NONCE = PREFIX + "nonce"
+KEY_VALUE_BITS = PREFIX + "value-bits"
+KEY_BITS = PREFIX + "bits"
+KEY_BLOCK_SIZE = PREFIX + "block-size"
+KEY_PROJECTION = PREFIX + "projection"
+KEY_WEIGHT = PREFIX + "weight-key"
+KEY_SPEC = PREFIX + "spec-version"
+
+#: Models with more coordinates than this are encoded blockwise by ``block_size="auto"``
+#: (Rand-Proj-Spatial with float32 values only), in blocks of :data:`AUTO_BLOCK_SIZE`.
+AUTO_BLOCK_THRESHOLD = 1 << 20
+AUTO_BLOCK_SIZE = 1 << 18
+
+
+def nonce_to_bytes(nonce: int) -> bytes:
+    """A 64-bit nonce as 8 big-endian bytes (a ``ConfigRecord`` int is signed 64-bit)."""
+    return int(nonce).to_bytes(8, "big")
+
+
+def nonce_from_bytes(raw: object) -> int:
+    """Inverse of :func:`nonce_to_bytes`; ``ValueError`` unless ``raw`` is 8 bytes."""
+    if not isinstance(raw, bytes) or len(raw) != 8:
+        raise ValueError(f"a 64-bit value must travel as 8 bytes; got {raw!r:.40}")
+    return int.from_bytes(raw, "big")
+
+
+@dataclass(frozen=True)
+class RoundEncoding:
+    """The encoder of one training round, as the clients must build it.
+
+    Attributes
+    ----------
+    scheme : str
+        An estimator name of :func:`rpsagg.make_estimator` (``rpsagg.ESTIMATOR_NAMES`` or
+        ``rpsagg.QUANTIZER_NAMES``).
+    k : int or None
+        Values per client (None for ``"eden"`` and ``"qsgd"``, which send every coordinate).
+    d : int
+        Coordinates of the flattened model update.
+    nonce : int
+        The round's 64-bit nonce; a client's transform seed is
+        ``derive_round_seed(client_seed, nonce, str(node_id))``.
+    value_bits : int
+        32, or fewer to send the values as stochastically rounded codes.
+    bits : int or None
+        Bits per coordinate of ``"eden"`` and ``"qsgd"``.
+    block_size : int or None
+        Rand-Proj-Spatial's block size (None: one transform over all of ``d``).
+    projection : str
+        Rand-Proj-Spatial's projection (``"auto"``, ``"srht"``, ``"dct"``).
+    weight_key : str
+        The reply ``MetricRecord`` key a client scales its update by (``""``: unweighted).
+    """
+
+    scheme: str
+    k: int | None
+    d: int
+    nonce: int
+    value_bits: int = 32
+    bits: int | None = None
+    block_size: int | None = None
+    projection: str = "auto"
+    weight_key: str = ""
+
+    def __post_init__(self) -> None:
+        if self.scheme not in ESTIMATOR_NAMES + QUANTIZER_NAMES:
+            raise ValueError(
+                f"unknown estimator {self.scheme!r}; expected one of "
+                f"{', '.join(ESTIMATOR_NAMES + QUANTIZER_NAMES)}"
+            )
+
+    def estimator(
+        self, n: int, transform: str | float = "avg", prior_r: float | None = None
+    ) -> Estimator:
+        """The estimator for ``n`` clients (the clients' choice of ``n`` does not matter:
+        an encode depends on neither ``n`` nor the transform)."""
+        spatial = self.scheme in ("rand-k-spatial", "rand-proj-spatial")
+        return make_estimator(
+            self.scheme,
+            n=n,
+            k=self.k,
+            d=self.d,
+            transform=transform if spatial else "avg",
+            prior_r=prior_r if spatial else None,
+            block_size=self.block_size,
+            bits=self.bits,
+            value_bits=self.value_bits,
+            projection=self.projection,
+        )
+
+    def to_config(self, config: ConfigRecord) -> None:
+        """Write the keys into ``config`` (in place)."""
+        config[KEY_SCHEME] = self.scheme
+        config[KEY_K] = 0 if self.k is None else int(self.k)
+        config[KEY_D] = int(self.d)
+        config[KEY_NONCE] = nonce_to_bytes(self.nonce)
+        config[KEY_VALUE_BITS] = int(self.value_bits)
+        config[KEY_BITS] = 0 if self.bits is None else int(self.bits)
+        config[KEY_BLOCK_SIZE] = 0 if self.block_size is None else int(self.block_size)
+        config[KEY_PROJECTION] = self.projection
+        config[KEY_WEIGHT] = self.weight_key
+
+    @classmethod
+    def from_config(cls, config: ConfigRecord) -> RoundEncoding | None:
+        """The encoding the strategy asked for, or None when ``config`` has no
+        ``rpsagg.scheme`` (the round is not compressed). ``ValueError`` for a malformed one.
+        """
+        if KEY_SCHEME not in config:
+            return None
+        try:
+            k = int(config[KEY_K])  # type: ignore[arg-type]
+            bits = int(config[KEY_BITS])  # type: ignore[arg-type]
+            block = int(config[KEY_BLOCK_SIZE])  # type: ignore[arg-type]
+            return cls(
+                scheme=str(config[KEY_SCHEME]),
+                k=k or None,
+                d=int(config[KEY_D]),  # type: ignore[arg-type]
+                nonce=nonce_from_bytes(config[KEY_NONCE]),
+                value_bits=int(config[KEY_VALUE_BITS]),  # type: ignore[arg-type]
+                bits=bits or None,
+                block_size=block or None,
+                projection=str(config[KEY_PROJECTION]),
+                weight_key=str(config[KEY_WEIGHT]),
+            )
+        except KeyError as exc:
+            raise ValueError(f"the round's config lacks {exc.args[0]!r}") from None
+        except TypeError as exc:
+            raise ValueError(f"malformed rpsagg keys in the round's config: {exc}") from None

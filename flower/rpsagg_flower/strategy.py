@@ -1,0 +1,260 @@
+"""The server side: FedAvg whose model updates arrive compressed and are decoded jointly."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+from rpsagg import ESTIMATOR_NAMES, QUANTIZER_NAMES, CorrelationTracker, Encoded, Estimator
+from rpsagg_flower.correlation import r_hat
+from rpsagg_flower.payload import REPLY_CONFIG, Layout, apply_update, records_to_encoded
+from rpsagg_flower.settings import AUTO_BLOCK_SIZE, AUTO_BLOCK_THRESHOLD, RoundEncoding
+
+log = logging.getLogger("flwr.rpsagg_flower")  # through Flower's log handlers
+
+
+@dataclass
+class _RoundPlan:
+    server_round: int
+    encoding: RoundEncoding
+    estimator: Estimator
+    layout: Layout
+    arrays: ArrayRecord
+
+
+@dataclass
+class _Accepted:
+    content_index: int
+    encoded: Encoded
+    weight: float
+    wire_bytes: int
+
+
+class RandProjSpatialFedAvg(FedAvg):
+    """FedAvg with compressed model updates (clients use :data:`rpsagg_flower.rpsagg_mod`).
+
+    Each training round the strategy sends the estimator's settings and a fresh 64-bit
+    nonce in the round's config. Clients reply with the estimator's message of their update
+    (the difference to the arrays they received, flattened across the ``ArrayRecord``,
+    times their ``weighted_by_key`` metric when ``weighted``); the strategy decodes the
+    ``n'`` replies that arrived jointly (beta and the transform for ``n'``), adds the mean
+    update to the global arrays (each in its own shape and dtype) and reports, next to the
+    clients' aggregated metrics:
+
+    ``rpsagg.n-prime``, ``rpsagg.bytes-up`` (the compressed records of those replies, as
+    Flower's ``count_bytes`` counts them), ``rpsagg.bytes-up-uncompressed`` (their
+    ``ArrayRecord``\\ s uncompressed), ``rpsagg.compression-ratio`` (the second over the
+    first), ``rpsagg.payload-bytes`` (seeds, values or codes, indices: the estimator's own
+    count), ``rpsagg.beta``, ``rpsagg.decode-seconds`` and, where the sketches allow it,
+    ``rpsagg.r-hat``: the estimated correlation R of the round's updates.
+
+    Parameters
+    ----------
+    estimator : str
+        A name of ``rpsagg.ESTIMATOR_NAMES`` or ``rpsagg.QUANTIZER_NAMES``.
+    k : int, optional
+        Values per client (``1 <= k <= d``); not for ``"eden"`` and ``"qsgd"``.
+    transform : {"avg", "max", "one", "auto"} or float
+        The spatial estimators' transform; ``"auto"`` uses the smoothed R̂ of earlier rounds
+        (``rpsagg.CorrelationTracker``; avg in the first round).
+    value_bits : int
+        32, or 1..31 to send the values of ``rand-k``, ``rand-k-spatial`` and
+        ``rand-proj-spatial`` as unbiased b-bit codes with one float32 scale.
+    bits : int, optional
+        Bits per coordinate of ``"eden"`` (1, 2, 4, 8) and ``"qsgd"`` (1..16).
+    block_size : int, "auto" or None
+        Rand-Proj-Spatial: encode blocks of this many (a power of two) coordinates
+        independently. ``"auto"``: blocks of 2^18 when the model has more than 2^20
+        coordinates and the values are float32, else one transform. None: one transform.
+    projection : {"auto", "srht", "dct"}
+        Rand-Proj-Spatial's projection (``rpsagg.make_estimator``).
+    weighted : bool
+        Weight each update by the reply's ``weighted_by_key`` metric, as FedAvg does
+        (clients scale before encoding, the server divides by the mean weight); False:
+        the plain mean of the updates.
+    nonces : callable, optional
+        Draws each round's 64-bit nonce (default ``secrets.randbits(64)``).
+    correlation_alpha : float
+        Smoothing of R̂ across rounds for ``transform="auto"``.
+    **kwargs
+        FedAvg's parameters (``fraction_train``, ``min_train_nodes``, ``weighted_by_key``,
+        ``arrayrecord_key``, ...).
+    """
+
+    def __init__(
+        self,
+        estimator: str = "rand-proj-spatial",
+        *,
+        k: int | None = None,
+        transform: str | float = "avg",
+        value_bits: int = 32,
+        bits: int | None = None,
+        block_size: int | str | None = "auto",
+        projection: str = "auto",
+        weighted: bool = True,
+        nonces: Callable[[], int] | None = None,
+        correlation_alpha: float = 0.5,
+        **kwargs: object,
+    ) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        if estimator not in ESTIMATOR_NAMES + QUANTIZER_NAMES:
+            raise ValueError(
+                f"unknown estimator {estimator!r}; expected one of "
+                f"{', '.join(ESTIMATOR_NAMES + QUANTIZER_NAMES)}"
+            )
+        if block_size not in ("auto", None) and not isinstance(block_size, int):
+            raise ValueError(f"block_size must be an int, 'auto' or None; got {block_size!r}")
+        self.estimator_name = estimator
+        self.k = k
+        self.transform = transform
+        self.value_bits = value_bits
+        self.bits = bits
+        self.block_size = block_size
+        self.projection = projection
+        self.weighted = weighted
+        self._nonces = nonces or (lambda: secrets.randbits(64))
+        self.tracker = CorrelationTracker(alpha=correlation_alpha)
+        self._plan: _RoundPlan | None = None
+
+    def summary(self) -> None:
+        """Log the configuration (FedAvg's, then the compression)."""
+        super().summary()
+        log.info(
+            "\t└──> rpsagg: %s, k=%s, transform=%s, value_bits=%s, bits=%s, block_size=%s, "
+            "weighted=%s", self.estimator_name, self.k, self.transform, self.value_bits,
+            self.bits, self.block_size, self.weighted,
+        )
+
+    def _block_size(self, d: int) -> int | None:
+        if self.block_size != "auto":
+            return self.block_size  # type: ignore[return-value]
+        big = d > AUTO_BLOCK_THRESHOLD and self.value_bits == 32
+        return AUTO_BLOCK_SIZE if big and self.estimator_name == "rand-proj-spatial" else None
+
+    def round_encoding(self, arrays: ArrayRecord, nonce: int) -> RoundEncoding:
+        """The encoding of a round that sends ``arrays`` (``ValueError`` when the settings
+        do not fit the model, e.g. ``k > d`` or an integer array)."""
+        layout = Layout.of(arrays)
+        enc = RoundEncoding(
+            scheme=self.estimator_name,
+            k=self.k,
+            d=layout.d,
+            nonce=nonce,
+            value_bits=self.value_bits,
+            bits=self.bits,
+            block_size=self._block_size(layout.d),
+            projection=self.projection,
+            weight_key=self.weighted_by_key if self.weighted else "",
+        )
+        enc.estimator(n=1, transform=self.transform)  # raises for settings that do not fit
+        return enc
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """FedAvg's messages, with the round's encoding and nonce in their config."""
+        enc = self.round_encoding(arrays, self._nonces())
+        round_config = ConfigRecord(dict(config))
+        enc.to_config(round_config)
+        messages = list(super().configure_train(server_round, arrays, round_config, grid))
+        self._plan = None
+        if messages:
+            n = len(messages)
+            prior = self.tracker.prior(n) if self.transform == "auto" else None
+            est = enc.estimator(n, self.transform, prior)
+            self._plan = _RoundPlan(server_round, enc, est, Layout.of(arrays), arrays)
+        return messages
+
+    def aggregate_train(
+        self,
+        server_round: int,
+        replies: Iterable[Message],
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Decode the compressed replies jointly and apply the mean update."""
+        plan = self._plan
+        valid, _ = self._check_and_log_replies(replies, is_train=True, validate=False)
+        if plan is None or plan.server_round != server_round:
+            if valid:
+                log.warning("aggregate_train: round %d was not configured by this strategy; "
+                            "%d replies ignored", server_round, len(valid))
+            return None, None
+        self._plan = None
+        accepted = self._accept(plan, valid)
+        if not accepted:
+            log.warning("aggregate_train: no usable reply in round %d; the model stays",
+                        server_round)
+            return None, None
+        weights = np.array([a.weight for a in accepted])
+        if weights.sum() <= 0:
+            log.warning("aggregate_train: the replies' weights sum to 0; the model stays")
+            return None, None
+        msgs = [a.encoded for a in accepted]
+        result = plan.estimator.decode_with_info(msgs)
+        update = result.estimate / weights.mean()
+        new_arrays = apply_update(plan.arrays, plan.layout, update)
+
+        contents = [valid[a.content_index].content for a in accepted]
+        key = self.weighted_by_key
+        if all(any(key in m for m in c.metric_records.values()) for c in contents):
+            metrics = self.train_metrics_aggr_fn(contents, key)
+        else:  # FedAvg's aggregation needs the weight in every reply; unweighted runs may not
+            metrics = MetricRecord()
+        up = sum(a.wire_bytes for a in accepted)
+        raw = len(accepted) * plan.arrays.count_bytes()
+        metrics["rpsagg.n-prime"] = len(accepted)
+        metrics["rpsagg.bytes-up"] = up
+        metrics["rpsagg.bytes-up-uncompressed"] = raw
+        metrics["rpsagg.compression-ratio"] = raw / up
+        metrics["rpsagg.payload-bytes"] = sum(m.payload_bytes for m in msgs)
+        metrics["rpsagg.beta"] = float(result.beta)
+        metrics["rpsagg.decode-seconds"] = float(result.seconds)
+        estimate = r_hat(plan.estimator, msgs)
+        if estimate is not None:
+            metrics["rpsagg.r-hat"] = estimate
+            if len(msgs) >= 2:
+                frac = float(np.clip(estimate / (len(msgs) - 1), 0.0, 1.0))
+                t = self.tracker
+                t.fraction = frac if t.fraction is None else (
+                    (1.0 - t.alpha) * t.fraction + t.alpha * frac
+                )
+        return new_arrays, metrics
+
+    def _accept(self, plan: _RoundPlan, valid: list[Message]) -> list[_Accepted]:
+        """The replies that decode together: one per node, each well-formed for the round."""
+        accepted: list[_Accepted] = []
+        seen: set[int] = set()
+        for i, msg in enumerate(valid):
+            node = msg.metadata.src_node_id
+            try:
+                if node in seen:
+                    raise ValueError("a second reply from this node")
+                arrays = list(msg.content.array_records.values())
+                if len(arrays) != 1 or REPLY_CONFIG not in msg.content.config_records:
+                    raise ValueError("not a compressed reply (is rpsagg_mod in the ClientApp?)")
+                meta = msg.content.config_records[REPLY_CONFIG]
+                encoded = records_to_encoded(plan.estimator, arrays[0], meta,
+                                             plan.encoding.nonce, node)
+                weight = self._weight(msg) if self.weighted else 1.0
+            except ValueError as exc:
+                log.warning("aggregate_train: reply from node %d dropped: %s", node, exc)
+                continue
+            seen.add(node)
+            wire = arrays[0].count_bytes() + meta.count_bytes()
+            accepted.append(_Accepted(i, encoded, weight, wire))
+        return accepted
+
+    def _weight(self, msg: Message) -> float:
+        found = [m[self.weighted_by_key] for m in msg.content.metric_records.values()
+                 if self.weighted_by_key in m]
+        if len(found) != 1 or not isinstance(found[0], int | float) or not (
+            np.isfinite(found[0]) and found[0] >= 0
+        ):
+            raise ValueError(f"needs one finite, non-negative {self.weighted_by_key!r} metric")
+        return float(found[0])

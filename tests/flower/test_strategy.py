@@ -1,0 +1,339 @@
+"""RandProjSpatialFedAvg with Flower's messages: decode, shapes and dtypes, n' < n, metrics,
+replies that do not fit the round."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+
+from rpsagg import ESTIMATOR_NAMES, Encoded, estimate_correlation, make_estimator
+from rpsagg.spec import derive_round_seed
+from rpsagg_flower import RandProjSpatialFedAvg, make_rpsagg_mod
+from rpsagg_flower.payload import REPLY_CONFIG, Layout, flatten
+from rpsagg_flower.settings import KEY_NONCE, RoundEncoding
+
+from .flower_util import FakeGrid, error_reply, model, run_round, seeds
+
+SHAPES = {"w": ((6, 8), "float64"), "b": ((12,), "float64")}  # d = 60
+NODES = [5, 6, 7, 8, 9]
+
+
+def updates(d: int, identical: bool = False) -> dict[int, np.ndarray]:
+    rng = np.random.default_rng(3)
+    common = rng.standard_normal(d)
+    return {n: common if identical else common + rng.standard_normal(d) for n in NODES}
+
+
+def settings_of(name: str) -> dict[str, object]:
+    if name in ("eden", "qsgd"):
+        return {"estimator": name, "bits": 2}
+    return {"estimator": name, "k": 15}
+
+
+def expected_update(strategy: RandProjSpatialFedAvg, rnd_messages: list[Message],
+                    replies: list[Message], ups: dict[int, np.ndarray],
+                    client_seeds: list[int], weights: dict[int, float] | None,
+                    name: str, d: int, k: int = 15) -> tuple[np.ndarray, list[Encoded]]:
+    """The same round done with rpsagg directly: encode each arrived update (times its
+    weight) with the seed the service would derive, decode, divide by the mean weight."""
+    enc = RoundEncoding.from_config(rnd_messages[0].content["config"])
+    assert enc is not None
+    nodes = [r.metadata.src_node_id for r in replies]
+    extra = {"bits": 2} if name in ("eden", "qsgd") else {"k": k}
+    est = make_estimator(name, n=len(rnd_messages), d=d, **extra)  # type: ignore[arg-type]
+    w = {n: 1.0 if weights is None else weights[n] for n in nodes}
+    msgs = [est.encode(w[n] * ups[n], derive_round_seed(s, enc.nonce, str(n)))
+            for n, s in zip(nodes, client_seeds, strict=True)]
+    return est.decode(msgs) / np.mean([w[n] for n in nodes]), msgs
+
+
+@pytest.mark.parametrize("name", [*ESTIMATOR_NAMES, "eden", "qsgd"])
+def test_round_matches_rpsagg_decode(name: str) -> None:
+    """Every estimator name: the applied update is exactly rpsagg's decode of the messages
+    the clients would send (same seeds derivation, weights, n), reordered as they arrived."""
+    drawn: list[int] = []
+    source = seeds(500)
+
+    def draw() -> int:
+        drawn.append(next(source))
+        return drawn[-1]
+
+    weights = {n: float(i + 1) for i, n in enumerate(NODES)}
+    strategy = RandProjSpatialFedAvg(**settings_of(name))  # type: ignore[arg-type]
+    arrays = model(SHAPES)
+    ups = updates(60)
+    rnd = run_round(strategy, arrays, ups, weights=weights, mod=make_rpsagg_mod(draw))
+    assert rnd.arrays is not None
+    expected, _ = expected_update(strategy, rnd.messages, rnd.replies, ups, drawn, weights,
+                                  name, 60)
+    got = flatten(rnd.arrays, Layout.of(rnd.arrays))
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_shapes_and_dtypes_restored() -> None:
+    """Arrays of float16/32/64 and of several ranks come back in their shapes and dtypes,
+    each the old values plus its part of the update, rounded once to its dtype."""
+    shapes = {"conv": ((2, 3, 2, 2), "float32"), "half": ((7,), "float16"),
+              "scalar": ((), "float64"), "dense": ((4, 5), "float64")}
+    arrays = model(shapes, fill=None, seed=1)
+    layout = Layout.of(arrays)
+    d = layout.d
+    drawn: list[int] = []
+    source = seeds(900)
+
+    def draw() -> int:
+        drawn.append(next(source))
+        return drawn[-1]
+
+    strategy = RandProjSpatialFedAvg("rand-proj-spatial", k=9)
+    rng = np.random.default_rng(2)
+    # updates representable in every dtype (multiples of 1/64, small): the ClientApp's reply
+    # then carries exactly old + update, and the mod's delta is exactly the update
+    ups = {n: np.round(rng.standard_normal(d) * 8) / 64 for n in NODES}
+    base = flatten(arrays, layout)
+    ups = {n: flatten(_add(arrays, u), layout) - base for n, u in ups.items()}
+    weights = {n: 10.0 for n in NODES}
+    rnd = run_round(strategy, arrays, ups, weights=weights, mod=make_rpsagg_mod(draw))
+    assert rnd.arrays is not None
+    assert list(rnd.arrays.keys()) == list(shapes)
+    expected, _ = expected_update(strategy, rnd.messages, rnd.replies, ups, drawn, weights,
+                                  "rand-proj-spatial", d, k=9)
+    offset = 0
+    for (key, (shape, dtype)), new, old in zip(shapes.items(), rnd.arrays.to_numpy_ndarrays(),
+                                               arrays.to_numpy_ndarrays(), strict=True):
+        assert new.shape == shape and new.dtype == np.dtype(dtype), key
+        size = int(np.prod(shape))
+        want = (old.astype(np.float64).reshape(-1) + expected[offset : offset + size])
+        np.testing.assert_array_equal(new.reshape(-1), want.astype(dtype), err_msg=key)
+        offset += size
+
+
+def _add(arrays: ArrayRecord, update: np.ndarray) -> ArrayRecord:
+    out, offset = {}, 0
+    for key, arr in zip(arrays.keys(), arrays.to_numpy_ndarrays(), strict=True):
+        part = update[offset : offset + arr.size].reshape(arr.shape)
+        out[key] = Array(np.asarray(arr.astype(np.float64) + part).astype(arr.dtype))
+        offset += arr.size
+    return ArrayRecord(out)
+
+
+def test_fewer_replies_than_sampled() -> None:
+    """n' = 3 of n = 5 (one node silent, one reply an error): decoded with beta for n' = 3,
+    the mean of the three updates that arrived; n-prime says 3."""
+    drawn: list[int] = []
+    source = seeds(1300)
+
+    def draw() -> int:
+        drawn.append(next(source))
+        return drawn[-1]
+
+    strategy = RandProjSpatialFedAvg("rand-proj-spatial", k=15, weighted=False)
+    arrays = model(SHAPES)
+    ups = updates(60)
+
+    def one_fails(replies: list[Message]) -> list[Message]:
+        return [*replies[:-1], error_reply(replies[-1])]
+
+    rnd = run_round(strategy, arrays, ups, mod=make_rpsagg_mod(draw), missing=(6,),
+                    extra_replies=one_fails)
+    assert rnd.arrays is not None and rnd.metrics is not None
+    assert len(rnd.messages) == 5 and rnd.metrics["rpsagg.n-prime"] == 3
+    good = rnd.replies[:-1]
+    expected, _ = expected_update(strategy, rnd.messages, good, ups, drawn[:3], None,
+                                     "rand-proj-spatial", 60)
+    est = make_estimator("rand-proj-spatial", n=5, k=15, d=60)
+    assert rnd.metrics["rpsagg.beta"] == est.beta_for(3) != est.beta_for(5)
+    np.testing.assert_array_equal(flatten(rnd.arrays, Layout.of(rnd.arrays)), expected)
+
+
+def test_metrics() -> None:
+    """bytes up are the compressed records' count_bytes; the uncompressed figure is what the
+    replies' ArrayRecords would have been; R_hat is rpsagg's estimate from the sketches."""
+    drawn: list[int] = []
+    source = seeds(1700)
+
+    def draw() -> int:
+        drawn.append(next(source))
+        return drawn[-1]
+
+    strategy = RandProjSpatialFedAvg("rand-proj-spatial", k=15, weighted=False)
+    arrays = model(SHAPES)
+    ups = updates(60)
+    rnd = run_round(strategy, arrays, ups, mod=make_rpsagg_mod(draw))
+    assert rnd.metrics is not None
+    m = rnd.metrics
+    up = sum(r.content.array_records["arrays"].count_bytes()
+             + r.content.config_records[REPLY_CONFIG].count_bytes() for r in rnd.replies)
+    assert m["rpsagg.bytes-up"] == up
+    assert m["rpsagg.bytes-up-uncompressed"] == 5 * arrays.count_bytes()
+    assert m["rpsagg.compression-ratio"] == pytest.approx(5 * arrays.count_bytes() / up)
+    assert m["rpsagg.payload-bytes"] == 5 * (8 + 4 * 15)
+    _, msgs = expected_update(strategy, rnd.messages, rnd.replies, ups, drawn, None,
+                              "rand-proj-spatial", 60)
+    assert m["rpsagg.r-hat"] == pytest.approx(estimate_correlation(msgs), rel=1e-12)
+    assert m["rpsagg.decode-seconds"] >= 0
+
+
+def test_r_hat_of_identical_updates_with_full() -> None:
+    """``full`` sends the vectors: R_hat is exact, n - 1 for identical updates."""
+    strategy = RandProjSpatialFedAvg("full", k=60, weighted=False)
+    rnd = run_round(strategy, model(SHAPES), updates(60, identical=True))
+    assert rnd.metrics is not None
+    assert rnd.metrics["rpsagg.r-hat"] == pytest.approx(4.0, rel=1e-6)
+
+
+def test_blockwise_r_hat_sums_the_blocks() -> None:
+    """Blockwise R_hat: the per-block correlation terms add up (each block is an SRHT sketch
+    of its own coordinates); for identical updates it is unbiased for n - 1, and with
+    blocks of 16 and k = 16 out of d = 60 its spread is wide, so check it against the
+    terms computed block by block with rpsagg."""
+    from rpsagg import correlation_terms
+    from rpsagg._blockwise import block_budgets, block_seed
+
+    drawn: list[int] = []
+    source = seeds(2100)
+
+    def draw() -> int:
+        drawn.append(next(source))
+        return drawn[-1]
+
+    strategy = RandProjSpatialFedAvg("rand-proj-spatial", k=16, block_size=16, weighted=False)
+    ups = updates(60, identical=True)
+    rnd = run_round(strategy, model(SHAPES), ups, mod=make_rpsagg_mod(draw))
+    assert rnd.metrics is not None
+    enc = RoundEncoding.from_config(rnd.messages[0].content["config"])
+    assert enc is not None and enc.block_size == 16
+    nodes = [r.metadata.src_node_id for r in rnd.replies]
+    cross = norms = 0.0
+    for j, kb in enumerate(block_budgets(16, 4)):
+        block = []
+        for n, s in zip(nodes, drawn, strict=True):
+            x = np.zeros(64)
+            x[:60] = ups[n]
+            seed = block_seed(derive_round_seed(s, enc.nonce, str(n)), j)
+            block.append(make_estimator("rand-proj-spatial", n=5, k=kb, d=16, projection="srht")
+                         .encode(x[16 * j : 16 * (j + 1)], seed))
+        c, q = correlation_terms(block)
+        cross, norms = cross + c, norms + q
+    assert rnd.metrics["rpsagg.r-hat"] == pytest.approx(cross / norms, rel=1e-9)
+
+
+def test_big_model_is_encoded_blockwise() -> None:
+    """A model of more than 2^20 coordinates is encoded in blocks of 2^18 by default."""
+    shapes = {"emb": ((1 << 20,), "float32"), "head": ((64,), "float32")}
+    arrays = model(shapes)
+    strategy = RandProjSpatialFedAvg("rand-proj-spatial", k=64, weighted=False)
+    rng = np.random.default_rng(4)
+    ups = {n: rng.standard_normal((1 << 20) + 64).astype(np.float32).astype(np.float64)
+           for n in NODES[:2]}
+    rnd = run_round(strategy, arrays, ups)
+    enc = RoundEncoding.from_config(rnd.messages[0].content["config"])
+    assert enc is not None and enc.block_size == 1 << 18
+    assert rnd.replies[0].content.config_records[REPLY_CONFIG]["scheme"] == (
+        "rand-proj-spatial:block=262144"
+    )
+    assert rnd.arrays is not None and rnd.metrics is not None
+    assert [a.shape for a in rnd.arrays.to_numpy_ndarrays()] == [(1 << 20,), (64,)]
+    assert rnd.metrics["rpsagg.compression-ratio"] > 10_000
+
+
+def test_replies_that_do_not_fit_are_dropped() -> None:
+    """A reply of another round (its nonce), a second reply of one node and an uncompressed
+    reply are left out; the round decodes the others."""
+    strategy = RandProjSpatialFedAvg("rand-k", k=15, weighted=False)
+    arrays = model(SHAPES)
+    ups = updates(60)
+    old = run_round(strategy, arrays, ups, server_round=1)
+
+    def tamper(replies: list[Message]) -> list[Message]:
+        stale = old.replies[0]  # node old.replies[0] answered round 1: a different nonce
+        stale_node = stale.metadata.src_node_id
+        kept = [r for r in replies if r.metadata.src_node_id != stale_node]
+        plain = kept.pop()  # replace its content by the ClientApp's uncompressed arrays
+        raw = RecordDict({"arrays": arrays, "metrics": plain.content["metrics"]})
+        plain_reply = Message(raw, reply_to=_instruction(plain.metadata.src_node_id))
+        return [stale, kept[0], kept[0], *kept[1:], plain_reply]
+
+    rnd = run_round(strategy, arrays, ups, server_round=2, extra_replies=tamper)
+    assert rnd.metrics is not None
+    assert rnd.metrics["rpsagg.n-prime"] == 3
+
+
+def test_replies_with_bad_values_are_dropped() -> None:
+    """A reply whose values are not finite, or whose indices fall outside the model, is left
+    out before the decode (which would refuse the whole batch)."""
+    strategy = RandProjSpatialFedAvg("rand-k-wangni", k=15, weighted=False)
+    arrays = model(SHAPES)
+
+    def spoil(replies: list[Message]) -> list[Message]:
+        first = replies[0].content.array_records["arrays"]
+        vals = np.frombuffer(first["values"].data, "<f4").copy()
+        vals[0] = np.nan
+        first["values"] = Array(dtype="float32", shape=(vals.size,), stype=first["values"].stype,
+                                data=vals.tobytes())
+        second = replies[1].content.array_records["arrays"]
+        idx = np.frombuffer(second["indices"].data, "<i4").copy()
+        idx[0] = 60
+        second["indices"] = Array(dtype="int32", shape=(idx.size,),
+                                  stype=second["indices"].stype, data=idx.tobytes())
+        return replies
+
+    rnd = run_round(strategy, arrays, updates(60), extra_replies=spoil)
+    assert rnd.arrays is not None and rnd.metrics is not None
+    assert rnd.metrics["rpsagg.n-prime"] == 3
+
+
+def _instruction(node: int) -> Message:
+    return Message(RecordDict({}), dst_node_id=node, message_type="train")
+
+
+def test_no_usable_reply_keeps_the_model() -> None:
+    strategy = RandProjSpatialFedAvg("rand-k", k=15)
+    rnd = run_round(strategy, model(SHAPES), updates(60),
+                    extra_replies=lambda rs: [error_reply(r) for r in rs])
+    assert rnd.arrays is None and rnd.metrics is None
+
+
+def test_settings_that_do_not_fit_the_model_fail_before_sending() -> None:
+    grid = FakeGrid(NODES)
+    with pytest.raises(ValueError, match="k must be"):
+        RandProjSpatialFedAvg("rand-k", k=61).configure_train(
+            1, model(SHAPES), ConfigRecord(), grid)  # type: ignore[arg-type]
+    ints = ArrayRecord({"count": Array(np.zeros(3, np.int64))})
+    with pytest.raises(ValueError, match="floating-point"):
+        RandProjSpatialFedAvg("rand-k", k=2).configure_train(
+            1, ints, ConfigRecord(), grid)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown estimator"):
+        RandProjSpatialFedAvg("top-k", k=2)
+
+
+def test_nonce_is_fresh_each_round_and_sent_as_8_bytes() -> None:
+    strategy = RandProjSpatialFedAvg("rand-k", k=15)
+    grid = FakeGrid(NODES)
+    sent = []
+    for rnd in (1, 2):
+        msgs = list(strategy.configure_train(rnd, model(SHAPES), ConfigRecord(), grid))  # type: ignore[arg-type]
+        raw = msgs[0].content["config"][KEY_NONCE]
+        assert isinstance(raw, bytes) and len(raw) == 8
+        sent.append(raw)
+    assert sent[0] != sent[1]
+
+
+def test_transform_auto_uses_the_tracked_correlation() -> None:
+    """Round 1 decodes with avg (no prior); the next round's estimator has the prior of the
+    smoothed R_hat (identical updates: close to n - 1)."""
+    strategy = RandProjSpatialFedAvg("rand-proj-spatial", k=30, transform="auto",
+                                     weighted=False)
+    arrays = model(SHAPES)
+    ups = updates(60, identical=True)
+    run_round(strategy, arrays, ups, server_round=1)
+    assert strategy.tracker.fraction is not None
+    prior = strategy.tracker.prior(5)
+    grid = FakeGrid(NODES)
+    list(strategy.configure_train(2, arrays, ConfigRecord(), grid))  # type: ignore[arg-type]
+    plan = strategy._plan
+    assert plan is not None
+    want = make_estimator("rand-proj-spatial", n=5, k=30, d=60, transform="auto",
+                          prior_r=prior)
+    assert plan.estimator.transform == want.transform  # type: ignore[attr-defined]
