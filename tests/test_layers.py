@@ -16,9 +16,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # distribution folder -> import package
 PACKAGES = {"common": "rpsagg", "wire": "rpsagg_wire", "server": "rpsagg_server",
-            "client": "rpsagg_client", "experiments": "rpsagg_experiments"}
+            "client": "rpsagg_client", "experiments": "rpsagg_experiments",
+            "flower": "rpsagg_flower"}
 # the code outside the math library that must use its public surface only
-OUTSIDE = ("wire", "server", "client", "experiments", "bench")
+OUTSIDE = ("wire", "server", "client", "experiments", "flower", "examples", "bench")
 
 def _is_type_checking(node: ast.If) -> bool:
     test = node.test

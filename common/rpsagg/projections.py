@@ -4,7 +4,8 @@ A client's message is ``G x`` for a seeded ``k x d'`` projection G: the Subsampl
 Randomized Hadamard Transform (:func:`srht_encode`, d' a power of two) or the subsampled
 randomized DCT (:func:`dct_encode`, any d). The server stacks the clients' projections into
 ``A = [G_1; ...; G_n]`` (:class:`JointSRHT`, :class:`JointDCT`), which the joint decode
-(:mod:`rpsagg.linalg`) applies matrix-free. The dense matrices (:func:`srht_matrix`,
+(:mod:`rpsagg.linalg`) applies matrix-free. The blockwise SRHT projects each block with
+its own seed, :func:`block_seed`. The dense matrices (:func:`srht_matrix`,
 :func:`dct_matrix`) are for tests and interoperability only.
 
 Examples
@@ -16,6 +17,7 @@ Examples
 True
 """
 
+from rpsagg._blockwise import block_seed
 from rpsagg._dct import JointDCT, dct_encode, dct_matrix
 from rpsagg._fwht import BACKEND as FWHT_BACKEND
 from rpsagg._fwht import fwht
@@ -27,6 +29,7 @@ __all__ = [
     "PROJECTIONS",
     "JointDCT",
     "JointSRHT",
+    "block_seed",
     "dct_encode",
     "dct_matrix",
     "fwht",

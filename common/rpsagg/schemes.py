@@ -5,7 +5,8 @@ before any estimator is built (:func:`scheme_traits`, :func:`names_where`), what
 received message's scheme is (:func:`message_traits`, :func:`message_codebook`,
 :func:`r_hat_schemes`), building an estimator from a job's whole option set
 (:func:`estimator_from_options`), and an estimator's description of its messages
-(:class:`WireProfile`, ``Estimator.wire``), which validates a received vector. Nothing
+(:class:`WireProfile`, ``Estimator.wire``), which validates a received vector, and the
+check that a batch of messages can be decoded together (:func:`check_batch`). Nothing
 outside the registry matches scheme names.
 
 Examples
@@ -27,12 +28,14 @@ from rpsagg._estimators import (
     r_hat_schemes,
     scheme_traits,
 )
+from rpsagg._validation import check_batch
 from rpsagg._wireprofile import SchemeTraits, WireProfile
 
 __all__ = [
     "DEFAULT_ESTIMATOR",
     "SchemeTraits",
     "WireProfile",
+    "check_batch",
     "estimator_from_options",
     "message_codebook",
     "message_traits",

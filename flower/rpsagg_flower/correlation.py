@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rpsagg import Encoded, Estimator, correlation_terms
-from rpsagg._blockwise import BlockwiseRandProjSpatial, block_seed
+from rpsagg import BlockwiseRandProjSpatial, Encoded, Estimator, correlation_terms
+from rpsagg.projections import block_seed
 
 #: Schemes whose sketches give unbiased correlation terms (``rpsagg.correlation_terms``).
 SKETCHED = ("rand-proj-spatial", "rand-proj-spatial:dct", "rand-k", "rand-k-spatial")

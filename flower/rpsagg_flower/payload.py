@@ -7,7 +7,7 @@ mean update is cut back into arrays of the original shapes and dtypes (:func:`ap
 A compressed reply carries (:func:`encoded_to_records`):
 
 * an ``ArrayRecord`` with ``values`` (float32), or ``codes`` (the packed ``value_bits``-bit
-  codes, ``rpsagg._quantize.pack_codes``) and ``scale`` (one float32), and ``indices``
+  codes, ``rpsagg.quantize.pack_codes``) and ``scale`` (one float32), and ``indices``
   (int32) for the schemes that send coordinates. These ``Array`` objects hold raw
   little-endian bytes (``stype`` :data:`STYPE_RAW`) rather than NumPy's ``.npy`` format,
   whose 128-byte header per array would cost more than a small sketch;
@@ -24,8 +24,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord
 from numpy.typing import NDArray
 
 from rpsagg import Encoded, Estimator
-from rpsagg._quantize import dequantize, pack_codes, unpack_codes
-from rpsagg._validation import check_batch
+from rpsagg.quantize import dequantize, pack_codes, unpack_codes
+from rpsagg.schemes import check_batch
 from rpsagg.spec import derive_round_seed
 from rpsagg_flower.settings import nonce_from_bytes, nonce_to_bytes
 
