@@ -12,8 +12,8 @@ outside the registry matches scheme names.
 Examples
 --------
 >>> from rpsagg.schemes import estimator_from_options, scheme_traits
->>> scheme_traits("rand-k").sends_indices
-True
+>>> scheme_traits("induced").sends_indices, scheme_traits("rand-k").sends_indices
+(True, False)
 >>> est = estimator_from_options("eden", n=4, k=8, d=128, transform="max", bits=2)
 >>> est.wire.scheme
 'eden'
