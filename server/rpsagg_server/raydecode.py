@@ -20,12 +20,20 @@ decode failure (the server keeps running; its submissions stay durable).
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+
+# Ray's C++ core installs abseil's failure signal handler in every driver process, SIGTERM
+# included: a SIGTERM to the server then went through its stack dump and watchdog before the
+# server's own graceful stop, and a stop that took a while ended in SIGABRT (exit -6). The
+# server owns its signals. Ray reads this when it is imported, which in the server happens
+# only through this module (config.py checks for Ray without importing it).
+os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 
 from rpsagg import DecodeResult, Encoded, Estimator, RandProjSpatial
 
