@@ -18,7 +18,7 @@ import pytest
 from rpsagg._estimators import ESTIMATOR_NAMES, QUANTIZER_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
-SCANNED = ("common", "server", "client", "wire")
+SCANNED = ("common", "server", "client", "wire", "flower")
 #: The registry: the module that maps names to estimators and the modules whose estimator
 #: classes declare their own ``name``.
 REGISTRY = {

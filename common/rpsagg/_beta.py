@@ -120,6 +120,11 @@ _memory: dict[str, BetaEstimate] = {}
 _lock = threading.Lock()
 
 
+def _rps_key(n: int, k: int, d_pad: int, c: float, projection: str = "srht") -> str:
+    """The cache key of a Rand-Proj-Spatial beta (the disk cache's namespace is the scheme)."""
+    return _key("rand-proj-spatial", n, k, d_pad, c, projection)
+
+
 def _key(scheme: str, n: int, k: int, d_pad: int, c: float, projection: str = "srht") -> str:
     # The SRHT's numbers are the same in every spec version: its keys (and caches) stay v1's.
     proj, spec = ("", SPEC_V1) if projection == "srht" else (f"|proj={projection}", SPEC_V2)
@@ -293,7 +298,7 @@ def rps_beta(
     if path == "mc":
         return rps_beta_mc(n, k, d_pad, c, projection, target_rel_se=target_rel_se,
                            time_budget=time_budget)
-    key = _key("rand-proj-spatial", n, k, d_pad, c, projection)
+    key = _rps_key(n, k, d_pad, c, projection)
     if path == "exact":
         return BetaEstimate(d_pad / (n * k), float(n * k), 0.0, 0, "exact", key)
     mean = free_spectral_sum(n, k, d_pad, c)
@@ -311,7 +316,7 @@ def rps_beta_mc(
     time_budget: float = DEFAULT_TIME_BUDGET,
 ) -> BetaEstimate:
     """beta by Monte Carlo (cached), whatever :func:`beta_path` says: the reference path."""
-    key = _key("rand-proj-spatial", n, k, d_pad, c, projection)
+    key = _rps_key(n, k, d_pad, c, projection)
     with _lock:
         if key in _memory:
             return _memory[key]

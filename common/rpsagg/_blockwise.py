@@ -15,6 +15,7 @@ has a measured MSE table against the full transform.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -103,6 +104,33 @@ class BlockwiseRandProjSpatial(Estimator):
         ]
         return np.concatenate(parts), None
 
+    def block_messages(self, batch: Sequence[Encoded], j: int) -> list[Encoded]:
+        """Block ``j`` of each message as a plain Rand-Proj-Spatial message.
+
+        Parameters
+        ----------
+        batch : sequence of Encoded
+            Messages of this estimator (``k`` values each).
+        j : int
+            The block, ``0 <= j < blocks``.
+
+        Returns
+        -------
+        list of Encoded
+            For each message, the SRHT sketch of its block ``j``: ``budgets[j]`` values,
+            seed ``block_seed(seed, j)``, dimension ``block_size`` (what ``correlation_terms``
+            and the block's own decode take).
+        """
+        if not 0 <= j < self.blocks:
+            raise ValueError(f"need 0 <= j < {self.blocks}; got {j}")
+        return self._block_batch(batch, j, sum(self.budgets[:j]))
+
+    def _block_batch(self, batch: Sequence[Encoded], j: int, offset: int) -> list[Encoded]:
+        kb = self.budgets[j]
+        name = self._sub[kb].name
+        return [Encoded(name, block_seed(m.seed, j), kb, self.block_size,
+                        m.values[offset : offset + kb]) for m in batch]
+
     def decode_blocks(
         self, batch: list[Encoded], first: int, stop: int, betas: dict[int, float] | None = None
     ) -> tuple[FloatArray, list[SolveInfo], float]:
@@ -130,10 +158,7 @@ class BlockwiseRandProjSpatial(Estimator):
         for j in range(first, stop):
             kb = self.budgets[j]
             sub = self._sub[kb]
-            msgs = [
-                Encoded(sub.name, block_seed(m.seed, j), kb, b, m.values[offset : offset + kb])
-                for m in batch
-            ]
+            msgs = self._block_batch(batch, j, offset)
             result = sub._decode(msgs, None if betas is None else betas[kb])
             out[(j - first) * b : (j - first + 1) * b] = result.estimate
             if result.solve is not None:

@@ -43,7 +43,7 @@ def cached_estimate(
     BetaEstimate or None
         The cached estimate, or None when this machine's cache holds none (or a damaged one).
     """
-    return _beta._load(_beta._key("rand-proj-spatial", n, k, d_pad, c, projection))
+    return _beta._load(_beta._rps_key(n, k, d_pad, c, projection))
 
 
 def clear_memory_cache() -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from flwr.app import ConfigRecord
 
 from rpsagg import ESTIMATOR_NAMES, QUANTIZER_NAMES, Estimator, make_estimator
+from rpsagg.schemes import scheme_traits
 
 #: Prefix of every key this package adds to a ``ConfigRecord``.
 PREFIX = "rpsagg."
@@ -96,7 +97,7 @@ class RoundEncoding:
     ) -> Estimator:
         """The estimator for ``n`` clients (the clients' choice of ``n`` does not matter:
         an encode depends on neither ``n`` nor the transform)."""
-        spatial = self.scheme in ("rand-k-spatial", "rand-proj-spatial")
+        spatial = scheme_traits(self.scheme).takes_transform
         return make_estimator(
             self.scheme,
             n=n,

@@ -13,6 +13,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from rpsagg import ESTIMATOR_NAMES, QUANTIZER_NAMES, CorrelationTracker, Encoded, Estimator
+from rpsagg.schemes import DEFAULT_ESTIMATOR, scheme_traits
 from rpsagg_flower.correlation import r_hat
 from rpsagg_flower.payload import REPLY_CONFIG, Layout, apply_update, records_to_encoded
 from rpsagg_flower.settings import AUTO_BLOCK_SIZE, AUTO_BLOCK_THRESHOLD, RoundEncoding
@@ -90,7 +91,7 @@ class RandProjSpatialFedAvg(FedAvg):
 
     def __init__(
         self,
-        estimator: str = "rand-proj-spatial",
+        estimator: str = DEFAULT_ESTIMATOR,
         *,
         k: int | None = None,
         transform: str | float = "avg",
@@ -136,7 +137,8 @@ class RandProjSpatialFedAvg(FedAvg):
         if self.block_size != "auto":
             return self.block_size  # type: ignore[return-value]
         big = d > AUTO_BLOCK_THRESHOLD and self.value_bits == 32
-        return AUTO_BLOCK_SIZE if big and self.estimator_name == "rand-proj-spatial" else None
+        blockwise = scheme_traits(self.estimator_name).takes_projection  # the seeded projection
+        return AUTO_BLOCK_SIZE if big and blockwise else None
 
     def round_encoding(self, arrays: ArrayRecord, nonce: int) -> RoundEncoding:
         """The encoding of a round that sends ``arrays`` (``ValueError`` when the settings
