@@ -46,6 +46,7 @@ RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
 os.environ.update(RAY_ENV)
 ray = pytest.importorskip("ray", reason="scripts/setup-env.sh test installs rpsagg-server[ray]")
 from rpsagg_server import raydecode  # noqa: E402
+from rpsagg_server.launch import stop_processes  # noqa: E402
 
 START_TIMEOUT = 180.0
 
@@ -72,23 +73,6 @@ def node_args(ports: list[int], temp_dir: str) -> list[str]:
         "--dashboard-agent-grpc-port", str(ports[4]), "--runtime-env-agent-port", str(ports[5]),
         "--min-worker-port", "0", "--max-worker-port", "0", "--disable-usage-stats", "--block",
     ]
-
-
-def stop_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the process group this test started, then SIGKILL what is left."""
-    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        end = time.monotonic() + wait
-        while time.monotonic() < end:
-            try:
-                os.killpg(proc.pid, 0)
-            except ProcessLookupError:
-                proc.poll()
-                return
-            time.sleep(0.1)
 
 
 @dataclass(frozen=True)
@@ -132,8 +116,8 @@ def ray_cluster() -> Iterator[Cluster]:
     finally:
         ray.shutdown()
         workers = _cluster_workers([p.pid for p in procs])
-        for p in reversed(procs):
-            stop_group(p)
+        # each `ray start` leads its own process group: SIGTERM, then SIGKILL after 10 s
+        stop_processes(list(reversed(procs)), grace=10.0, group=True)
         for pid in workers:  # workers normally exit with their raylet; make sure
             with contextlib.suppress(OSError):
                 if (Path("/proc") / str(pid) / "cmdline").read_bytes().startswith(b"ray::"):

@@ -38,26 +38,11 @@ from deploy_util import COMPOSE, resolve_compose
 from service_util import check_rounds_against_inprocess, ip, kill_all, veth_star
 from test_deploy_compose import SMOKE_ENV, Container, _healthcheck, _netns
 
+from rpsagg_server.launch import stop_processes
+
 pytest.importorskip("ray", reason="scripts/setup-env.sh test installs rpsagg-server[ray]")
 
 START_TIMEOUT = 180.0
-
-
-def _stop_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the process group (``ray start --block`` stops what it started), then KILL."""
-    for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        end = time.monotonic() + wait
-        while time.monotonic() < end:
-            if proc.poll() is not None:
-                try:
-                    os.killpg(proc.pid, 0)
-                except ProcessLookupError:
-                    return
-            time.sleep(0.1)
 
 
 def _wait_healthy(ns: str, box: Container, service: dict[str, Any],
@@ -201,8 +186,8 @@ def test_compose_ray_profile_as_processes_in_namespaces(
             assert all(g.poll() is None for g in groups), "a Ray node exited during the job"
     finally:
         kill_all(procs)
-        for g in reversed(groups):
-            _stop_group(g)
+        # `ray start --block` stops what it started on SIGTERM; its group is killed after 15 s
+        stop_processes(list(reversed(groups)), grace=15.0, group=True)
         shutil.rmtree(ray_tmp, ignore_errors=True)
         for f in logs.values():
             f.close()
