@@ -143,20 +143,23 @@ def in_process_server(cfg: ServerConfig) -> Iterator[InProcessServer]:
 
 def wait_all_exit_cleanly(
     server: subprocess.Popen[bytes], clients: Sequence[subprocess.Popen[bytes]]
-) -> None:
-    """Wait for every client, then the server, and assert each exited with status 0."""
+) -> str:
+    """Wait for every client, then the server, and assert each exited with status 0;
+    returns the server's stderr (its log)."""
     for p in clients:
         _, err = p.communicate(timeout=180)
         assert p.returncode == 0, err.decode()
     _, err = server.communicate(timeout=60)
     assert server.returncode == 0, err.decode()[-2000:]
+    return (err or b"").decode()
 
 
 def run_local_job(tmp_path: Path, n: int, k: int, d: int, rounds: int, data_r: float,
                   extra: Sequence[str] = (), env: dict[str, str] | None = None) -> str:
     """Run a mean job to its end: an ``rpsagg-server`` subprocess (``--linger 0``, port 0,
     loopback, ``extra`` flags) and ``n`` ``rpsagg-client`` processes; assert every process
-    exited with status 0 and return the database path. Processes are killed on failure.
+    exited with status 0 and return the database path (the server's log is left in
+    ``tmp_path / "server.log"``). Processes are killed on failure.
     """
     db = tmp_path / "job.db"
     server = ServerProcess([
@@ -172,7 +175,8 @@ def run_local_job(tmp_path: Path, n: int, k: int, d: int, rounds: int, data_r: f
                 job.start_client(["--server", job.target, "--client-id", f"client-{i}",
                                   "--insecure"], stderr=subprocess.PIPE)
             assert server.proc is not None
-            wait_all_exit_cleanly(server.proc, job.clients)
+            log = wait_all_exit_cleanly(server.proc, job.clients)
+            (tmp_path / "server.log").write_text(log)
     finally:
         job.kill()
     return str(db)

@@ -203,8 +203,10 @@ def test_http_port_in_use(listening: socket.socket, tmp_path: Path) -> None:
                                 "'many'")),
     (["--http-host", ","], {}, ("--http-host needs at least one address",)),
     ([], {"RPSAGG_INSECURE": "0"}, ("TLS is required",)),
+    (["--event-loop", "trio"], {}, ("--event-loop must be one of auto, uvloop, asyncio",
+                                    "'trio'")),
 ], ids=["int", "nan-timeout", "port-range", "estimator", "unknown-flag", "env-int",
-        "http-host", "secure-by-default"])
+        "http-host", "secure-by-default", "event-loop"])
 def test_bad_flag_values(args: list[str], env: dict[str, str],
                          fragments: tuple[str, ...]) -> None:
     base = [*JOB, "--db", ":memory:", "--grpc-port", "0", "--http-port", "0"]

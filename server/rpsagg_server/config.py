@@ -40,6 +40,7 @@ SCHEMES = ESTIMATOR_NAMES + QUANTIZER_NAMES
 QUANTIZABLE = names_where(lambda t: t.quantizable)
 BITS_SCHEMES = " and ".join(names_where(lambda t: t.takes_bits))
 PROJECTION_SCHEMES = ", ".join(names_where(lambda t: t.takes_projection))
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ class ServerConfig:
     decode_threads: int | None = None
     decode_backend: str = "local"
     ray_address: str | None = None
+    event_loop: str = "auto"
     task_params: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -166,6 +168,11 @@ class ServerConfig:
                     "--decode-backend ray needs Ray: pip install 'rpsagg-server[ray]'")
         elif self.ray_address is not None:
             raise ValueError("--ray-address goes with --decode-backend ray")
+        if self.event_loop not in EVENT_LOOPS:
+            raise ValueError(f"--event-loop must be one of {', '.join(EVENT_LOOPS)}; "
+                             f"got {self.event_loop!r}")
+        if self.event_loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+            raise ValueError("--event-loop uvloop needs uvloop: pip install uvloop")
 
     @property
     def params(self) -> dict[str, float]:
@@ -251,6 +258,8 @@ def _parser() -> argparse.ArgumentParser:
         "decode_threads": "CPU threads of a decode (default: every core of the process)",
         "decode_backend": "local (default) or ray: decode rounds as Ray tasks "
         "(needs rpsagg-server[ray])",
+        "event_loop": "auto (default: uvloop where installed, else asyncio's), uvloop or "
+        "asyncio: the loop that runs gRPC, the round engine and the dashboard",
         "ray_address": "Ray cluster to join with --decode-backend ray (e.g. 10.0.0.5:6379); "
         "default: start a local one",
     }

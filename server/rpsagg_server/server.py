@@ -26,6 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from rpsagg.schemes import WireProfile
+from rpsagg_server import eventloop
 from rpsagg_server.auth import TokenBook, TokenInterceptor
 from rpsagg_server.config import ServerConfig, load_config
 from rpsagg_server.events import EventBus, SubmissionRefused
@@ -177,8 +178,8 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
     await server.start()
     for name in ("", serde.SERVICE):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    log.info("[Server] listening on %s:%d (%s), max request %d bytes", cfg.host, port,
-             "TLS" if creds else "insecure", limit)
+    log.info("[Server] listening on %s:%d (%s, %s loop), max request %d bytes", cfg.host, port,
+             "TLS" if creds else "insecure", eventloop.running_name(), limit)
     running = RunningServer(server, engine, state, store, health, port, task_monitor=monitor)
     state.add_check("database", store.writable)  # the last transaction (or heartbeat) committed
     state.add_check("grpc", lambda: running.serving)
@@ -249,6 +250,7 @@ async def serve(
         else:
             log.info("[Server] dashboard on %s", ", ".join(
                 _url(s.getsockname()) for s in socks))
+    eventloop.freeze_startup_heap()  # started: the per-call garbage is all that is left
     if cfg.port_file:
         tmp = Path(cfg.port_file + ".tmp")
         tmp.write_text(f"{running.port}\n")
@@ -309,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _user_error(exc)
     configure_logging()
     try:
-        asyncio.run(serve(cfg, http_app_factory=create_app))
+        eventloop.run(serve(cfg, http_app_factory=create_app), cfg.event_loop)
     except (StartupError, ValueError) as exc:
         return _user_error(exc)
     return 0
