@@ -35,6 +35,7 @@ import numpy as np
 
 from rpsagg import make_estimator
 from rpsagg.spec import derive_round_seed
+from rpsagg_server import eventloop
 from rpsagg_server.launch import ServerExited, ServerProcess
 from rpsagg_server.store import Store
 from rpsagg_wire.v1 import serde
@@ -67,7 +68,8 @@ def _rss_mib(pid: int) -> tuple[float, float]:
 
 
 async def run_once(n: int, k: int, d: int, channels_n: int, profile: str | None,
-                   db_path: str | None, rate: float = 0.0) -> dict[str, Any]:
+                   db_path: str | None, rate: float = 0.0,
+                   server_loop: str = "auto") -> dict[str, Any]:
     """One server, one round of ``n`` submissions; returns the figures.
 
     ``rate`` 0: all at once (a burst: every latency includes the queue of the whole burst);
@@ -85,7 +87,7 @@ async def run_once(n: int, k: int, d: int, channels_n: int, profile: str | None,
         "--insecure", "--host",
         "127.0.0.1", "--grpc-port", "0", "--http-port", "0", "--n", str(n), "--k", str(k),
         "--d", str(d), "--task", "mean", "--rounds", "1", "--round-timeout", "600",
-        "--db", db, "--transform", "one", "--linger", "-1",
+        "--db", db, "--transform", "one", "--linger", "-1", "--event-loop", server_loop,
     ], work / "port", env=dict(os.environ, RPSAGG_LOG_LEVEL="WARNING"), prefix=prefix,
         start_timeout=120, stop_signal=signal.SIGINT if profile else signal.SIGTERM,
         own_group=bool(profile))
@@ -178,11 +180,17 @@ def main() -> None:
     p.add_argument("--rate", default=None,
                    help="comma-separated offered loads in submissions/s (0 = a burst, all at "
                         "once); default: a burst, then 2500/s")
+    p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
+                   help="this load generator's event loop (default uvloop: the generator "
+                        "stands for many client machines, so it is made as cheap as it can be)")
+    p.add_argument("--server-loop", choices=("auto", "uvloop", "asyncio"), default="auto",
+                   help="the server's --event-loop")
     p.add_argument("--profile", default=None, metavar="FILE",
                    help="run the server under py-spy and write collapsed stacks to FILE")
     args = p.parse_args()
     configs = CONFIGS if args.clients is None else ((args.clients, args.k, args.d),)
-    print(f"{os.cpu_count()} CPUs; figures per run (load = 1-min load average at the burst)")
+    print(f"{os.cpu_count()} CPUs; figures per run (load = 1-min load average at the burst); "
+          f"generator loop {args.loop}, server --event-loop {args.server_loop}")
     rates = [0.0, 2500.0] if args.rate is None else [float(r) for r in args.rate.split(",")]
     print("offered: 'burst' = all submissions at once; N/s = open loop, one every 1/N s")
     print("subs/s = clients / (last ack - first send); acks/s = (clients - 1) / (last ack - "
@@ -192,7 +200,8 @@ def main() -> None:
     for n, k, d in configs:
         for rate in rates:
             for _ in range(args.repeat):
-                r = asyncio.run(run_once(n, k, d, args.channels, args.profile, args.db, rate))
+                r = eventloop.run(run_once(n, k, d, args.channels, args.profile, args.db, rate,
+                                           args.server_loop), args.loop)
                 offered = "burst" if not rate else f"{rate:.0f}/s"
                 print(f"{n:7d} {k:4d} {d:5d} {offered:>8} {r['rate']:7.0f} {r['ack_rate']:7.0f} "
                       f"{r['wall_ms']:8.0f} "

@@ -22,10 +22,11 @@ from pathlib import Path
 
 import grpc
 
+from rpsagg_server import eventloop
 from rpsagg_server.launch import wait_port_file
 
 
-def serve(port_file: str) -> None:
+def serve(port_file: str, loop: str) -> None:
     """Run the echo server; write its port to ``port_file`` once it serves."""
 
     async def main() -> None:
@@ -42,7 +43,7 @@ def serve(port_file: str) -> None:
         os.replace(tmp, port_file)
         await server.wait_for_termination()
 
-    asyncio.run(main())
+    eventloop.run(main(), loop)
 
 
 async def burst(port: int, calls: int, channels: int, size: int) -> tuple[float, float, float]:
@@ -76,18 +77,23 @@ def main() -> None:
     p.add_argument("--channels", type=int, default=4)
     p.add_argument("--size", type=int, default=400, help="request bytes")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
+                   help="event loop of both processes (default uvloop, as the server and "
+                        "bench_service_load.py's generator)")
     p.add_argument("--serve", metavar="PORT_FILE", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
-        serve(args.serve)
+        serve(args.serve, args.loop)
         return
     port_file = Path(tempfile.mkdtemp(prefix="grpc-floor-")) / "port"
-    server = subprocess.Popen([sys.executable, __file__, "--serve", str(port_file)])
+    server = subprocess.Popen([sys.executable, __file__, "--serve", str(port_file),
+                               "--loop", args.loop])
     try:
         port = wait_port_file(port_file, server, timeout=60)
-        print(f"load average {os.getloadavg()[0]:.2f}")
+        print(f"load average {os.getloadavg()[0]:.2f}, {args.loop} loops")
         for _ in range(args.repeat):
-            rate, p50, p99 = asyncio.run(burst(port, args.calls, args.channels, args.size))
+            rate, p50, p99 = eventloop.run(burst(port, args.calls, args.channels, args.size),
+                                           args.loop)
             print(f"{args.calls} calls of {args.size} B over {args.channels} channels: "
                   f"{rate:,.0f} calls/s, p50 {p50:.1f} ms, p99 {p99:.1f} ms")
     finally:
