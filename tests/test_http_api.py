@@ -19,7 +19,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
-from service_util import InProcessServer, base_config, in_process_server
+from service_util import InProcessServer, base_config, in_process_server, wait_until
 
 import rpsagg
 from rpsagg_client import AggregationClient
@@ -148,6 +148,9 @@ def test_status_after_the_job_has_no_current_round(harness: Harness) -> None:
 def test_round_detail_while_collecting(harness: Harness) -> None:
     join_all(harness)
     rnd, subs, _ = harness.submit([0, 2])
+    # arrivals reach the read model within VIEW_INTERVAL (0.05 s) of their commit
+    wait_until(lambda: len(harness.http.get(f"/api/rounds/{rnd.round_id}").json()["clients"]
+                           ["arrived"]) == 2, 5.0, "both arrivals in the round's view")
     r = harness.http.get(f"/api/rounds/{rnd.round_id}").json()
     assert r["round_id"] == rnd.round_id
     assert r["state"] == "collecting"

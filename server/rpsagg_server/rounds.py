@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -64,6 +65,9 @@ from rpsagg_server.submissions import Intake
 from rpsagg_server.views import JobView, RoundView
 
 log = logging.getLogger("rpsagg.server")
+
+# Arrivals reach the read model (dashboard, /metrics) at most this many seconds late.
+VIEW_INTERVAL = 0.05
 
 
 class RoundEngine:
@@ -101,6 +105,7 @@ class RoundEngine:
         bus.subscribe(self._on_event)
         self._round_writes = asyncio.Lock()  # round rows commit in the order they change
         self._view_due = False
+        self._view_at = -math.inf  # loop.time() of the last arrivals view
         self.beta = BetaWarmup(self.publish, config.n)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rpsagg-decode")
         self._tasks: set[asyncio.Task[None]] = set()
@@ -206,18 +211,30 @@ class RoundEngine:
             self.view_changed()  # the current round's missing clients changed
 
     def view_changed(self) -> None:
-        """Publish the current round's view once per loop pass (not per request)."""
+        """Publish the current round's view at most every :data:`VIEW_INTERVAL` seconds.
+
+        A view costs O(n log n) (sorted arrivals and missing clients); rebuilt once per loop
+        pass, it took a seventh of the event loop in a burst of 1,000 submissions. Arrivals
+        reach the dashboard within ``VIEW_INTERVAL``; the round's state changes (opened,
+        collecting, closed, finished) publish their views at once.
+        """
         if self._view_due:
             return
         self._view_due = True
+        loop = asyncio.get_running_loop()
 
         def refresh() -> None:
             self._view_due = False
+            self._view_at = loop.time()
             live = self.progress.current
             if live is not None:
                 self.publish(RoundProgress(self.view(live)))
 
-        asyncio.get_running_loop().call_soon(refresh)
+        wait = self._view_at + VIEW_INTERVAL - loop.time()
+        if wait <= 0:
+            loop.call_soon(refresh)
+        else:
+            loop.call_later(wait, refresh)
 
     def spawn(self, coro: Awaitable[None]) -> None:
         """Run ``coro`` in the background (cancelled by :meth:`close`)."""
