@@ -43,6 +43,7 @@ from rpsagg._srht import JointSRHT
 from rpsagg.spec import (
     SPEC_V1,
     SPEC_V2,
+    SPEC_V4,
     TAG_MCBETA,
     TAG_MCPROBE,
     stream_key,
@@ -127,7 +128,9 @@ def _rps_key(n: int, k: int, d_pad: int, c: float, projection: str = "srht") -> 
 
 def _key(scheme: str, n: int, k: int, d_pad: int, c: float, projection: str = "srht") -> str:
     # The SRHT's numbers are the same in every spec version: its keys (and caches) stay v1's.
-    proj, spec = ("", SPEC_V1) if projection == "srht" else (f"|proj={projection}", SPEC_V2)
+    # The DCT's keys stay v2's (its numbers are the same in later versions); hblocks is v4's.
+    proj, spec = (("", SPEC_V1) if projection == "srht" else
+                  (f"|proj={projection}", SPEC_V4 if projection == "hblocks" else SPEC_V2))
     return f"{scheme}|n={n}|k={k}|dpad={d_pad}|c={c!r}{proj}|{spec}|{MC_VERSION}"
 
 
@@ -285,7 +288,7 @@ def rps_beta(
         same argument and whose spectrum has the same free-probability limit.
     c : float
         Transform coefficient in ``[0, 1]``.
-    projection : {"srht", "dct"}
+    projection : {"srht", "dct", "hblocks"}
         The seeded projection (see :func:`rpsagg._projection.resolve_projection`).
     target_rel_se, time_budget : float
         Monte Carlo stopping rule (relative standard error; seconds), where it runs.

@@ -45,13 +45,11 @@ from rpsagg._fwht import fwht
 from rpsagg.spec import (
     TAG_ROWS,
     TAG_SIGN2,
-    TAG_SIGNS,
     check_seed,
     dct_shift,
     sample_distinct,
     sign_bits,
     sign_factors,
-    stream_key,
 )
 
 FloatArray = NDArray[np.float64]

@@ -1,4 +1,4 @@
-"""Seed-to-randomness derivation (wire format ``rpsagg-seed-v4``; each earlier version is its subset).
+"""Seed-to-randomness derivation (wire format ``rpsagg-seed-v4``; earlier versions are subsets).
 
 Everything a client and the server must agree on is derived here from a 64-bit
 seed with SplitMix64 in counter mode, using only unsigned 64-bit integer
