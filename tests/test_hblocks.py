@@ -100,6 +100,8 @@ def test_golden_hblocks_vectors(case: dict[str, Any], monkeypatch: pytest.Monkey
         assert msg.scheme == "rand-proj-spatial:hblocks"
         assert msg.spec_version == rpsagg.SPEC_VERSION == "rpsagg-seed-v4"
         assert np.max(np.abs(msg.values.astype(np.float64) - expected)) <= tol
+        if case["b"].bit_length() % 2 == 1:  # b = 4^j: every operation exact, bits equal
+            assert [hex(int(v)) for v in msg.values.view(np.uint32)] == case["y_f32"]
         np.testing.assert_allclose(hblocks_encode(np.array(x, float), seed, k), ref["y"],
                                    rtol=0, atol=1e-12)
 

@@ -134,26 +134,36 @@ def hblocks_encode(x: FloatArray, seed: int, k: int) -> FloatArray:
     return out
 
 
-def _blocks_adjoint(w: FloatArray, signs2: NDArray[np.int8]) -> None:
-    """``w <- w B^T`` row by row in place (``B^T = H_lo D2 H_hi``), w of shape (m, d).
+def _fwht_rows(w: FloatArray, lo: int, hi: int) -> None:
+    """In-place FWHT of ``w[i, lo:hi]`` for every row i (each a contiguous run)."""
+    for i in range(w.shape[0]):
+        fwht(w[i, lo:hi], inplace=True)
 
-    ``signs2`` is (m, b) or (b,)."""
+
+def _blocks_adjoint(w: FloatArray, signs2: NDArray[np.int8]) -> None:
+    """Each row v of ``w`` (shape (m, d), C-contiguous) becomes ``B^T v = H_lo D2 H_hi v``.
+
+    ``signs2`` is (m, b - e) or (b - e,)."""
     d = w.shape[1]
     b, e = block_split(d)
-    root = math.sqrt(b)
-    w[:, e:] = fwht(w[:, e:]) / root
+    inv = 1.0 / math.sqrt(b)
+    _fwht_rows(w, e, d)
+    w[:, e:] *= inv
     w[:, e:b] *= signs2
-    w[:, :b] = fwht(w[:, :b]) / root
+    _fwht_rows(w, 0, b)
+    w[:, :b] *= inv
 
 
 def _blocks_forward(w: FloatArray, signs2: NDArray[np.int8]) -> None:
-    """``w <- w B^T``'s transpose action: each row v becomes ``B v`` in place."""
+    """Each row v of ``w`` (shape (m, d), C-contiguous) becomes ``B v = H_hi D2 H_lo v``."""
     d = w.shape[1]
     b, e = block_split(d)
-    root = math.sqrt(b)
-    w[:, :b] = fwht(w[:, :b]) / root
+    inv = 1.0 / math.sqrt(b)
+    w[:, :b] *= inv
+    _fwht_rows(w, 0, b)
     w[:, e:b] *= signs2
-    w[:, e:] = fwht(w[:, e:]) / root
+    _fwht_rows(w, e, d)
+    w[:, e:] *= inv
 
 
 def _signs2(seed: int, d: int) -> NDArray[np.int8]:
