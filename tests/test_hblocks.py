@@ -185,6 +185,28 @@ def test_default_projection_versions_and_schemes() -> None:
         np.testing.assert_array_equal(other.decode([old_msg]), other.decode([m]))
 
 
+def test_overflow_and_quantized_values() -> None:
+    # section 7's overflow rule: a value that would round to a binary32 infinity is never
+    # sent; the encoder refuses the input
+    est = rpsagg.make_estimator("rand-proj-spatial", n=2, k=5, d=300)
+    with pytest.raises(ValueError, match="x is too large"):
+        est.encode(np.full(300, 1e40), seed=1)
+    with pytest.raises(ValueError, match="x must be finite"):
+        est.encode(np.full(300, np.inf), seed=1)
+    # b-bit codes (section 13) of an hblocks sketch: the message needs v4 (the later of
+    # hblocks' v4 and the codes' v3) and decodes to the float decode of its code values
+    q = rpsagg.make_estimator("rand-proj-spatial", n=2, k=5, d=300, value_bits=4)
+    assert (q.name, q.wire.spec_version) == ("rand-proj-spatial:hblocks", "rpsagg-seed-v4")
+    x = np.random.default_rng(2).standard_normal((2, 300))
+    msgs = [q.encode(x[i], seed=3 + i) for i in range(2)]
+    assert all(m.codes is not None and m.spec_version == "rpsagg-seed-v4" for m in msgs)
+    assert np.all(np.isfinite(q.decode(msgs)))
+    stale = [rpsagg.Encoded(m.scheme, m.seed, m.k, m.d, m.values, m.indices, "rpsagg-seed-v3",
+                            m.value_bits, m.codes, m.scales) for m in msgs]
+    with pytest.raises(ValueError, match="has no 'rand-proj-spatial:hblocks'"):
+        q.decode(stale)
+
+
 # --------------------------------------------------------------------------------------
 # Statistics at d = 300 (b = 256, e = 44; d' = 512 for the SRHT)
 # --------------------------------------------------------------------------------------
