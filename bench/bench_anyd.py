@@ -39,6 +39,7 @@ from collections.abc import Callable
 import numpy as np
 from numpy.typing import NDArray
 
+from rpsagg import spec
 from rpsagg.projections import (
     dct_encode,
     dct_matrix,
@@ -157,16 +158,25 @@ def dct32_encode(x: FloatArray, seed: int, k: int) -> FloatArray:
     return np.asarray(np.take(out, sample_distinct(seed, TAG_ROWS, k, d)))
 
 
-def srht_one_core(x: FloatArray, seed: int, k: int, d_pad: int) -> FloatArray:
-    """The library's SRHT encode with the two-core split of large d' turned off."""
-    from rpsagg import _srht
+_one_core_buffers: dict[int, FloatArray] = {}
 
-    saved = _srht._SPLIT_MIN
-    _srht._SPLIT_MIN = 1 << 62
-    try:
-        return srht_encode(x, seed, k, d_pad)
-    finally:
-        _srht._SPLIT_MIN = saved
+
+def srht_one_core(x: FloatArray, seed: int, k: int, d_pad: int) -> FloatArray:
+    """The library's SRHT encode on one core: its branch for d' below the two-core split,
+    from the public pieces (the compiled sign multiply where built, one FWHT of length d')."""
+    v = _one_core_buffers.get(d_pad)
+    if v is None:
+        v = _one_core_buffers[d_pad] = np.empty(d_pad)
+    if spec.NATIVE is not None:
+        spec.NATIVE.sign_multiply(x, spec.stream_key(seed, spec.TAG_SIGNS), v)
+    else:
+        v[: x.shape[0]] = x * spec.sign_factors(seed, d_pad)[: x.shape[0]]
+        v[x.shape[0] :] = 0.0
+    rows = spec.srht_rows(seed, k, d_pad)
+    fwht(v, inplace=True)
+    out = np.take(v, rows)
+    out /= np.sqrt(d_pad)
+    return out
 
 
 def interleaved_ms(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:

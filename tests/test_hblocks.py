@@ -106,6 +106,33 @@ def test_golden_hblocks_vectors(case: dict[str, Any], monkeypatch: pytest.Monkey
                                    rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("backend", ["fht-cpu", "native", "numpy"])
+def test_golden_vectors_with_each_fwht_backend(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Above _ONE_CALL_MAX the two FWHTs go through rpsagg._fwht: each backend reproduces the
+    # golden values (bit for bit where b is a power of 4, every operation then being exact)
+    from rpsagg import _fwht
+
+    if backend == "fht-cpu" and _fwht._FAST is None:
+        pytest.skip("fht-cpu is not installed")
+    if backend == "native" and _fwht._NATIVE is None:
+        pytest.skip("the compiled kernels are not built")
+    if backend != "fht-cpu":
+        monkeypatch.setattr(_fwht, "_FAST", None)
+    if backend == "numpy":
+        monkeypatch.setattr(_fwht, "_NATIVE", None)
+    monkeypatch.setattr(_hblocks, "_ONE_CALL_MAX", 0)
+    for case in CASES:
+        seed, k, d = int(case["seed"], 16), int(case["k"]), int(case["d"])
+        x = np.array(golden_x(d))
+        y = hblocks_encode(x, seed, k)
+        np.testing.assert_allclose(y, [float(v) for v in case["y_f64"]], rtol=0, atol=1e-12)
+        if case["b"].bit_length() % 2 == 1:
+            bits = [hex(int(v)) for v in y.astype(np.float32).view(np.uint32)]
+            assert bits == case["y_f32"]
+
+
 def test_library_matches_reference_on_every_split() -> None:
     # d from 1 up to just below and above powers of two: overlap b - e from b down to 1
     rng = np.random.default_rng(5)
