@@ -145,6 +145,24 @@ def test_library_matches_reference_on_every_split() -> None:
             np.testing.assert_allclose(got, ref["y"], rtol=0, atol=1e-12 * max(1, d))
 
 
+def test_a_compiled_module_without_the_kernels_falls_back_to_numpy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # an rpsagg._fast built before the hblocks kernels (a stale build in a checkout) has
+    # sign_multiply and sample_distinct but no hb_*: the encode takes the numpy path
+    if spec.NATIVE is None:
+        pytest.skip("the compiled kernels are not built")
+
+    class Stale:
+        sign_multiply = staticmethod(spec.NATIVE.sign_multiply)
+        sample_distinct = staticmethod(spec.NATIVE.sample_distinct)
+
+    x = np.random.default_rng(4).standard_normal(5000)
+    want = hblocks_encode(x, 8, 50)
+    monkeypatch.setattr(spec, "NATIVE", Stale())
+    np.testing.assert_allclose(hblocks_encode(x, 8, 50), want, rtol=0, atol=1e-12)
+
+
 def test_compiled_and_numpy_paths_agree_at_large_d(monkeypatch: pytest.MonkeyPatch) -> None:
     # above _ONE_CALL_MAX the compiled passes wrap the FWHT backend; the numpy path must
     # give the same numbers (same operations; the FWHT backend may order sums differently)

@@ -113,7 +113,8 @@ def hblocks_encode(x: FloatArray, seed: int, k: int) -> FloatArray:
     w = _work(d)
     out = np.empty(k)
     native = spec.NATIVE
-    if native is not None:
+    # a compiled module built before these kernels existed lacks them: numpy then
+    if native is not None and hasattr(native, "hb_encode"):
         if d <= _ONE_CALL_MAX:
             native.hb_encode(x, seed, rows, w, out)
             return out
