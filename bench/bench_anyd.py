@@ -3,8 +3,10 @@
 Candidates (all with random signs, uniform rows and, for the two new ones, a random cyclic
 shift, which makes ``E[T(S)^+ G_i^T G_i]`` a multiple of the identity):
 
-* ``srht-pad``: today's SRHT on x zero-padded to d' (library, ``projection="srht"``);
+* ``srht-pad``: the SRHT on x zero-padded to d' (library, ``projection="srht"``);
 * ``dct``: the subsampled randomized DCT of length d (library, ``projection="dct"``);
+* ``hblocks``: two overlapping power-of-two Hadamard blocks of length b = 2^floor(log2 d)
+  (library, ``projection="hblocks"``, the default for d not a power of two);
 * ``blocks``: an exact split of d into power-of-two blocks (its binary expansion, e.g.
   300 = 256 + 32 + 8 + 4) with a normalized Hadamard per block; rows uniform over all d, so
   every block keeps the ratio k/d in expectation (a fixed per-block budget cannot: at
@@ -14,7 +16,11 @@ shift, which makes ``E[T(S)^+ G_i^T G_i]`` a multiple of the identity):
 MSE: every candidate decoded by the same dense formula ``beta A^T f(K) y`` with its own Monte
 Carlo beta (``d_op / E[sum_j l_j / T(l_j)]``, separate seeds); printed with the standard
 error over the trials. Encode: median time of one encode of a vector of length d (srht-pad
-at d', dct at d, blocks: one FWHT per block, as an encoder would do it).
+at d', dct and hblocks at d, blocks: one FWHT per block, as an encoder would do it), the
+candidates timed in turn within every repetition (interleaved, so that the load of the
+shared machine falls on all alike); and two ways out for the DCT that were not built,
+timed as prototypes: ``dct5`` (the DCT of x zero-padded to the next 5-smooth length,
+``scipy.fft.next_fast_len``) and ``dct32`` (the DCT of length d in float32).
 
 Usage (one BLAS thread: on a loaded 2-core machine OpenBLAS's threads make a 400 x 400
 eigendecomposition 40x slower)::
@@ -33,8 +39,17 @@ from collections.abc import Callable
 import numpy as np
 from numpy.typing import NDArray
 
-from rpsagg.projections import dct_encode, dct_matrix, fwht, srht_encode, srht_matrix
-from rpsagg.spec import padded_dim
+from rpsagg import spec
+from rpsagg.projections import (
+    dct_encode,
+    dct_matrix,
+    fwht,
+    hblocks_encode,
+    hblocks_matrix,
+    srht_encode,
+    srht_matrix,
+)
+from rpsagg.spec import TAG_ROWS, dct_shift, padded_dim, sample_distinct, sign_factors
 
 FloatArray = NDArray[np.float64]
 Maker = Callable[[int, int, int], FloatArray]  # (seed, k, d) -> dense k x d_op matrix
@@ -73,7 +88,7 @@ def srht_pad_matrix(seed: int, k: int, d: int) -> FloatArray:
 
 
 MAKERS: dict[str, Maker] = {"srht-pad": srht_pad_matrix, "dct": dct_matrix,
-                            "blocks": blocks_matrix}
+                            "hblocks": hblocks_matrix, "blocks": blocks_matrix}
 
 
 def spectral_sum(a: FloatArray, c: float) -> float:
@@ -120,6 +135,63 @@ def blocks_encode(x: FloatArray, seed: int, k: int) -> FloatArray:
     return np.take(v, rng.choice(d, size=k, replace=False))
 
 
+def dct_smooth_encode(x: FloatArray, seed: int, k: int) -> FloatArray:
+    """Prototype: the library's DCT encode, on x zero-padded to the next 5-smooth length."""
+    import scipy.fft
+
+    d = x.shape[0]
+    padded = np.zeros(scipy.fft.next_fast_len(d, real=True))
+    padded[:d] = x
+    return dct_encode(padded, seed, k)
+
+
+def dct32_encode(x: FloatArray, seed: int, k: int) -> FloatArray:
+    """Prototype: the library's DCT encode (same signs, shift and rows) in float32."""
+    import scipy.fft
+
+    d = x.shape[0]
+    v = (x * sign_factors(seed, d)).astype(np.float32)
+    w = np.empty_like(v)
+    s = dct_shift(seed, d)
+    w[s:], w[:s] = v[: d - s], v[d - s :]
+    out = scipy.fft.dct(w, type=2, norm="ortho", overwrite_x=True)
+    return np.asarray(np.take(out, sample_distinct(seed, TAG_ROWS, k, d)))
+
+
+_one_core_buffers: dict[int, FloatArray] = {}
+
+
+def srht_one_core(x: FloatArray, seed: int, k: int, d_pad: int) -> FloatArray:
+    """The library's SRHT encode on one core: its branch for d' below the two-core split,
+    from the public pieces (the compiled sign multiply where built, one FWHT of length d')."""
+    v = _one_core_buffers.get(d_pad)
+    if v is None:
+        v = _one_core_buffers[d_pad] = np.empty(d_pad)
+    if spec.NATIVE is not None:
+        spec.NATIVE.sign_multiply(x, spec.stream_key(seed, spec.TAG_SIGNS), v)
+    else:
+        v[: x.shape[0]] = x * spec.sign_factors(seed, d_pad)[: x.shape[0]]
+        v[x.shape[0] :] = 0.0
+    rows = spec.srht_rows(seed, k, d_pad)
+    fwht(v, inplace=True)
+    out = np.take(v, rows)
+    out /= np.sqrt(d_pad)
+    return out
+
+
+def interleaved_ms(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
+    """Median ms of each function, timed in turn within every repetition."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: 1e3 * float(np.median(t)) for name, t in times.items()}
+
+
 def median_ms(fn: Callable[[], object], reps: int) -> float:
     fn()
     times = []
@@ -131,13 +203,13 @@ def median_ms(fn: Callable[[], object], reps: int) -> float:
 
 
 def decode_times() -> None:
-    """Median decode time (avg, beta computed first) of the padded SRHT and the DCT."""
+    """Median decode time (avg, beta computed first) of the padded SRHT, the DCT and hblocks."""
     import rpsagg
 
     print("\ndecode, avg, median of 3 (beta computed before timing)")
     for n, k, d in ((10, 30, 300), (20, 100, 3000), (20, 64, 30_000)):
         xs = np.random.default_rng(1).standard_normal((n, d))
-        for proj in ("srht", "dct"):
+        for proj in ("srht", "dct", "hblocks"):
             est = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d, transform="avg",
                                         projection=proj)
             _ = est.beta_bar
@@ -163,7 +235,7 @@ def max_near_full_rank() -> None:
     print(f"\nrelative MSE, R = 4, n = {n}, d = {d}, {trials} trials: mean (median)")
     for k in (10, 9, 8, 5):
         cells = []
-        for proj in ("dct", "srht"):
+        for proj in ("hblocks", "dct", "srht"):
             for transform in ("max", "avg"):
                 est = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d,
                                             transform=transform, projection=proj)
@@ -218,20 +290,54 @@ def main() -> None:
         max_near_full_rank()
     if "encode" not in sections:
         return
-    print("\nencode, median ms (k = d/100)")
-    print(f"{'d':>9s} {'d_pad':>9s} {'srht-pad(d)':>12s} {'dct(d)':>9s} {'blocks(d)':>10s}")
+    print("\nencode, median ms (k = d/100); srht-1c (the SRHT on one core) and hblocks "
+          "interleaved over `reps` repetitions, then the DCTs and blocks interleaved over "
+          "fewer, then srht-pad (as the library runs it: from d' = 2^18 on, the two halves "
+          "on two cores); ratio = hblocks / the faster SRHT")
+    print(f"{'d':>9s} {'d_pad':>9s} {'reps':>5s} {'srht-pad':>9s} {'srht-1c':>9s} "
+          f"{'hblocks':>9s} {'ratio':>6s} {'dct':>9s} {'dct5':>9s} {'dct32':>9s} {'blocks':>9s}")
     dims = (300, 3000, 100_000) if args.quick else (
         300, 3000, 30_000, 100_000, 300_000, 600_000, 1_000_000, 999_983)
+    # Three passes over the dims, in this order, so that none disturbs the next:
+    # 1. the one-core SRHT and hblocks, interleaved (the comparison of the issue);
+    # 2. the DCT variants and the block split (scipy's Bluestein DCT at a prime d allocates
+    #    and frees hundreds of MiB);
+    # 3. the library's SRHT as it runs by default, which from d' = 2^18 on transforms the two
+    #    halves with OpenMP on both cores: the OpenMP threads it leaves behind slowed any
+    #    encode timed right after it by up to 3x on this loaded 2-core machine, in the same
+    #    process (a client process runs one projection, so that never happens in use).
+    rows: dict[int, dict[str, float]] = {}
+    for dim in dims:
+        x = np.random.default_rng(dim).standard_normal(dim)
+        kk, dp = max(1, dim // 100), padded_dim(dim)
+        rows[dim] = interleaved_ms({
+            "srht1": lambda: srht_one_core(x, 1, kk, dp),  # noqa: B023
+            "hblocks": lambda: hblocks_encode(x, 1, kk),  # noqa: B023
+        }, _encode_reps(dim))
     for dim in dims:
         x = np.random.default_rng(dim).standard_normal(dim)
         kk = max(1, dim // 100)
-        reps = max(5, min(100, 1_000_000 // dim))
-        dp = padded_dim(dim)
-        t_srht = median_ms(lambda: srht_encode(x, 1, kk, dp), reps)  # noqa: B023
-        t_dct = median_ms(lambda: dct_encode(x, 1, kk), reps)  # noqa: B023
-        t_blk = median_ms(lambda: blocks_encode(x, 1, kk), reps)  # noqa: B023
-        print(f"{dim:9d} {dp:9d} {t_srht:12.3f} {t_dct:9.3f} {t_blk:10.3f}", flush=True)
+        rows[dim].update(interleaved_ms({
+            "dct": lambda: dct_encode(x, 1, kk),  # noqa: B023
+            "dct5": lambda: dct_smooth_encode(x, 1, kk),  # noqa: B023
+            "dct32": lambda: dct32_encode(x, 1, kk),  # noqa: B023
+            "blocks": lambda: blocks_encode(x, 1, kk),  # noqa: B023
+        }, max(5, _encode_reps(dim) // 20)))
+    for dim in dims:
+        x = np.random.default_rng(dim).standard_normal(dim)
+        kk, dp = max(1, dim // 100), padded_dim(dim)
+        rows[dim].update(interleaved_ms(
+            {"srht": lambda: srht_encode(x, 1, kk, dp)}, _encode_reps(dim)))  # noqa: B023
+    for dim in dims:
+        t = rows[dim]
+        ratio = t["hblocks"] / min(t["srht"], t["srht1"])
+        print(f"{dim:9d} {padded_dim(dim):9d} {_encode_reps(dim):5d} {t['srht']:9.4f} "
+              f"{t['srht1']:9.4f} {t['hblocks']:9.4f} {ratio:6.2f} {t['dct']:9.4f} "
+              f"{t['dct5']:9.4f} {t['dct32']:9.4f} {t['blocks']:9.4f}", flush=True)
 
+def _encode_reps(dim: int) -> int:
+    """Repetitions of the interleaved SRHT/hblocks timing at ``dim`` (about 20 s each)."""
+    return max(41, min(2001, 20_000_000 // dim))
 
 if __name__ == "__main__":
     main()

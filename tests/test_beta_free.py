@@ -121,6 +121,34 @@ def test_free_limit_holds_for_the_randomized_dct(
     assert est.method == "free" and est.beta == pytest.approx(d / free, rel=1e-15)
 
 
+@pytest.mark.parametrize(
+    ("n", "k", "d", "c", "samples"),
+    [
+        (8, 64, 1500, 0.5, 20),  # nk = d / 2.9; b = 1024, overlap 548
+        (10, 40, 3000, 0.9, 20),  # nk = d / 7.5, c near 1; b = 2048, overlap 1096
+        (10, 40, 2000, 0.9, 20),  # the blocks barely overlap: b = 1024, overlap 48
+        (8, 64, 1025, 0.5, 20),  # the blocks nearly coincide: b = 1024, overlap 1023
+    ],
+)
+def test_free_limit_holds_for_hblocks(n: int, k: int, d: int, c: float, samples: int) -> None:
+    # hblocks (two overlapping Hadamard blocks, any d, no padding) against the same limit
+    # with d in place of d': its first two moments are exact (E tr S = nk, E tr S^2 =
+    # nk + n(n-1)k^2/d hold for any independent projections with E[G^T G] = (k/d) I), the
+    # check is of the higher ones, on cases where the rule takes the free path, including
+    # the two extremes of the blocks' overlap. Same tolerance as above:
+    # |free - mean| <= bound * free + 4 se.
+    assert _beta.beta_path(n, k, d, c) == "free"
+    vals = np.array([_beta.spectral_sample(n, k, d, c, s, "hblocks")[0]
+                     for s in range(samples)])
+    se = vals.std(ddof=1) / math.sqrt(samples)
+    free = free_spectral_sum(n, k, d, c)
+    bound = free_error_bound(n, k, d, c) * free
+    assert abs(free - vals.mean()) <= bound + 4 * se
+    assert bound + 4 * se < 0.01 * free
+    est = _beta.rps_beta(n, k, d, c, "hblocks")
+    assert est.method == "free" and est.beta == pytest.approx(d / free, rel=1e-15)
+
+
 def test_a_wrong_limit_fails_the_agreement_check() -> None:
     # The tolerance of the test above rejects the plain "no overlap" guess nk / T(1) = nk
     # and a limit that ignores the cross terms.

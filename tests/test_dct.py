@@ -3,8 +3,9 @@
 Pinned three ways, as the SRHT in ``test_spec.py``: a plain-Python reference of
 ``docs/wire-format.md`` section 12, the golden vectors of ``docs/wire-vectors.json``, and the
 dense matrix against the matrix-free operators. Then the statistics that made it the default
-for d not a power of two: at d = 300, RPS(one) has Rand-k's MSE and RPS(max) on identical
-vectors has d/(nk) - 1, where the padded SRHT is 21% and 11% worse.
+for d not a power of two until v4 (now hblocks, ``test_hblocks.py``): at d = 300, RPS(one)
+has Rand-k's MSE and RPS(max) on identical vectors has d/(nk) - 1, where the padded SRHT is
+21% and 11% worse.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def test_golden_dct_vectors(case: dict[str, object], monkeypatch: pytest.MonkeyP
         est = rpsagg.make_estimator("rand-proj-spatial", n=2, k=k, d=d, projection="dct")
         msg = est.encode(np.array(x), seed=seed)
         assert msg.scheme == "rand-proj-spatial:dct"
-        assert msg.spec_version == rpsagg.SPEC_VERSION  # v3: the DCT is defined from v2 on
+        assert msg.spec_version == rpsagg.SPEC_VERSION  # v4: the DCT is defined from v2 on
         assert np.max(np.abs(msg.values.astype(np.float64) - expected)) <= tol
 
 
@@ -123,11 +124,12 @@ def test_joint_operator_matches_dense_matrices() -> None:
 
 def test_default_projection_and_schemes() -> None:
     assert resolve_projection("auto", 256) == "srht"
-    assert resolve_projection("auto", 300) == "dct"
+    assert resolve_projection("auto", 300) == "hblocks"  # the default since v4
+    assert resolve_projection("dct", 300) == "dct"
     assert resolve_projection("auto", 1) == "srht"
     with pytest.raises(ValueError, match="projection must be"):
         resolve_projection("fft", 300)
-    est = rpsagg.make_estimator("rand-proj-spatial", n=3, k=5, d=300)
+    est = rpsagg.make_estimator("rand-proj-spatial", n=3, k=5, d=300, projection="dct")
     assert (est.name, est.d_pad) == ("rand-proj-spatial:dct", 300)  # type: ignore[attr-defined]
     est = rpsagg.make_estimator("rand-proj-spatial", n=3, k=5, d=256)
     assert est.name == "rand-proj-spatial"
@@ -137,13 +139,13 @@ def test_default_projection_and_schemes() -> None:
     with pytest.raises(ValueError, match="projection applies to rand-proj-spatial only"):
         rpsagg.make_estimator("rand-k", n=3, k=5, d=300, projection="dct")
     # a message claiming v1 cannot be a DCT sketch; unknown versions are refused
-    dct = rpsagg.make_estimator("rand-proj-spatial", n=3, k=5, d=300)
+    dct = rpsagg.make_estimator("rand-proj-spatial", n=3, k=5, d=300, projection="dct")
     msg = dct.encode(np.ones(300), seed=1)
     v1 = rpsagg.Encoded(msg.scheme, 1, 5, 300, msg.values, spec_version="rpsagg-seed-v1")
     with pytest.raises(ValueError, match="has no 'rand-proj-spatial:dct'"):
         dct.decode([v1])
     v9 = rpsagg.Encoded(msg.scheme, 1, 5, 300, msg.values, spec_version="rpsagg-seed-v9")
-    with pytest.raises(ValueError, match="rpsagg-seed-v1, rpsagg-seed-v2, rpsagg-seed-v3"):
+    with pytest.raises(ValueError, match="seed-v1, rpsagg-seed-v2, rpsagg-seed-v3, rpsagg-seed-v4"):
         dct.decode([v9])
     # an SRHT message of the v1 format still decodes
     srht = rpsagg.make_estimator("rand-proj-spatial", n=3, k=5, d=300, projection="srht")
@@ -178,7 +180,8 @@ def test_one_has_rand_k_mse_at_d_300() -> None:
     rng = np.random.default_rng(20261126)
     xs = rng.standard_normal((trials, n, d))
     xs /= np.linalg.norm(xs, axis=2, keepdims=True)
-    est = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d, transform="one")
+    est = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d, transform="one",
+                                projection="dct")
     errors = _squared_errors(est, xs, trials, salt=1)
     se = errors.std(ddof=1) / math.sqrt(trials)
     expected = (d / k - 1) / n
@@ -199,7 +202,8 @@ def test_max_reaches_d_over_nk_minus_one_at_d_300() -> None:
     u = rng.standard_normal(d)
     u /= np.linalg.norm(u)
     xs = np.broadcast_to(u, (trials, n, d))
-    est = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d, transform="max")
+    est = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d, transform="max",
+                                projection="dct")
     errors = _squared_errors(est, xs, trials, salt=10**6)
     se = errors.std(ddof=1) / math.sqrt(trials)
     expected = d / (n * k) - 1
@@ -220,7 +224,8 @@ def test_avg_is_unbiased_per_coordinate_at_d_300() -> None:
     n, k, d, trials = 5, 12, 300, 600
     x = np.zeros(d)
     x[0] = x[150] = 1.0
-    est = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d, transform="avg")
+    est = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d, transform="avg",
+                                projection="dct")
     total = np.zeros(d)
     total_sq = np.zeros(d)
     for t in range(trials):

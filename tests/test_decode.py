@@ -1,8 +1,9 @@
 """The structured decoders against the paper's dense formula, and Lemma 4.1.
 
 The dense reference builds ``S = sum_i G_i^T G_i`` (d' x d', allowed in tests) from
-``rpsagg.srht_matrix`` (or, for the randomized DCT that the default picks when d is not a
-power of two, ``dct_matrix``: d x d) and applies ``beta * T(S)^+ sum_i G_i^T y_i`` through an
+``rpsagg.srht_matrix`` (or, for the projections without padding, ``dct_matrix`` and
+``hblocks_matrix``, the default's when d is not a power of two: d x d) and applies
+``beta * T(S)^+ sum_i G_i^T y_i`` through an
 eigendecomposition of S, exactly as the paper's code does. Both sides use the same float32
 values (cast to float64) and the same beta, so any difference is the linear algebra's.
 """
@@ -18,15 +19,16 @@ from rpsagg._auto import auto_c
 from rpsagg._beta import mc_seeds
 from rpsagg._dct import dct_matrix
 from rpsagg._decode import joint_solve
+from rpsagg._hblocks import hblocks_matrix
 from rpsagg._srht import JointSRHT
 from rpsagg.spec import randk_indices
 from rpsagg.synthetic import correlated_vectors
 
 
 def dense_rps(est: rpsagg.Estimator, msgs: list[rpsagg.Encoded]) -> np.ndarray:
-    dct = getattr(est, "projection", "srht") == "dct"
-    d_pad = est.d if dct else rpsagg.padded_dim(est.d)
-    make = dct_matrix if dct else rpsagg.srht_matrix
+    projection = getattr(est, "projection", "srht")
+    d_pad = est.d if projection != "srht" else rpsagg.padded_dim(est.d)
+    make = {"dct": dct_matrix, "hblocks": hblocks_matrix}.get(projection, rpsagg.srht_matrix)
     mats = [make(m.seed, est.k, est.d) for m in msgs]
     s = sum(g.T @ g for g in mats)
     rhs = sum(g.T @ m.values.astype(np.float64) for g, m in zip(mats, msgs, strict=True))
@@ -42,7 +44,7 @@ def rel_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-CASES = [  # (n, k, d): nk < d', nk = d', nk > d', and d not a power of two (the DCT)
+CASES = [  # (n, k, d): nk < d', nk = d', nk > d', and d not a power of two (hblocks)
     (4, 8, 64),
     (8, 8, 64),
     (12, 8, 64),

@@ -4,7 +4,8 @@ A round announces the oldest wire format that defines its encoding, the projecti
 block size (``RoundInfo.spec_version``, ``projection``, ``block_size``); a submission says
 which version it was encoded with (``SubmitRequest.spec_version``, empty from clients that
 predate the field, which counts as ``rpsagg-seed-v1``). Checked on two in-process servers:
-d = 100 (randomized DCT, needs v2) and d = 128 (SRHT, v1 suffices).
+d = 100 (hblocks, needs v4) and d = 128 (SRHT, v1 suffices); a job recovered from a database
+that recorded the randomized DCT (the default for such d before v4) keeps it (needs v2).
 """
 
 from __future__ import annotations
@@ -53,36 +54,37 @@ def _decoded_like_the_library(clients: list[AggregationClient], rnd: RoundInfo,
     np.testing.assert_allclose(res.estimate[0], est.decode(msgs), rtol=0, atol=1e-12)
 
 
-def test_dct_round_needs_v2_and_refuses_older_or_unknown_versions() -> None:
+def test_hblocks_round_needs_v4_and_refuses_older_or_unknown_versions() -> None:
     d = 100
     with in_process_server(base_config(n=N, k=K, d=d, rounds=1)) as srv:
         clients = _clients(srv.port)
         try:
             rnd = clients[0].current_round()
             assert (rnd.spec_version, rnd.projection, rnd.block_size) == (
-                "rpsagg-seed-v2", "dct", 0)
+                "rpsagg-seed-v4", "hblocks", 0)
             xs = np.random.default_rng(1).standard_normal((N, d))
             sub = clients[0].encode(rnd, xs[0])
-            assert sub.spec_version == rpsagg.SPEC_VERSION == "rpsagg-seed-v3"
-            # a client from before versions were sent: counts as v1, which has no DCT
+            assert sub.spec_version == rpsagg.SPEC_VERSION == "rpsagg-seed-v4"
+            # a client from before versions were sent: counts as v1, which has no hblocks
             with pytest.raises(grpc.RpcError) as info:
                 clients[0].submit_encoded(replace(sub, spec_version=""))
             assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert "rpsagg-seed-v1 (no spec_version sent)" in info.value.details()
-            assert "projection 'dct'" in info.value.details()
-            assert "rpsagg-seed-v2" in info.value.details()
-            with pytest.raises(grpc.RpcError) as info:
-                clients[0].submit_encoded(replace(sub, spec_version="rpsagg-seed-v1"))
-            assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "projection 'hblocks'" in info.value.details()
+            assert "rpsagg-seed-v4" in info.value.details()
+            for old in ("rpsagg-seed-v1", "rpsagg-seed-v2", "rpsagg-seed-v3"):
+                with pytest.raises(grpc.RpcError) as info:
+                    clients[0].submit_encoded(replace(sub, spec_version=old))
+                assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             # a version the server does not speak: named, with the versions it speaks
             with pytest.raises(grpc.RpcError) as info:
                 clients[0].submit_encoded(replace(sub, spec_version="rpsagg-seed-v9"))
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "'rpsagg-seed-v9'" in info.value.details()
-            assert "it speaks rpsagg-seed-v1, rpsagg-seed-v2, rpsagg-seed-v3" in (
+            assert "it speaks rpsagg-seed-v1, rpsagg-seed-v2, rpsagg-seed-v3, rpsagg-seed-v4" in (
                 info.value.details())
             assert srv.running.store.submissions(rnd.round_id) == []  # nothing committed
-            # clients that read the round encode the DCT; the round decodes
+            # clients that read the round encode hblocks; the round decodes
             subs = [sub] + [c.encode(rnd, x) for c, x in zip(clients[1:], xs[1:], strict=True)]
             for c, s in zip(clients, subs, strict=True):
                 c.submit_encoded(s)
@@ -133,9 +135,11 @@ def test_client_reads_what_an_older_server_leaves_out() -> None:
 
 def test_a_recovered_job_keeps_its_projection(tmp_path: Path) -> None:
     # A job's stored submissions must be decoded with the projection they were encoded
-    # with. A fresh job at d = 100 records "dct"; a database from before the projection was
-    # recorded (simulated by deleting the record) held SRHT submissions, and a restarted
-    # server keeps announcing and decoding the SRHT for it.
+    # with. A fresh job at d = 100 records "hblocks"; a database written before v4 recorded
+    # "dct" (simulated by rewriting the record), and a restarted server keeps announcing
+    # and decoding the DCT for it; a database from before the projection was recorded
+    # (simulated by deleting the record) held SRHT submissions, and a restarted server
+    # keeps announcing and decoding the SRHT for it.
     db = tmp_path / "job.db"
     cfg = base_config(n=N, k=K, d=100, rounds=3, db=str(db))
     with in_process_server(cfg) as srv:
@@ -143,12 +147,32 @@ def test_a_recovered_job_keeps_its_projection(tmp_path: Path) -> None:
                               retry_budget=0)
         try:
             c.join()
-            assert c.current_round().projection == "dct"
+            assert c.current_round().projection == "hblocks"
         finally:
             c.close()
     with sqlite3.connect(db) as conn:
         stored = conn.execute("SELECT value FROM meta WHERE key = 'encoding'").fetchone()
-        assert json.loads(stored[0]) == ["rpsagg-seed-v2", "dct", 0]
+        assert json.loads(stored[0]) == ["rpsagg-seed-v4", "hblocks", 0]
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'encoding'",
+                     (json.dumps(["rpsagg-seed-v2", "dct", 0]),))
+    with in_process_server(cfg) as srv:
+        clients = [AggregationClient(f"127.0.0.1:{srv.port}", f"c{i}", insecure=True,
+                                     timeout=10, retry_budget=0) for i in range(N)]
+        try:
+            for cl in clients:
+                cl.join()
+            rnd = clients[0].current_round()
+            assert (rnd.spec_version, rnd.projection) == ("rpsagg-seed-v2", "dct")
+            xs = np.random.default_rng(4).standard_normal((N, 100))
+            subs = [cl.encode(rnd, x) for cl, x in zip(clients, xs, strict=True)]
+            assert clients[0].estimator_for(rnd).name == "rand-proj-spatial:dct"
+            for cl, s in zip(clients, subs, strict=True):
+                cl.submit_encoded(s)
+            _decoded_like_the_library(clients, rnd, subs)
+        finally:
+            for cl in clients:
+                cl.close()
+    with sqlite3.connect(db) as conn:
         conn.execute("DELETE FROM meta WHERE key = 'encoding'")
     with in_process_server(cfg) as srv:
         clients = [AggregationClient(f"127.0.0.1:{srv.port}", f"c{i}", insecure=True,

@@ -154,13 +154,16 @@ def golden_x(d: int) -> list[float]:
 VECTORS_PATH = Path(__file__).resolve().parents[1] / "docs" / "wire-vectors.json"
 VECTORS: dict[str, Any] = json.loads(VECTORS_PATH.read_text(encoding="utf-8"))
 
-TAG_NAMES: dict[str, str] = {n: t for n, t in VECTORS["tags"].items() if n != "SHIFT"}
+# SHIFT (v2) and SIGN2 (v4) are checked by test_dct.py and test_hblocks.py
+TAG_NAMES: dict[str, str] = {
+    n: t for n, t in VECTORS["tags"].items() if n not in ("SHIFT", "SIGN2")
+}
 PUBLISHED_SPLITMIX64 = {
     int(state): [int(w, 16) for w in words]
     for state, words in VECTORS["published_splitmix64"].items()
 }
 GOLDEN_KEYS = {
-    int(seed, 16): {n: int(v, 16) for n, v in keys.items() if n != "SHIFT"}
+    int(seed, 16): {n: int(v, 16) for n, v in keys.items() if n not in ("SHIFT", "SIGN2")}
     for seed, keys in VECTORS["keys"].items()
 }
 GOLDEN_SIGN_WORDS = {
@@ -239,8 +242,10 @@ def expected_snapshot() -> dict[str, Any]:
 # The reference against itself and against published values
 # --------------------------------------------------------------------------------------
 def test_spec_version() -> None:
-    assert rpsagg.SPEC_VERSION == spec.SPEC_VERSION == VECTORS["spec"] == "rpsagg-seed-v3"
-    assert spec.SPEC_VERSIONS == ("rpsagg-seed-v1", "rpsagg-seed-v2", "rpsagg-seed-v3")
+    assert rpsagg.SPEC_VERSION == spec.SPEC_VERSION == VECTORS["spec"] == "rpsagg-seed-v4"
+    assert spec.SPEC_VERSIONS == (
+        "rpsagg-seed-v1", "rpsagg-seed-v2", "rpsagg-seed-v3", "rpsagg-seed-v4"
+    )
 
 
 def test_reference_matches_published_splitmix64() -> None:
@@ -258,6 +263,7 @@ def test_tags_are_the_documented_ascii_names() -> None:
     assert ref_tag("rpsMCBTA") == spec.TAG_MCBETA
     assert ref_tag("rpsROUND") == spec.TAG_ROUND
     assert ref_tag("rpsSHIFT") == spec.TAG_SHIFT
+    assert ref_tag("rpsSIGN2") == spec.TAG_SIGN2
 
 
 # --------------------------------------------------------------------------------------

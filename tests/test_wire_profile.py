@@ -19,10 +19,10 @@ from rpsagg._estimators import (
     message_traits,
     scheme_traits,
 )
-from rpsagg.spec import SPEC_V1, SPEC_V2, SPEC_V3
+from rpsagg.spec import SPEC_V1, SPEC_V2, SPEC_V3, SPEC_V4
 from rpsagg_wire.v1.serde import VectorPayload
 
-N, K, D = 4, 8, 24  # d not a power of two: rand-proj-spatial picks the DCT
+N, K, D = 4, 8, 24  # d not a power of two: rand-proj-spatial picks hblocks
 
 # (make_estimator arguments, count name, count, exact, sends indices, spec, projection)
 CASES = [
@@ -30,7 +30,9 @@ CASES = [
     ({"name": "rand-k", "k": K}, "k", K, True, False, SPEC_V1, ""),
     ({"name": "rand-k", "k": K, "value_bits": 4}, "k", K, True, False, SPEC_V3, ""),
     ({"name": "rand-k-spatial", "k": K}, "k", K, True, False, SPEC_V1, ""),
-    ({"name": "rand-proj-spatial", "k": K}, "k", K, True, False, SPEC_V2, "dct"),
+    ({"name": "rand-proj-spatial", "k": K}, "k", K, True, False, SPEC_V4, "hblocks"),
+    ({"name": "rand-proj-spatial", "k": K, "projection": "dct"}, "k", K, True, False, SPEC_V2,
+     "dct"),
     ({"name": "rand-proj-spatial", "k": K, "projection": "srht"}, "k", K, True, False,
      SPEC_V1, "srht"),
     ({"name": "rand-proj-spatial", "k": K, "block_size": 8}, "k", K, True, False, SPEC_V1,

@@ -43,6 +43,7 @@ from rpsagg._srht import JointSRHT
 from rpsagg.spec import (
     SPEC_V1,
     SPEC_V2,
+    SPEC_V4,
     TAG_MCBETA,
     TAG_MCPROBE,
     stream_key,
@@ -127,7 +128,9 @@ def _rps_key(n: int, k: int, d_pad: int, c: float, projection: str = "srht") -> 
 
 def _key(scheme: str, n: int, k: int, d_pad: int, c: float, projection: str = "srht") -> str:
     # The SRHT's numbers are the same in every spec version: its keys (and caches) stay v1's.
-    proj, spec = ("", SPEC_V1) if projection == "srht" else (f"|proj={projection}", SPEC_V2)
+    # The DCT's keys stay v2's (its numbers are the same in later versions); hblocks is v4's.
+    proj, spec = (("", SPEC_V1) if projection == "srht" else
+                  (f"|proj={projection}", SPEC_V4 if projection == "hblocks" else SPEC_V2))
     return f"{scheme}|n={n}|k={k}|dpad={d_pad}|c={c!r}{proj}|{spec}|{MC_VERSION}"
 
 
@@ -192,7 +195,7 @@ def spectral_sample(
 ) -> tuple[float, str]:
     """One unbiased sample of ``sum_j l_j / T(l_j)`` for the clients of sample ``sample``.
 
-    ``d_pad`` is the dimension the projection acts in (``d`` for ``projection="dct"``).
+    ``d_pad`` is the dimension the projection acts in (``d`` for ``"dct"`` and ``"hblocks"``).
     ``svd`` forces (True) or forbids (False) the explicit-A path (SRHT only); by default it
     is taken while ``nk * d' * min(nk, d') <= SVD_LIMIT``.
     """
@@ -210,7 +213,7 @@ def spectral_sample(
     if svd:
         return _svd_sum(JointSRHT.from_seeds(mc_seeds(sample, n), k, d_pad), c), "mc-svd"
     op = joint_operator(projection, mc_seeds(sample, n), k, d_pad)
-    # The randomized DCT's Gram matrix costs (nk)^2 d; where that is too much, Hutchinson.
+    # The DCT's and hblocks' Gram matrices cost (nk)^2 d; where that is too much, Hutchinson.
     if nk <= EXACT_LIMIT and getattr(op, "exact_affordable", lambda: True)():
         gram = op.gram()
         if c == 1.0 and nk <= d_pad:
@@ -281,11 +284,12 @@ def rps_beta(
     ----------
     n, k, d_pad : int
         Clients decoded together, rows per client, and the dimension the projection acts in:
-        ``d'`` for the SRHT, ``d`` for the randomized DCT, whose beta is ``d / E[...]`` by the
-        same argument and whose spectrum has the same free-probability limit.
+        ``d'`` for the SRHT, ``d`` for the randomized DCT and hblocks, whose beta is
+        ``d / E[...]`` by the same argument and whose spectra have the same free-probability
+        limit (checked in ``tests/test_beta_free.py``).
     c : float
         Transform coefficient in ``[0, 1]``.
-    projection : {"srht", "dct"}
+    projection : {"srht", "dct", "hblocks"}
         The seeded projection (see :func:`rpsagg._projection.resolve_projection`).
     target_rel_se, time_budget : float
         Monte Carlo stopping rule (relative standard error; seconds), where it runs.

@@ -71,8 +71,12 @@ def names_where(test: Callable[[SchemeTraits], bool]) -> tuple[str, ...]:
 QUANTIZABLE = names_where(lambda t: t.quantizable)
 
 
+#: The message schemes that name a projection other than the SRHT, and that projection.
+_NAMED_PROJECTIONS = {scheme: proj for proj, scheme in SCHEMES.items() if proj != "srht"}
+
+
 def _class_of_message(scheme: str) -> type[Estimator]:
-    if scheme == SCHEMES["dct"]:
+    if scheme in _NAMED_PROJECTIONS:
         return RandProjSpatial
     if scheme.startswith(SCHEME + ":block="):
         return BlockwiseRandProjSpatial
@@ -88,11 +92,11 @@ def message_traits(scheme: str) -> tuple[SchemeTraits, str]:
     traits : SchemeTraits
         Of the estimator that sends such messages.
     projection : str
-        ``"srht"`` or ``"dct"`` for a seeded projection, ``""`` otherwise.
+        ``"srht"``, ``"dct"`` or ``"hblocks"`` for a seeded projection, ``""`` otherwise.
     """
     traits = _class_of_message(scheme).traits
-    if scheme == SCHEMES["dct"]:
-        return traits, "dct"
+    if scheme in _NAMED_PROJECTIONS:
+        return traits, _NAMED_PROJECTIONS[scheme]
     return traits, "srht" if traits.takes_projection else ""
 
 
@@ -208,7 +212,7 @@ def make_estimator(
         ``"rand-k"``, ``"rand-k-spatial"`` and ``"rand-proj-spatial"``: bits per sent value
         (1..32); below 32 the k values are sent as unbiased stochastically rounded b-bit
         codes with one float32 scale per message (``rpsagg._quantize``).
-    projection : {"auto", "srht", "dct"}
+    projection : {"auto", "srht", "dct", "hblocks"}
         Rand-Proj-Spatial only: the seeded projection (see :class:`RandProjSpatial`;
         ``"auto"``: the SRHT when d is a power of two, the randomized DCT otherwise). The
         blockwise estimator always uses the SRHT.
@@ -243,7 +247,7 @@ def make_estimator(
                          f"value_bits for {name!r}")
     if k is None:
         raise ValueError(f"{name!r} needs k=")
-    if value_bits != 32 and name not in (*QUANTIZABLE, SCHEMES["dct"]):
+    if value_bits != 32 and name not in (*QUANTIZABLE, *_NAMED_PROJECTIONS):
         raise ValueError(f"value_bits applies to {', '.join(QUANTIZABLE)}, not {name!r}")
     est = _make_float_estimator(
         name, n, k, d, transform, prior_r, method, rtol, block_size, projection, device, threads
@@ -269,8 +273,8 @@ def _make_float_estimator(
     device: str | None,
     threads: int | None,
 ) -> Estimator:
-    if name == SCHEMES["dct"]:  # the message scheme names its projection
-        name, projection = SCHEME, resolve_projection("dct", d)
+    if name in _NAMED_PROJECTIONS:  # the message scheme names its projection
+        name, projection = SCHEME, resolve_projection(_NAMED_PROJECTIONS[name], d)
     if projection != "auto" and name != SCHEME:
         raise ValueError(f"projection applies to rand-proj-spatial only, not {name!r}")
     if block_size is not None:

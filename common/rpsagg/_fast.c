@@ -9,6 +9,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -280,6 +281,269 @@ static PyObject *fwht_rows(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---- The overlapping-blocks Hadamard projection ("hblocks", rpsagg._hblocks). With
+ * b = 2^floor(log2 d) and e = d - b: w[(j + shift) mod d] = (1 - 2 b_j) x_j, multiplied by
+ * 1/sqrt(b) at positions < b; w[0:b] gets the FWHT; the overlap w[e:b] the second signs
+ * (stream rpsSIGN2); w[e:d] the FWHT; rows >= e are multiplied by 1/sqrt(b) when read. The
+ * numpy code of _hblocks.py does the same operations. Keys are mix64(seed XOR tag). */
+#define TAG_SIGNS 0x7270735349474E53ULL /* "rpsSIGNS" */
+#define TAG_SHIFT 0x7270735348494654ULL /* "rpsSHIFT" */
+#define TAG_SIGN2 0x7270735349474E32ULL /* "rpsSIGN2" */
+
+static int buffers_overlap(const Py_buffer *a, const Py_buffer *b) {
+    const char *a0 = a->buf, *b0 = b->buf;
+    return a0 < b0 + b->len && b0 < a0 + a->len;
+}
+
+/* sample_distinct(seed, rpsSHIFT, 1, d)[0]: the first candidate < d */
+static Py_ssize_t hb_shift(uint64_t seed, Py_ssize_t d) {
+    int m = 0;
+    while (m < 63 && ((uint64_t)1 << m) < (uint64_t)d) m++;
+    uint64_t key = mix64(seed ^ TAG_SHIFT);
+    for (uint64_t t = 0;; t++) {
+        uint64_t cand = m ? word_at(key, t) >> (64 - m) : 0;
+        if (cand < (uint64_t)d) return (Py_ssize_t)cand;
+    }
+}
+
+/* ws[j + off] = (xs[j] * scale) with its sign flipped by bit j of the stream key, j0 <= j < j1 */
+/* HB_MASKS[v][t]: the sign-bit mask of bit t of the byte v (filled at import) */
+static uint64_t HB_MASKS[256][8];
+
+static void hb_masks_init(void) {
+    for (int v = 0; v < 256; v++)
+        for (int t = 0; t < 8; t++) HB_MASKS[v][t] = (uint64_t)((v >> t) & 1) << 63;
+}
+
+/* out[j] = src[j] ^ sign mask of bit (j - j0) of w, for 64 consecutive j from j0 */
+static inline void hb_flip64(const uint64_t *src, uint64_t *out, uint64_t w) {
+    for (int byte = 0; byte < 8; byte++, w >>= 8) {
+        const uint64_t *m = HB_MASKS[w & 255];
+        for (int t = 0; t < 8; t++) out[8 * byte + t] = src[8 * byte + t] ^ m[t];
+    }
+}
+
+static void hb_segment(const double *xs, uint64_t key, Py_ssize_t j0, Py_ssize_t j1,
+                       Py_ssize_t off, double scale, double *ws) {
+    uint64_t *out = (uint64_t *)(ws + off);
+    const uint64_t *src = (const uint64_t *)xs;
+    uint64_t tmp[64];
+    Py_ssize_t j = j0;
+    while (j < j1) {
+        uint64_t w = word_at(key, (uint64_t)(j >> 6));
+        Py_ssize_t stop = (j | 63) + 1 < j1 ? (j | 63) + 1 : j1;
+        if ((j & 63) == 0 && stop == j + 64) { /* a whole word: table masks, 8 at a time */
+            const uint64_t *in = src + j;
+            if (scale != 1.0) {
+                for (int t = 0; t < 64; t++) {
+                    double v = xs[j + t] * scale;
+                    memcpy(tmp + t, &v, 8);
+                }
+                in = tmp;
+            }
+            hb_flip64(in, out + j, w);
+            j = stop;
+            continue;
+        }
+        w >>= (j & 63);
+        for (; j < stop; j++, w >>= 1) {
+            double v = scale == 1.0 ? xs[j] : xs[j] * scale;
+            uint64_t u;
+            memcpy(&u, &v, 8);
+            out[j] = u ^ ((w & 1ULL) << 63);
+        }
+    }
+}
+
+/* The first pass: ws[(j + shift) mod d] = (1 - 2 b_j) x_j, times 1/sqrt(b) where the position
+ * is < b (so that the unnormalized FWHT of ws[0:b] is H_lo's) */
+static void hb_sign_shift(const double *xs, uint64_t key, Py_ssize_t shift, double *ws,
+                          Py_ssize_t d, Py_ssize_t b) {
+    double inv = 1.0 / sqrt((double)b);
+    /* j in [0, d - shift) lands on j + shift; j in [d - shift, d) on j + shift - d */
+    Py_ssize_t wrap = d - shift;
+    Py_ssize_t cut1 = b - shift; /* first range: positions < b iff j < cut1 */
+    if (cut1 < 0) cut1 = 0;
+    if (cut1 > wrap) cut1 = wrap;
+    hb_segment(xs, key, 0, cut1, shift, inv, ws);
+    hb_segment(xs, key, cut1, wrap, shift, 1.0, ws);
+    Py_ssize_t cut2 = wrap + b; /* second range: positions < b iff j < cut2 */
+    if (cut2 > d) cut2 = d;
+    hb_segment(xs, key, wrap, cut2, shift - d, inv, ws);
+    hb_segment(xs, key, cut2, d, shift - d, 1.0, ws);
+}
+
+/* the second signs, on the overlap w[e:b] */
+static void hb_middle(double *w, Py_ssize_t d, Py_ssize_t b, uint64_t seed) {
+    Py_ssize_t e = d - b, over = b - e;
+    uint64_t *bits = (uint64_t *)(w + e), key = mix64(seed ^ TAG_SIGN2);
+    for (Py_ssize_t j0 = 0; j0 < over; j0 += 64) {
+        uint64_t word = word_at(key, (uint64_t)(j0 >> 6));
+        if (j0 + 64 <= over) {
+            hb_flip64(bits + j0, bits + j0, word);
+            continue;
+        }
+        for (Py_ssize_t j = j0; j < over; j++, word >>= 1) bits[j] ^= (word & 1ULL) << 63;
+    }
+}
+
+/* rows >= e went through the unnormalized second FWHT: times 1/sqrt(b) */
+static void hb_gather(const double *w, Py_ssize_t d, Py_ssize_t b, const int64_t *rows,
+                      Py_ssize_t k, double *out) {
+    Py_ssize_t e = d - b;
+    double inv = 1.0 / sqrt((double)b);
+    for (Py_ssize_t i = 0; i < k; i++) {
+        int64_t r = rows[i];
+        out[i] = r < e ? w[r] : w[r] * inv;
+    }
+}
+
+static Py_ssize_t hb_block(Py_ssize_t d) {
+    Py_ssize_t b = 1;
+    while (2 * b <= d) b *= 2;
+    return b;
+}
+
+/* hb_first(x, seed, w): w[(j + shift) mod d] = (1 - 2 b_j) x_j (len(w) = len(x)) */
+static PyObject *hb_first(PyObject *self, PyObject *args) {
+    PyObject *xo, *wo;
+    unsigned long long seed;
+    if (!PyArg_ParseTuple(args, "OKO", &xo, &seed, &wo)) return NULL;
+    Py_buffer x, w;
+    if (get_buffer(xo, &x, 0, "d", 8, "x") < 0) return NULL;
+    if (get_buffer(wo, &w, 1, "d", 8, "w") < 0) {
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    Py_ssize_t d = x.len / 8;
+    if (d < 1 || w.len != x.len || buffers_overlap(&x, &w)) {
+        PyBuffer_Release(&x);
+        PyBuffer_Release(&w);
+        PyErr_SetString(PyExc_ValueError, "hb_first: bad shapes or overlap");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    hb_sign_shift((const double *)x.buf, mix64((uint64_t)seed ^ TAG_SIGNS),
+                  hb_shift((uint64_t)seed, d), (double *)w.buf, d, hb_block(d));
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&w);
+    Py_RETURN_NONE;
+}
+
+/* hb_middle(w, seed): the second signs and the scaling, in place */
+static PyObject *hb_middle_py(PyObject *self, PyObject *args) {
+    PyObject *wo;
+    unsigned long long seed;
+    if (!PyArg_ParseTuple(args, "OK", &wo, &seed)) return NULL;
+    Py_buffer w;
+    if (get_buffer(wo, &w, 1, "d", 8, "w") < 0) return NULL;
+    Py_ssize_t d = w.len / 8;
+    if (d < 1) {
+        PyBuffer_Release(&w);
+        PyErr_SetString(PyExc_ValueError, "hb_middle: empty w");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    hb_middle((double *)w.buf, d, hb_block(d), (uint64_t)seed);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&w);
+    Py_RETURN_NONE;
+}
+
+static int hb_rows_ok(const Py_buffer *rows, Py_ssize_t d, const Py_buffer *out) {
+    Py_ssize_t k = rows->len / 8;
+    const int64_t *r = (const int64_t *)rows->buf;
+    if (out->len / 8 != k) return 0;
+    for (Py_ssize_t i = 0; i < k; i++)
+        if (r[i] < 0 || r[i] >= d) return 0;
+    return 1;
+}
+
+/* hb_gather(w, rows, out): out[i] = w[rows[i]] with the last scale */
+static PyObject *hb_gather_py(PyObject *self, PyObject *args) {
+    PyObject *wo, *ro, *oo;
+    if (!PyArg_ParseTuple(args, "OOO", &wo, &ro, &oo)) return NULL;
+    Py_buffer w, rows, out;
+    if (get_buffer(wo, &w, 0, "d", 8, "w") < 0) return NULL;
+    if (get_buffer(ro, &rows, 0, "q", 8, "rows") < 0) {
+        PyBuffer_Release(&w);
+        return NULL;
+    }
+    if (get_buffer(oo, &out, 1, "d", 8, "out") < 0) {
+        PyBuffer_Release(&w);
+        PyBuffer_Release(&rows);
+        return NULL;
+    }
+    Py_ssize_t d = w.len / 8;
+    int ok = d >= 1 && hb_rows_ok(&rows, d, &out);
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        hb_gather((const double *)w.buf, d, hb_block(d), (const int64_t *)rows.buf,
+                  rows.len / 8, (double *)out.buf);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&out);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "hb_gather: bad shapes or a row out of range");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* hb_encode(x, seed, rows, w, out): the whole encode with the FWHT of this file (one call:
+ * for small d, where the calls cost more than the arithmetic) */
+static PyObject *hb_encode(PyObject *self, PyObject *args) {
+    PyObject *xo, *ro, *wo, *oo;
+    unsigned long long seed;
+    if (!PyArg_ParseTuple(args, "OKOOO", &xo, &seed, &ro, &wo, &oo)) return NULL;
+    Py_buffer x, rows, w, out;
+    if (get_buffer(xo, &x, 0, "d", 8, "x") < 0) return NULL;
+    if (get_buffer(ro, &rows, 0, "q", 8, "rows") < 0) {
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    if (get_buffer(wo, &w, 1, "d", 8, "w") < 0) {
+        PyBuffer_Release(&x);
+        PyBuffer_Release(&rows);
+        return NULL;
+    }
+    if (get_buffer(oo, &out, 1, "d", 8, "out") < 0) {
+        PyBuffer_Release(&x);
+        PyBuffer_Release(&rows);
+        PyBuffer_Release(&w);
+        return NULL;
+    }
+    Py_ssize_t d = x.len / 8;
+    int ok = d >= 1 && w.len == x.len && !buffers_overlap(&x, &w) && hb_rows_ok(&rows, d, &out);
+    double *buf = ok ? malloc(FWHT_TILE_DOUBLES * sizeof(double)) : NULL;
+    if (ok && buf != NULL) {
+        Py_ssize_t b = hb_block(d);
+        double *ws = (double *)w.buf;
+        Py_BEGIN_ALLOW_THREADS
+        hb_sign_shift((const double *)x.buf, mix64((uint64_t)seed ^ TAG_SIGNS),
+                      hb_shift((uint64_t)seed, d), ws, d, b);
+        fwht_row(ws, b, buf);
+        hb_middle(ws, d, b, (uint64_t)seed);
+        fwht_row(ws + (d - b), b, buf);
+        hb_gather(ws, d, b, (const int64_t *)rows.buf, rows.len / 8, (double *)out.buf);
+        Py_END_ALLOW_THREADS
+    }
+    free(buf);
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&out);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "hb_encode: bad shapes, overlap or a row out of range");
+        return NULL;
+    }
+    if (buf == NULL) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"sign_multiply", sign_multiply, METH_VARARGS,
      "sign_multiply(x, key, out): out = D x (zero-padded), D from the stream key."},
@@ -289,9 +553,20 @@ static PyMethodDef methods[] = {
      "last_stage(pair, rows, scale, out): the SRHT's last butterfly at the kept rows."},
     {"fwht_rows", fwht_rows, METH_VARARGS,
      "fwht_rows(a, n): in-place FWHT of every run of n doubles of a (GIL released)."},
+    {"hb_first", hb_first, METH_VARARGS,
+     "hb_first(x, seed, w): hblocks' signs and cyclic shift, x into w."},
+    {"hb_middle", hb_middle_py, METH_VARARGS,
+     "hb_middle(w, seed): hblocks' second signs and scaling, in place."},
+    {"hb_gather", hb_gather_py, METH_VARARGS,
+     "hb_gather(w, rows, out): hblocks' kept rows with their last scale."},
+    {"hb_encode", hb_encode, METH_VARARGS,
+     "hb_encode(x, seed, rows, w, out): the whole hblocks encode in C."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fast", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__fast(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__fast(void) {
+    hb_masks_init();
+    return PyModule_Create(&module);
+}

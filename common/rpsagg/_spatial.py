@@ -26,7 +26,7 @@ from rpsagg._wireprofile import SchemeTraits
 
 SCHEME = "rand-proj-spatial"
 #: Message scheme of each projection (the blockwise SRHT adds ``:block=<b>`` to the first).
-SCHEMES = {"srht": SCHEME, "dct": SCHEME + ":dct"}
+SCHEMES = {"srht": SCHEME, "dct": SCHEME + ":dct", "hblocks": SCHEME + ":hblocks"}
 
 
 class _SpatialMixin:
@@ -91,11 +91,13 @@ class RandProjSpatial(Estimator, _SpatialMixin):
         Joint solver.
     rtol : float
         Relative residual target of the matrix-free solver.
-    projection : {"auto", "srht", "dct"}
+    projection : {"auto", "srht", "dct", "hblocks"}
         ``"srht"``: the SRHT on x zero-padded to ``d' = 2^ceil(log2 d)`` (scheme
         ``rand-proj-spatial``); ``"dct"``: the subsampled randomized DCT on x itself (scheme
-        ``rand-proj-spatial:dct``, wire format ``rpsagg-seed-v2``); ``"auto"``: the SRHT when
-        d is a power of two, the DCT otherwise.
+        ``rand-proj-spatial:dct``, wire format ``rpsagg-seed-v2``); ``"hblocks"``: two
+        overlapping Hadamard blocks on x itself (scheme ``rand-proj-spatial:hblocks``,
+        ``rpsagg-seed-v4``); ``"auto"``: the SRHT when d is a power of two, hblocks
+        otherwise.
     device : str, optional
         Decode on this PyTorch device (``"cuda"``, ``"cuda:1"``, ``"cpu"``; needs the
         ``rpsagg[torch]`` extra) in float64; None (default) decodes with numpy. Encode is
@@ -140,7 +142,7 @@ class RandProjSpatial(Estimator, _SpatialMixin):
         self.rtol = rtol
         self.projection = resolve_projection(projection, self.d)
         self.name = SCHEMES[self.projection]
-        #: The dimension the projection acts in: d' (SRHT, padded) or d (DCT).
+        #: The dimension the projection acts in: d' (SRHT, padded) or d (DCT, hblocks).
         self.d_pad = operator_dim(self.projection, self.d)
         if device is not None and self.projection != "srht":
             raise ValueError(f"device decoding supports the SRHT projection; this estimator "

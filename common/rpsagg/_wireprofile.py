@@ -101,7 +101,8 @@ class WireProfile:
     codebook : str
         The code book of quantized values (``rpsagg._quantize.CODEBOOKS``).
     projection : str
-        ``"srht"`` or ``"dct"`` for a seeded projection, ``""`` for schemes without one.
+        ``"srht"``, ``"dct"`` or ``"hblocks"`` for a seeded projection, ``""`` for schemes
+        without one.
     block_size : int
         Blockwise block size, 0 when not blockwise.
     spec_version : str

@@ -36,7 +36,7 @@ def cached_estimate(
         Clients, rows per client, and the dimension the projection acts in.
     c : float
         Transform coefficient.
-    projection : {"srht", "dct"}
+    projection : {"srht", "dct", "hblocks"}
 
     Returns
     -------

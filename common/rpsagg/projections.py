@@ -1,12 +1,14 @@
 """The seeded projections a client applies, and their joint operators on the server.
 
 A client's message is ``G x`` for a seeded ``k x d'`` projection G: the Subsampled
-Randomized Hadamard Transform (:func:`srht_encode`, d' a power of two) or the subsampled
-randomized DCT (:func:`dct_encode`, any d). The server stacks the clients' projections into
-``A = [G_1; ...; G_n]`` (:class:`JointSRHT`, :class:`JointDCT`), which the joint decode
+Randomized Hadamard Transform (:func:`srht_encode`, d' a power of two), the subsampled
+randomized DCT (:func:`dct_encode`, any d) or two overlapping Hadamard blocks
+(:func:`hblocks_encode`, any d). The server stacks the clients' projections into
+``A = [G_1; ...; G_n]`` (:class:`JointSRHT`, :class:`JointDCT`, :class:`JointHBlocks`),
+which the joint decode
 (:mod:`rpsagg.linalg`) applies matrix-free. The blockwise SRHT projects each block with
 its own seed, :func:`block_seed`. The dense matrices (:func:`srht_matrix`,
-:func:`dct_matrix`) are for tests and interoperability only.
+:func:`dct_matrix`, :func:`hblocks_matrix`) are for tests and interoperability only.
 
 Examples
 --------
@@ -21,6 +23,7 @@ from rpsagg._blockwise import block_seed
 from rpsagg._dct import JointDCT, dct_encode, dct_matrix
 from rpsagg._fwht import BACKEND as FWHT_BACKEND
 from rpsagg._fwht import fwht
+from rpsagg._hblocks import JointHBlocks, hblocks_encode, hblocks_matrix
 from rpsagg._projection import PROJECTIONS
 from rpsagg._srht import JointSRHT, srht_encode, srht_matrix
 
@@ -28,11 +31,14 @@ __all__ = [
     "FWHT_BACKEND",
     "PROJECTIONS",
     "JointDCT",
+    "JointHBlocks",
     "JointSRHT",
     "block_seed",
     "dct_encode",
     "dct_matrix",
     "fwht",
+    "hblocks_encode",
+    "hblocks_matrix",
     "srht_encode",
     "srht_matrix",
 ]

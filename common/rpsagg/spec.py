@@ -1,4 +1,4 @@
-"""Seed-to-randomness derivation (wire format ``rpsagg-seed-v2``; ``v1`` is its subset).
+"""Seed-to-randomness derivation (wire format ``rpsagg-seed-v4``; earlier versions are subsets).
 
 Everything a client and the server must agree on is derived here from a 64-bit
 seed with SplitMix64 in counter mode, using only unsigned 64-bit integer
@@ -38,13 +38,16 @@ NATIVE: ModuleType | None = _load_native()
 #: randomized DCT (projection ``"dct"``, stream ``rpsSHIFT``) to ``rpsagg-seed-v1``;
 #: ``rpsagg-seed-v3`` adds quantized values (``value_bits``, EDEN, QSGD: packed codes, their
 #: code books and the client's rounding stream ``rpsQRND_``). Each keeps every number of
-#: the one before: an SRHT message encodes identically under all three.
+#: the one before: an SRHT message encodes identically under all of them.
+#: ``rpsagg-seed-v4`` adds the overlapping-blocks Hadamard projection (projection
+#: ``"hblocks"``, stream ``rpsSIGN2``; ``rpsagg._hblocks``).
 SPEC_V1 = "rpsagg-seed-v1"
 SPEC_V2 = "rpsagg-seed-v2"
 SPEC_V3 = "rpsagg-seed-v3"
-SPEC_VERSION = SPEC_V3
+SPEC_V4 = "rpsagg-seed-v4"
+SPEC_VERSION = SPEC_V4
 #: Every version this library decodes, oldest first.
-SPEC_VERSIONS = (SPEC_V1, SPEC_V2, SPEC_V3)
+SPEC_VERSIONS = (SPEC_V1, SPEC_V2, SPEC_V3, SPEC_V4)
 
 
 def check_spec_version(sent: str, required: str = SPEC_V1) -> str:
@@ -93,7 +96,8 @@ TAG_MCBETA = _tag(b"rpsMCBTA")  # Monte Carlo seeds for beta (server side only)
 TAG_MCPROBE = _tag(b"rpsMCPRB")  # Hutchinson probe vectors for beta (server side only)
 TAG_BLOCK = _tag(b"rpsBLOCK")  # blockwise SRHT: per-block transform seeds
 TAG_ROUND = _tag(b"rpsROUND")  # service: transform seed of a round submission
-TAG_SHIFT = _tag(b"rpsSHIFT")  # v2, randomized DCT: the cyclic shift
+TAG_SHIFT = _tag(b"rpsSHIFT")  # v2, randomized DCT (and v4's hblocks): the cyclic shift
+TAG_SIGN2 = _tag(b"rpsSIGN2")  # v4, hblocks: the signs between the two Hadamard blocks
 
 
 def mix64(z: int) -> int:
@@ -172,16 +176,16 @@ def _scratch(name: str, dtype: type, size: int, *, fill_counter: bool = False) -
     return kept[:size]
 
 
-def sign_bits(seed: int, d_pad: int) -> NDArray[np.uint8]:
+def sign_bits(seed: int, d_pad: int, tag: int = TAG_SIGNS) -> NDArray[np.uint8]:
     """Bits ``b_j`` (0 or 1) of the SRHT sign vector, ``D_jj = 1 - 2 b_j``.
 
     Bit ``j`` is bit ``j mod 64`` (least significant first) of word ``j // 64`` of the
-    ``TAG_SIGNS`` stream.
+    ``TAG_SIGNS`` stream (of ``tag``'s stream: ``TAG_SIGN2`` gives hblocks' second signs).
     """
     if d_pad < 1:
         raise ValueError(f"d_pad must be >= 1; got {d_pad}")
     nwords = (d_pad + 63) // 64
-    words = stream_words(stream_key(seed, TAG_SIGNS), 0, nwords)
+    words = stream_words(stream_key(seed, tag), 0, nwords)
     as_bytes = words.astype("<u8", copy=False).view(np.uint8)
     return np.unpackbits(as_bytes, bitorder="little")[:d_pad]
 
@@ -201,6 +205,7 @@ def sign_factors(
     d_pad: int,
     out: NDArray[np.int8] | None = None,
     index_buffer: NDArray[np.intp] | None = None,
+    tag: int = TAG_SIGNS,
 ) -> NDArray[np.int8]:
     """The diagonal of D as int8 ``1 - 2 b_j``, optionally written into ``out``.
 
@@ -216,6 +221,8 @@ def sign_factors(
         it lets a caller reuse its buffers instead of faulting in new pages on every call.
     index_buffer : ndarray of intp, optional
         Scratch space, see ``out``.
+    tag : int, optional
+        The stream (default ``TAG_SIGNS``; ``TAG_SIGN2`` for hblocks' second signs).
 
     Returns
     -------
@@ -225,7 +232,7 @@ def sign_factors(
         raise ValueError(f"d_pad must be >= 1; got {d_pad}")
     nbytes = (d_pad + 7) // 8
     nwords = (d_pad + 63) // 64
-    words = _stream_words_into(stream_key(seed, TAG_SIGNS), 0, _scratch("words", np.uint64, nwords))
+    words = _stream_words_into(stream_key(seed, tag), 0, _scratch("words", np.uint64, nwords))
     as_bytes = words.astype("<u8", copy=False).view(np.uint8)[:nbytes]
     if out is None:
         out = np.empty(8 * nbytes, dtype=np.int8)

@@ -70,7 +70,7 @@ class RoundEncoding:
     block_size : int or None
         Rand-Proj-Spatial's block size (None: one transform over all of ``d``).
     projection : str
-        Rand-Proj-Spatial's projection (``"auto"``, ``"srht"``, ``"dct"``).
+        Rand-Proj-Spatial's projection (``"auto"``, ``"srht"``, ``"dct"``, ``"hblocks"``).
     weight_key : str
         The reply ``MetricRecord`` key a client scales its update by (``""``: unweighted).
     """

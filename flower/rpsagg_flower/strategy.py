@@ -74,7 +74,7 @@ class RandProjSpatialFedAvg(FedAvg):
         Rand-Proj-Spatial: encode blocks of this many (a power of two) coordinates
         independently. ``"auto"``: blocks of 2^18 when the model has more than 2^20
         coordinates and the values are float32, else one transform. None: one transform.
-    projection : {"auto", "srht", "dct"}
+    projection : {"auto", "srht", "dct", "hblocks"}
         Rand-Proj-Spatial's projection (``rpsagg.make_estimator``).
     weighted : bool
         Weight each update by the reply's ``weighted_by_key`` metric, as FedAvg does

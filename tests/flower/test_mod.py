@@ -55,7 +55,7 @@ def test_reply_carries_k_values_and_the_seed() -> None:
     assert (values.stype, values.dtype, values.shape) == (STYPE_RAW, "float32", (10,))
     meta = out.content.config_records[REPLY_CONFIG]
     assert nonce_from_bytes(meta["seed"]) == 12345 and nonce_from_bytes(meta["nonce"]) == NONCE
-    assert meta["scheme"] == "rand-proj-spatial:dct" and meta["count"] == 10
+    assert meta["scheme"] == "rand-proj-spatial:hblocks" and meta["count"] == 10
     # the ClientApp's reply went through float32 arrays: the delta is that of float32 values
     delta = (update.astype(np.float32).astype(np.float64))
     want = make_estimator("rand-proj-spatial", n=1, k=10, d=60).encode(

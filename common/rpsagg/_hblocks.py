@@ -1,0 +1,282 @@
+"""Two overlapping Hadamard blocks: the projection ``"hblocks"`` (wire format ``rpsagg-seed-v4``).
+
+For any ``d`` let ``b = 2^floor(log2 d)`` (the largest power of two ``<= d``) and
+``e = d - b`` (``0 <= e < b``). Client ``i`` sends ``G_i x = E_i B_i P_i D_i x`` (``k x d``, no
+padding), where
+
+* ``D_i``, ``P_i``, ``E_i`` are the randomized DCT's (:mod:`rpsagg._dct`): ``d`` signs from
+  ``rpsSIGNS``, the cyclic shift ``sample_distinct(seed, rpsSHIFT, 1, d)`` and ``k`` distinct
+  rows ``sample_distinct(seed, rpsROWS_, k, d)``;
+* ``B_i = H_hi D2_i H_lo`` with ``H_lo`` the orthonormal Hadamard transform ``H_b / sqrt(b)``
+  on coordinates ``[0, b)`` (identity on ``[b, d)``), ``D2_i`` the ``b - e`` signs of the
+  ``rpsSIGN2`` stream on the overlap ``[e, b)`` (identity elsewhere: the coordinates
+  ``[b, d)`` already carry independent signs from ``D_i``) and ``H_hi`` the
+  orthonormal Hadamard transform on ``[e, d)`` (identity on ``[0, e)``).
+
+``B`` is orthogonal (a product of orthogonal factors), so ``G G^T = I_k`` and
+``E[G^T G] = (k/d) I`` as for the DCT. The two blocks cover ``[0, d)`` and overlap on
+``[e, b)``; the second signs keep ``H_hi`` from undoing ``H_lo`` on the overlap (where the
+blocks coincide, ``H D2 H`` is the two-round randomized Hadamard transform). An encode costs
+two FWHTs of length ``b`` (``2 b log2 b`` butterflies, at most the padded SRHT's
+``2b log2(2b)``) plus passes over ``d`` values; nothing is padded.
+
+Unbiasedness: as for the DCT, the uniform cyclic shift and the signs make the joint law of
+``(G_1, ..., G_n)`` invariant under a common signed cyclic shift of the input, so
+``E[T(S)^+ G_i^T G_i]`` is a multiple of the identity and beta is ``d / E[sum_j l_j/T(l_j)]``.
+
+Rows ``r < e`` of ``B`` depend on the ``b`` coordinates of the first block only (every row
+on at least ``b > d/2`` inputs); the measured effect on the estimator is nil at the issue's
+targets (``docs/performance.md``, "Any d").
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from rpsagg import spec
+from rpsagg._dct import DEFAULT_MEMORY_BUDGET, JointDCT, _shift_into, _unshift_into
+from rpsagg._fwht import fwht
+from rpsagg.spec import (
+    TAG_ROWS,
+    TAG_SIGN2,
+    check_seed,
+    dct_shift,
+    sample_distinct,
+    sign_bits,
+    sign_factors,
+)
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+
+# Up to this d the whole encode is one call of the compiled kernel (its FWHT is numpy's
+# butterflies in C); above it the two FWHTs go through rpsagg._fwht (fht-cpu's SIMD where
+# installed), which is faster once the transform costs more than a few calls.
+_ONE_CALL_MAX = 1 << 11
+
+
+def block_split(d: int) -> tuple[int, int]:
+    """``(b, e)``: the block length ``b = 2^floor(log2 d)`` and the offset ``e = d - b``."""
+    if d < 1:
+        raise ValueError(f"d must be >= 1; got {d}")
+    b = 1 << (int(d).bit_length() - 1)
+    return b, d - b
+
+
+def hblocks_rows(seed: int, k: int, d: int) -> IntArray:
+    """The ``k`` rows E samples from the ``d`` rows of ``B P D`` (``rpsROWS_``, bound ``d``)."""
+    return sample_distinct(seed, TAG_ROWS, k, d)
+
+
+_local = threading.local()
+
+
+def _work(d: int) -> FloatArray:
+    """A per-thread float64 buffer of length ``d`` (a fresh one per encode costs page faults)."""
+    buf: FloatArray | None = getattr(_local, "buf", None)
+    if buf is None or buf.shape[0] != d:
+        buf = np.empty(d)
+        _local.buf = buf
+    return buf
+
+
+def hblocks_encode(x: FloatArray, seed: int, k: int) -> FloatArray:
+    """``G x`` in float64 for the overlapping-blocks Hadamard projection with ``seed``.
+
+    The FWHTs are unnormalized; the scale ``1/sqrt(b)`` of the first is applied to its
+    input (in the pass that applies D and P), that of the second to the kept rows ``>= e``.
+    The compiled kernels (``rpsagg._fast``) and the numpy code below do the same operations.
+
+    Parameters
+    ----------
+    x : ndarray of float64, shape (d,)
+        The vector (not padded).
+    seed : int
+        Transform seed.
+    k : int
+        Rows kept, ``1 <= k <= d``.
+
+    Returns
+    -------
+    ndarray of float64, shape (k,)
+    """
+    x = np.ascontiguousarray(x, dtype=np.float64)
+    d = x.shape[0]
+    b, e = block_split(d)
+    rows = hblocks_rows(seed, k, d)
+    w = _work(d)
+    out = np.empty(k)
+    native = spec.NATIVE
+    # a compiled module built before these kernels existed lacks them: numpy then
+    if native is not None and hasattr(native, "hb_encode"):
+        if d <= _ONE_CALL_MAX:
+            native.hb_encode(x, seed, rows, w, out)
+            return out
+        native.hb_first(x, seed, w)
+        fwht(w[:b], inplace=True)
+        native.hb_middle(w, seed)
+        fwht(w[e:], inplace=True)
+        native.hb_gather(w, rows, out)
+        return out
+    inv = 1.0 / math.sqrt(b)
+    _shift_into(x * sign_factors(seed, d), dct_shift(seed, d), w)
+    w[:b] *= inv
+    fwht(w[:b], inplace=True)
+    w[e:b] *= sign_factors(seed, b - e, tag=TAG_SIGN2)
+    fwht(w[e:], inplace=True)
+    np.take(w, rows, out=out)
+    out[rows >= e] *= inv
+    return out
+
+
+def _fwht_rows(w: FloatArray, lo: int, hi: int) -> None:
+    """In-place FWHT of ``w[i, lo:hi]`` for every row i (each a contiguous run)."""
+    for i in range(w.shape[0]):
+        fwht(w[i, lo:hi], inplace=True)
+
+
+def _blocks_adjoint(w: FloatArray, signs2: NDArray[np.int8]) -> None:
+    """Each row v of ``w`` (shape (m, d), C-contiguous) becomes ``B^T v = H_lo D2 H_hi v``.
+
+    ``signs2`` is (m, b - e) or (b - e,)."""
+    d = w.shape[1]
+    b, e = block_split(d)
+    inv = 1.0 / math.sqrt(b)
+    _fwht_rows(w, e, d)
+    w[:, e:] *= inv
+    w[:, e:b] *= signs2
+    _fwht_rows(w, 0, b)
+    w[:, :b] *= inv
+
+
+def _blocks_forward(w: FloatArray, signs2: NDArray[np.int8]) -> None:
+    """Each row v of ``w`` (shape (m, d), C-contiguous) becomes ``B v = H_hi D2 H_lo v``."""
+    d = w.shape[1]
+    b, e = block_split(d)
+    inv = 1.0 / math.sqrt(b)
+    w[:, :b] *= inv
+    _fwht_rows(w, 0, b)
+    w[:, e:b] *= signs2
+    _fwht_rows(w, e, d)
+    w[:, e:] *= inv
+
+
+def _signs2(seed: int, d: int) -> NDArray[np.int8]:
+    """``D2`` of ``seed`` as int8 +-1 (``b - e`` entries, for the overlap ``[e, b)``)."""
+    b, e = block_split(d)
+    return np.asarray(1 - 2 * sign_bits(seed, b - e, TAG_SIGN2).astype(np.int8), dtype=np.int8)
+
+
+def hblocks_matrix(seed: int, k: int, d: int) -> FloatArray:
+    """The dense ``k x d`` matrix G of the hblocks projection for ``seed`` (tests and interop).
+
+    Parameters
+    ----------
+    seed : int
+        In ``[0, 2^64)``.
+    k : int
+        Number of rows, ``1 <= k <= d``.
+    d : int
+        Vector length (no padding).
+
+    Returns
+    -------
+    ndarray, shape (k, d)
+        ``G = E B P D``.
+    """
+    seed = check_seed(seed)
+    if d < 1:
+        raise ValueError(f"d must be >= 1; got {d}")
+    if not 1 <= k <= d:
+        raise ValueError(f"k must be in [1, d]; got k={k}, d={d}")
+    rows = hblocks_rows(seed, k, d)
+    unit = np.zeros((k, d))
+    unit[np.arange(k), rows] = 1.0
+    _blocks_adjoint(unit, _signs2(seed, d))  # row p: e_{rows[p]}^T B
+    out = _unshift_into(unit, dct_shift(seed, d), np.empty_like(unit))  # ... P
+    signs = 1.0 - 2.0 * sign_bits(seed, d).astype(np.float64)
+    return np.asarray(out * signs[None, :])  # ... D
+
+
+@dataclass(frozen=True, eq=False)
+class JointHBlocks(JointDCT):
+    """The stacked operator ``A = [G_1; ...; G_n]`` (``nk x d``) of hblocks projections.
+
+    The interface of :class:`~rpsagg._dct.JointDCT` (whose signs, shifts, rows and Gram
+    matrix from dense sampled rows it shares); the transform in the middle is ``B``.
+
+    Attributes
+    ----------
+    signs2 : ndarray of int8, shape (n, b - e)
+        The ``D2_i`` (second signs, on the overlap ``[e, b)``).
+    """
+
+    signs2: NDArray[np.int8] = field(default_factory=lambda: np.empty((0, 0), np.int8))
+
+    @classmethod
+    def from_seeds(
+        cls, seeds: Sequence[int], k: int, d: int, memory_budget: int = DEFAULT_MEMORY_BUDGET
+    ) -> JointHBlocks:
+        """Regenerate every client's transform from its seed."""
+        base = JointDCT.from_seeds(seeds, k, d, memory_budget)
+        b, e = block_split(d)
+        s2 = np.empty((len(seeds), b - e), dtype=np.int8)
+        for i, seed in enumerate(seeds):
+            s2[i] = _signs2(seed, d)
+        return cls(base.signs, base.shifts, base.rows, memory_budget, s2)
+
+    def adjoint(self, z: FloatArray) -> FloatArray:
+        """``A^T z = sum_i G_i^T z_i`` for ``z`` of shape (n, k); returns (d,)."""
+        d = self.d_pad
+        out = np.zeros(d)
+        step = self._chunk(2 * d)
+        work = np.empty((step, d))
+        tmp = np.empty(d)
+        for lo in range(0, self.n, step):
+            hi = min(self.n, lo + step)
+            w = work[: hi - lo]
+            w.fill(0.0)
+            np.put_along_axis(w, self.rows[lo:hi], z[lo:hi], axis=1)
+            _blocks_adjoint(w, self.signs2[lo:hi])
+            for i in range(hi - lo):
+                _unshift_into(w[i], int(self.shifts[lo + i]), tmp)
+                tmp *= self.signs[lo + i]
+                out += tmp
+        return out
+
+    def forward(self, u: FloatArray) -> FloatArray:
+        """``A u`` as an (n, k) array: row ``i`` is ``G_i u``."""
+        d = self.d_pad
+        out = np.empty((self.n, self.k))
+        step = self._chunk(2 * d)
+        work = np.empty((step, d))
+        tmp = np.empty(d)
+        for lo in range(0, self.n, step):
+            hi = min(self.n, lo + step)
+            w = work[: hi - lo]
+            for i in range(hi - lo):
+                np.multiply(self.signs[lo + i], u, out=tmp)
+                _shift_into(tmp, int(self.shifts[lo + i]), w[i])
+            _blocks_forward(w, self.signs2[lo:hi])
+            out[lo:hi] = np.take_along_axis(w, self.rows[lo:hi], axis=1)
+        return out
+
+    def _dense_rows(self, lo: int, hi: int) -> FloatArray:
+        """``[G_lo; ...; G_{hi-1}]`` densely, shape ((hi - lo) k, d)."""
+        d, k = self.d_pad, self.k
+        out = np.empty(((hi - lo) * k, d))
+        unit = np.empty((k, d))
+        for i in range(lo, hi):
+            unit.fill(0.0)
+            unit[np.arange(k), self.rows[i]] = 1.0
+            _blocks_adjoint(unit, self.signs2[i])
+            block = out[(i - lo) * k : (i - lo + 1) * k]
+            _unshift_into(unit, int(self.shifts[i]), block)
+            block *= self.signs[i]
+        return out
