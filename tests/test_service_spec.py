@@ -64,7 +64,7 @@ def test_hblocks_round_needs_v4_and_refuses_older_or_unknown_versions() -> None:
                 "rpsagg-seed-v4", "hblocks", 0)
             xs = np.random.default_rng(1).standard_normal((N, d))
             sub = clients[0].encode(rnd, xs[0])
-            assert sub.spec_version == rpsagg.SPEC_VERSION == "rpsagg-seed-v4"
+            assert sub.spec_version == rnd.spec_version == rpsagg.SPEC_VERSION
             # a client from before versions were sent: counts as v1, which has no hblocks
             with pytest.raises(grpc.RpcError) as info:
                 clients[0].submit_encoded(replace(sub, spec_version=""))
@@ -165,6 +165,8 @@ def test_a_recovered_job_keeps_its_projection(tmp_path: Path) -> None:
             assert (rnd.spec_version, rnd.projection) == ("rpsagg-seed-v2", "dct")
             xs = np.random.default_rng(4).standard_normal((N, 100))
             subs = [cl.encode(rnd, x) for cl, x in zip(clients, xs, strict=True)]
+            # the round's version, not the client's newest: a v3 server takes it too
+            assert {s.spec_version for s in subs} == {"rpsagg-seed-v2"}
             assert clients[0].estimator_for(rnd).name == "rand-proj-spatial:dct"
             for cl, s in zip(clients, subs, strict=True):
                 cl.submit_encoded(s)
@@ -184,6 +186,7 @@ def test_a_recovered_job_keeps_its_projection(tmp_path: Path) -> None:
             assert (rnd.spec_version, rnd.projection) == ("rpsagg-seed-v1", "srht")
             xs = np.random.default_rng(3).standard_normal((N, 100))
             subs = [cl.encode(rnd, x) for cl, x in zip(clients, xs, strict=True)]
+            assert {s.spec_version for s in subs} == {"rpsagg-seed-v1"}
             assert clients[0].estimator_for(rnd).name == "rand-proj-spatial"
             for cl, s in zip(clients, subs, strict=True):
                 cl.submit_encoded(s)

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from service_util import base_config, in_process_server
 
-import rpsagg
 from rpsagg_client import AggregationClient
 from rpsagg_wire.v1 import aggregation_pb2 as pb
 from rpsagg_wire.v1 import serde
@@ -109,7 +108,7 @@ def test_round_wire_bytes_reported_by_the_server(eval_mode: bool) -> None:
                 c.close()
     assert res.state == "done"
     # the same count whether the references rode along or not: 4k + 20 + len(id) + 2 here,
-    # plus the spec version the client sends
-    assert sub.spec_version == rpsagg.SPEC_VERSION
+    # plus the spec version the client sends (the round's)
+    assert sub.spec_version == rnd.spec_version
     assert res.wire_bytes == expected == n * documented_wire_bytes(
-        rnd.round_id, "client-0", [k], [0], rpsagg.SPEC_VERSION)
+        rnd.round_id, "client-0", [k], [0], rnd.spec_version)

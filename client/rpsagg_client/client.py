@@ -208,8 +208,10 @@ class AggregationClient:
                 payloads.append(VectorPayload(
                     values=np.empty(0, np.float32), indices=enc.indices, reference=ref,
                     codes=enc.codes, value_bits=enc.value_bits, scale=float(enc.scales[0])))
+        # the round's own version: it defines this encoding, every later version encodes the
+        # round the same way, and a server older than this client speaks it
         return Submission(round_id=rnd.round_id, client_id=self.client_id, client_seed=seed,
-                          vectors=tuple(payloads), spec_version=SPEC_VERSION)
+                          vectors=tuple(payloads), spec_version=rnd.spec_version or SPEC_VERSION)
 
     def estimator_for(self, rnd: RoundInfo) -> Estimator:
         """The encoder ``rnd`` announces (scheme, projection, block size, spec version).
