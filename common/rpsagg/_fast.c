@@ -524,7 +524,7 @@ static PyObject *tile_adjoint(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "tile_adjoint: tile range out of bounds");
         return NULL;
     }
-    double *work = aligned_alloc(64, (size_t)(2 * T) * sizeof(double) + 64);
+    double *work = malloc((size_t)(2 * T) * sizeof(double));
     if (work == NULL) {
         tile_release(&t, 4);
         return PyErr_NoMemory();
@@ -556,7 +556,7 @@ static PyObject *tile_forward(PyObject *self, PyObject *args) {
         return NULL;
     }
     Py_ssize_t T = (Py_ssize_t)1 << m;
-    double *work = aligned_alloc(64, (size_t)T * sizeof(double) + 64);
+    double *work = malloc((size_t)T * sizeof(double));
     if (work == NULL) {
         tile_release(&t, 4);
         return PyErr_NoMemory();
