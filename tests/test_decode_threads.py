@@ -58,7 +58,7 @@ def test_split_covers_the_range() -> None:
 
 @pytest.mark.parametrize("threads", [2, 3, 7])
 def test_threaded_products_equal_one_thread_bitwise(backend: str, threads: int) -> None:
-    # tiles: k = 40 -> m = 9, 8 tiles of 512 (7 threads: uneven ranges); 11 clients for
+    # tiles: k = 40 -> m = 8, 16 tiles of 256 (3, 7 threads: uneven ranges); 11 clients for
     # the forward's split (3 and 7 do not divide 11)
     n, k, d_pad = 11, 40, 4096
     seeds = [101 * (i + 1) for i in range(n)]

@@ -57,7 +57,8 @@ def _tiles(op: JointSRHT, u: np.ndarray, z: np.ndarray, m: int) -> tuple[np.ndar
 
 
 def test_tile_rule() -> None:
-    # m = ceil(log2 k) + 3, clamped to [7, 15] and to log2 d'
+    # m = ceil(log2 k) + 3, clamped to [7, 15], to >= 16 tiles (unless that is < 7) and to
+    # log2 d'
     assert tile_bits(1, 2) == 1
     assert tile_bits(1, 1 << 20) == 7
     assert tile_bits(16, 1 << 20) == 7
@@ -66,7 +67,10 @@ def test_tile_rule() -> None:
     assert tile_bits(1025, 1 << 20) == 14
     assert tile_bits(4096, 1 << 20) == 15
     assert tile_bits(1 << 20, 1 << 20) == 15
-    assert tile_bits(4096, 4096) == 12
+    assert tile_bits(4096, 1 << 16) == 12  # 16 tiles
+    assert tile_bits(4096, 1 << 12) == 8  # 16 tiles
+    assert tile_bits(4096, 1 << 10) == 7  # 8 tiles: m stays >= 7
+    assert tile_bits(100, 128) == 7  # one tile
     assert _srht.PRODUCTS == "tiles" and product_path() == "tiles"  # the default, when built
 
 
@@ -77,9 +81,10 @@ SHAPES = [
     (3, 1, 128),  # m = 7, one tile
     (5, 3, 1024),  # m = 7 (lower clamp), 8 tiles
     (300, 8, 512),  # 300 clients, m = 7, 4 tiles
-    (4, 4096, 4096),  # k = d', m = log2 d' = 12: one tile (a plain FWHT with a scatter)
+    (4, 4096, 4096),  # k = d', m = 8: 16 tiles
     (6, 100, 1 << 14),  # m = 10
-    (1, 1 << 16, 1 << 16),  # k = d', m = 15 (upper clamp), 2 tiles
+    (1, 1 << 16, 1 << 16),  # k = d', m = 12: 16 tiles
+    (2, 100, 128),  # m = 7 = log2 d': one tile (a plain FWHT with a scatter)
     (3, 1000, 1 << 20),  # m = 13, 128 tiles
     (2, 1 << 13, 1 << 20),  # m = 15 (upper clamp), 32 tiles
 ]
@@ -141,7 +146,7 @@ def test_tile_products_equal_the_dense_matrix(d: int) -> None:
     [(7, 1, 1024), (13, 100, 1 << 14), (5, 1 << 12, 1 << 16), (1, 30, 4096)],
 )
 def test_tile_products_are_bitwise_the_same_for_any_threads(n: int, k: int, d_pad: int) -> None:
-    # 8, 16, 2 and 8 tiles; 7, 13, 5 and 1 clients: ranges uneven, some threads idle
+    # 8, 16, 16 and 16 tiles; 7, 13, 5 and 1 clients: ranges uneven, some threads idle
     seeds = [31 * i + 3 for i in range(n)]
     rng = np.random.default_rng(k)
     u = rng.standard_normal(d_pad)

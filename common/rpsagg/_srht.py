@@ -188,10 +188,11 @@ def product_path() -> str:
 
 
 # The tile of the compiled products is 2^m coordinates, m = log2(k) + _TILE_EXTRA clamped
-# to [_TILE_MIN, _TILE_MAX] and to log2 d' (see tile_bits).
+# to [_TILE_MIN, _TILE_MAX], to at least _TILE_COUNT tiles and to log2 d' (see tile_bits).
 _TILE_MIN = 7
 _TILE_MAX = 15
 _TILE_EXTRA = 3
+_TILE_COUNT_BITS = 4  # at least 16 tiles where d' >= 2^11, for the adjoint's threads
 
 
 def tile_bits(k: int, d_pad: int) -> int:
@@ -201,9 +202,11 @@ def tile_bits(k: int, d_pad: int) -> int:
     of 2^m per tile and the k sampled rows scattered (adjoint) or gathered (forward) once
     per tile. A row costs several butterflies (a parity and an unaligned access), so the
     measured optimum lies a few steps above ``log2 k``: ``m = ceil(log2 k) + 3`` clamped
-    to [7, 15] and to ``log2 d'`` (docs/scaling.md has the measurements); the tile stays in
-    L1/L2 (at most 2^15 doubles, 256 KiB). ``m`` depends on nothing else (not on threads),
-    so neither do the results.
+    to [7, 15] (docs/scaling.md has the measurements); the tile stays in L1/L2 (at most
+    2^15 doubles, 256 KiB). Then ``m <= max(7, log2 d' - 4)``, so that d' >= 2^11 has at
+    least 16 tiles for the adjoint's threads to share (at d' = 2^16, k = 4096 this costs
+    ~15% on one thread and lets 16 threads work instead of 2), and ``m <= log2 d'``. ``m``
+    depends on nothing else (not on threads), so neither do the results.
 
     Parameters
     ----------
@@ -217,8 +220,9 @@ def tile_bits(k: int, d_pad: int) -> int:
     int
         ``m`` with ``2^m <= d'``.
     """
-    want = max(k - 1, 0).bit_length() + _TILE_EXTRA
-    return min(max(want, _TILE_MIN), _TILE_MAX, d_pad.bit_length() - 1)
+    log_d = d_pad.bit_length() - 1
+    want = min(max(max(k - 1, 0).bit_length() + _TILE_EXTRA, _TILE_MIN), _TILE_MAX)
+    return min(want, max(_TILE_MIN, log_d - _TILE_COUNT_BITS), log_d)
 
 
 def default_threads() -> int:
