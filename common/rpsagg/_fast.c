@@ -306,19 +306,15 @@ static PyObject *fwht_rows(PyObject *self, PyObject *args) {
 #endif
 #define TILE_INLINE static inline __attribute__((always_inline))
 
-#if defined(__GNUC__) && !defined(__clang__)
-/* the 32-byte vectors below never cross a call (always inlined): no ABI concern */
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
 typedef double v4d __attribute__((vector_size(32)));
-
-TILE_INLINE v4d load4(const double *p) {
-    v4d v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-TILE_INLINE void store4(double *p, v4d v) { memcpy(p, &v, sizeof v); }
+/* unaligned loads and stores of 4 doubles (macros: a function passing v4d by value would
+ * make GCC note an ABI change) */
+#define LOAD4(v, p) memcpy(&(v), (p), sizeof(v4d))
+#define STORE4(p, v)                         \
+    do {                                     \
+        v4d tmp_ = (v);                      \
+        memcpy((p), &tmp_, sizeof(v4d));     \
+    } while (0)
 
 /* radix-4 stages h = 1, 4, 16, ... then radix-2, within a block of len doubles. The
  * stages h = 1 and h = 4 are written with 4-double vectors (a loop of 1 or 4 iterations
@@ -329,21 +325,26 @@ TILE_INLINE void tile_fwht_block(double *restrict x, Py_ssize_t len) {
     if (len >= 4) { /* h = 1: the four elements of each group are adjacent */
         const v4d alt = {1.0, -1.0, 1.0, -1.0}, half = {1.0, 1.0, -1.0, -1.0};
         for (Py_ssize_t j = 0; j < len; j += 4) {
-            v4d v = load4(x + j);
+            v4d v;
+            LOAD4(v, x + j);
             v4d t = (v4d){v[0], v[0], v[2], v[2]} + (v4d){v[1], v[1], v[3], v[3]} * alt;
-            store4(x + j, (v4d){t[0], t[1], t[0], t[1]} + (v4d){t[2], t[3], t[2], t[3]} * half);
+            v4d y = (v4d){t[0], t[1], t[0], t[1]} + (v4d){t[2], t[3], t[2], t[3]} * half;
+            STORE4(x + j, y);
         }
         h = 4;
     }
     if (len >= 16) { /* h = 4: each quarter of a group of 16 is one vector */
         for (Py_ssize_t j = 0; j < len; j += 16) {
-            v4d a = load4(x + j), b = load4(x + j + 4), c = load4(x + j + 8),
-                d = load4(x + j + 12);
+            v4d a, b, c, d;
+            LOAD4(a, x + j);
+            LOAD4(b, x + j + 4);
+            LOAD4(c, x + j + 8);
+            LOAD4(d, x + j + 12);
             v4d s0 = a + b, d0 = a - b, s1 = c + d, d1 = c - d;
-            store4(x + j, s0 + s1);
-            store4(x + j + 4, d0 + d1);
-            store4(x + j + 8, s0 - s1);
-            store4(x + j + 12, d0 - d1);
+            STORE4(x + j, s0 + s1);
+            STORE4(x + j + 4, d0 + d1);
+            STORE4(x + j + 8, s0 - s1);
+            STORE4(x + j + 12, d0 - d1);
         }
         h = 16;
     }
