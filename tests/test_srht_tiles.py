@@ -177,5 +177,9 @@ def test_tile_kernels_reject_bad_arguments() -> None:
     bad_rows[1, 2] = 64
     with pytest.raises(ValueError, match="out of range"):
         native.tile_adjoint(z, bad_rows, op.signs, 4, 3, 0, 8, 1.0, out_a)
+    bad_rows[1, 2] = -1
+    with pytest.raises(ValueError, match="out of range"):
+        native.tile_forward(u, bad_rows, op.signs, 4, 3, 1, 2, 1.0, out_f)
+    native.tile_forward(u, bad_rows, op.signs, 4, 3, 0, 1, 1.0, out_f)  # client 0's rows: fine
     with pytest.raises(TypeError, match="signs"):
         native.tile_adjoint(z, op.rows, op.signs.astype(np.float64), 4, 3, 0, 8, 1.0, out_a)

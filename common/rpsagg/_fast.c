@@ -459,7 +459,20 @@ TILE_CLONES static void tile_forward_run(const double *u, const int64_t *rows,
     for (Py_ssize_t x = i_lo * k; x < i_hi * k; x++) out[x] *= scale;
 }
 
-/* the buffers of the arguments common to both products, checked */
+/* whether a row is outside [0, d) (checked without the GIL: n k rows per call, and
+ * every thread of a product makes a call) */
+static int tile_rows_bad(const int64_t *r, Py_ssize_t nk, Py_ssize_t d) {
+    int bad = 0;
+    for (Py_ssize_t i = 0; i < nk; i++) bad |= r[i] < 0 || r[i] >= d;
+    return bad;
+}
+
+static PyObject *tile_rows_error(void) {
+    PyErr_SetString(PyExc_ValueError, "tile products: a row out of range");
+    return NULL;
+}
+
+/* the buffers of the arguments common to both products, checked (but the rows' range) */
 typedef struct {
     Py_buffer vec, rows, signs, out;
     Py_ssize_t n, k, d;
@@ -494,12 +507,9 @@ static int tile_parse(tile_args *t, PyObject *veco, PyObject *rowso, PyObject *s
     if (!bad)
         bad = adjoint ? (t->vec.len / 8 != nk || t->out.len / 8 != d)
                       : (t->vec.len / 8 != d || t->out.len / 8 != nk);
-    const int64_t *r = (const int64_t *)t->rows.buf;
-    for (Py_ssize_t i = 0; !bad && i < nk; i++) bad = r[i] < 0 || r[i] >= d;
     if (bad) {
         tile_release(t, 4);
-        PyErr_SetString(PyExc_ValueError,
-                        "tile products: bad shapes, m, or a row out of range");
+        PyErr_SetString(PyExc_ValueError, "tile products: bad shapes or m");
         return -1;
     }
     t->n = n;
@@ -530,13 +540,17 @@ static PyObject *tile_adjoint(PyObject *self, PyObject *args) {
         tile_release(&t, 4);
         return PyErr_NoMemory();
     }
+    int bad;
     Py_BEGIN_ALLOW_THREADS
-    tile_adjoint_run((const double *)t.vec.buf, (const int64_t *)t.rows.buf,
-                     (const int8_t *)t.signs.buf, t.n, t.k, t.d, m, t_lo, t_hi, scale,
-                     (double *)t.out.buf, work, work + T);
+    bad = tile_rows_bad((const int64_t *)t.rows.buf, t.n * t.k, t.d);
+    if (!bad)
+        tile_adjoint_run((const double *)t.vec.buf, (const int64_t *)t.rows.buf,
+                         (const int8_t *)t.signs.buf, t.n, t.k, t.d, m, t_lo, t_hi, scale,
+                         (double *)t.out.buf, work, work + T);
     Py_END_ALLOW_THREADS
     free(work);
     tile_release(&t, 4);
+    if (bad) return tile_rows_error();
     Py_RETURN_NONE;
 }
 
@@ -562,13 +576,17 @@ static PyObject *tile_forward(PyObject *self, PyObject *args) {
         tile_release(&t, 4);
         return PyErr_NoMemory();
     }
+    int bad;
     Py_BEGIN_ALLOW_THREADS
-    tile_forward_run((const double *)t.vec.buf, (const int64_t *)t.rows.buf,
-                     (const int8_t *)t.signs.buf, t.k, t.d, m, i_lo, i_hi, scale,
-                     (double *)t.out.buf, work);
+    bad = tile_rows_bad((const int64_t *)t.rows.buf + i_lo * t.k, (i_hi - i_lo) * t.k, t.d);
+    if (!bad)
+        tile_forward_run((const double *)t.vec.buf, (const int64_t *)t.rows.buf,
+                         (const int8_t *)t.signs.buf, t.k, t.d, m, i_lo, i_hi, scale,
+                         (double *)t.out.buf, work);
     Py_END_ALLOW_THREADS
     free(work);
     tile_release(&t, 4);
+    if (bad) return tile_rows_error();
     Py_RETURN_NONE;
 }
 
