@@ -5,7 +5,7 @@
  * rejection sampling of distinct rows, the +-1 sign multiply, and the SRHT's last
  * butterfly stage at the kept rows. docs/wire-format.md is the normative description of
  * the first three. The decode's joint products by tiles (tile_adjoint, tile_forward) sum
- * in another order than the numpy passes (agreement to rounding, ~1e-16 relative) and
+ * in another order than the numpy passes (agreement to rounding, ~1e-15 relative) and
  * give the same bits however the caller splits them between threads. Arrays are passed
  * through the buffer protocol (no numpy headers needed to build), and every loop runs
  * without the GIL.

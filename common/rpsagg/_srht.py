@@ -188,7 +188,7 @@ def product_path() -> str:
 
 
 # The tile of the compiled products is 2^m coordinates, m = log2(k) + _TILE_EXTRA clamped
-# to [_TILE_MIN, _TILE_MAX], to at least _TILE_COUNT tiles and to log2 d' (see tile_bits).
+# to [_TILE_MIN, _TILE_MAX], to at least 2^_TILE_COUNT_BITS tiles and to log2 d' (tile_bits).
 _TILE_MIN = 7
 _TILE_MAX = 15
 _TILE_EXTRA = 3
