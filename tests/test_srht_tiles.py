@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from rpsagg import _srht, spec
-from rpsagg._srht import JointSRHT, product_path, srht_matrix, tile_bits
+from rpsagg._srht import JointSRHT, forward_groups, product_path, srht_matrix, tile_bits
 
 pytestmark = pytest.mark.skipif(
     spec.NATIVE is None,
@@ -44,13 +44,20 @@ def _passes(op: JointSRHT, u: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np
         _srht.PRODUCTS = saved
 
 
-def _tiles(op: JointSRHT, u: np.ndarray, z: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """forward(u), adjoint(z) by the tile kernels with tiles of 2^m."""
+def _tiles(
+    op: JointSRHT, u: np.ndarray, z: np.ndarray, m: int, groups: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
+    """forward(u), adjoint(z) by the tile kernels with tiles of 2^m (the forward's tiles in
+    ``groups`` groups, added in order)."""
     native = spec.NATIVE
     assert native is not None
     scale = 1.0 / float(np.sqrt(op.d_pad))
-    fwd = np.empty((op.n, op.k))
-    native.tile_forward(u, op.rows, op.signs, op.k, m, 0, op.n, scale, fwd)
+    part = np.empty((groups, op.n, op.k))
+    native.tile_forward(u, op.rows, op.signs, op.k, m, groups, 0, groups * op.n, part)
+    fwd = part[0].copy()
+    for g in range(1, groups):
+        fwd += part[g]
+    fwd *= scale
     adj = np.empty(op.d_pad)
     native.tile_adjoint(z, op.rows, op.signs, op.k, m, 0, op.d_pad >> m, scale, adj)
     return fwd, adj
@@ -101,8 +108,9 @@ def test_tile_products_agree_with_numpy_passes(n: int, k: int, d_pad: int) -> No
     got_f, got_a = op.forward(u), op.adjoint(z)
     assert _rel(got_f, want_f) <= REL
     assert _rel(got_a, want_a) <= REL
-    # the public products are the kernels with the rule's m
-    f, a = _tiles(op, u, z, tile_bits(k, d_pad))
+    # the public products are the kernels with the rule's m and groups
+    m = tile_bits(k, d_pad)
+    f, a = _tiles(op, u, z, m, forward_groups(n, k, d_pad >> m))
     assert np.array_equal(f, got_f) and np.array_equal(a, got_a)
 
 
@@ -119,6 +127,10 @@ def test_every_tile_size_agrees_with_numpy_passes() -> None:
         got_f, got_a = _tiles(op, u, z, m)
         assert _rel(got_f, want_f) <= REL, m
         assert _rel(got_a, want_a) <= REL, m
+    # and the forward's tiles in 1 to 2^(14 - m) groups (uneven splits included)
+    for m, groups in [(10, 3), (10, 16), (7, 5), (7, 128), (12, 4), (14, 1)]:
+        got_f, _ = _tiles(op, u, z, m, groups)
+        assert _rel(got_f, want_f) <= REL, (m, groups)
 
 
 @pytest.mark.parametrize("d", [1, 2, 37, 64, 200])
@@ -146,7 +158,8 @@ def test_tile_products_equal_the_dense_matrix(d: int) -> None:
     [(7, 1, 1024), (13, 100, 1 << 14), (5, 1 << 12, 1 << 16), (1, 30, 4096)],
 )
 def test_tile_products_are_bitwise_the_same_for_any_threads(n: int, k: int, d_pad: int) -> None:
-    # 8, 16, 16 and 16 tiles; 7, 13, 5 and 1 clients: ranges uneven, some threads idle
+    # 8, 16, 16 and 16 tiles; 7, 13, 5 and 1 clients (x 8, 16, 16, 16 forward groups):
+    # ranges uneven, some threads idle
     seeds = [31 * i + 3 for i in range(n)]
     rng = np.random.default_rng(k)
     u = rng.standard_normal(d_pad)
@@ -159,27 +172,37 @@ def test_tile_products_are_bitwise_the_same_for_any_threads(n: int, k: int, d_pa
         assert np.array_equal(many.adjoint(z), want_a), threads
 
 
+def test_forward_groups_rule() -> None:
+    assert forward_groups(100, 1024, 128) == 16
+    assert forward_groups(3, 5, 4) == 4  # no more groups than tiles
+    assert forward_groups(100, 1 << 17, 1 << 12) == 1  # 100 MiB of partial sums per group
+    assert forward_groups(100, 1 << 14, 1 << 12) == 5  # 5 x 12.5 MiB <= 64 MiB
+
+
 def test_tile_kernels_reject_bad_arguments() -> None:
     native = spec.NATIVE
     assert native is not None
     op = JointSRHT.from_seeds([1, 2], 4, 64)
     z, u = np.zeros((2, 4)), np.zeros(64)
-    out_a, out_f = np.empty(64), np.empty((2, 4))
+    out_a, part = np.empty(64), np.empty((2, 2, 4))
     with pytest.raises(ValueError, match="tile range"):
         native.tile_adjoint(z, op.rows, op.signs, 4, 3, 0, 9, 1.0, out_a)  # 8 tiles of 8
-    with pytest.raises(ValueError, match="client range"):
-        native.tile_forward(u, op.rows, op.signs, 4, 3, 0, 3, 1.0, out_f)
+    with pytest.raises(ValueError, match="unit range"):
+        native.tile_forward(u, op.rows, op.signs, 4, 3, 2, 0, 5, part)  # 2 x 2 units
+    with pytest.raises(ValueError, match="groups"):
+        native.tile_forward(u, op.rows, op.signs, 4, 3, 1, 0, 2, part)  # part of 2 groups
+    with pytest.raises(ValueError, match="groups"):
+        native.tile_forward(u, op.rows, op.signs, 4, 5, 3, 0, 2, np.empty((3, 2, 4)))  # 2 tiles
     with pytest.raises(ValueError, match="bad shapes"):
         native.tile_adjoint(z, op.rows, op.signs, 4, 7, 0, 1, 1.0, out_a)  # 2^7 > d'
     with pytest.raises(ValueError, match="bad shapes"):
-        native.tile_forward(np.zeros(32), op.rows, op.signs, 4, 3, 0, 2, 1.0, out_f)
+        native.tile_forward(np.zeros(32), op.rows, op.signs, 4, 3, 2, 0, 4, part)
     bad_rows = op.rows.copy()
     bad_rows[1, 2] = 64
     with pytest.raises(ValueError, match="out of range"):
         native.tile_adjoint(z, bad_rows, op.signs, 4, 3, 0, 8, 1.0, out_a)
     bad_rows[1, 2] = -1
     with pytest.raises(ValueError, match="out of range"):
-        native.tile_forward(u, bad_rows, op.signs, 4, 3, 1, 2, 1.0, out_f)
-    native.tile_forward(u, bad_rows, op.signs, 4, 3, 0, 1, 1.0, out_f)  # client 0's rows: fine
+        native.tile_forward(u, bad_rows, op.signs, 4, 3, 2, 0, 1, part)
     with pytest.raises(TypeError, match="signs"):
         native.tile_adjoint(z, op.rows, op.signs.astype(np.float64), 4, 3, 0, 8, 1.0, out_a)

@@ -291,8 +291,10 @@ static PyObject *fwht_rows(PyObject *self, PyObject *args) {
  * s_i[tile] * H_T a with a[rl_p] += (-1)^parity(rh_p & c0) z_ip, and (G_i u)_p sums, over
  * the tiles, (-1)^parity(rh_p & c0) (H_T (s_i[tile] * u[tile]))[rl_p]: every transform is
  * of T doubles, in L1/L2, and nothing of n x d' floats is written. Each output element is
- * produced by one call in a fixed order (tiles split the adjoint, clients the forward), so
- * the results do not depend on how callers split the work among threads. */
+ * produced by one call in a fixed order (tiles split the adjoint; the forward's units,
+ * (client, group of tiles), each sum their group's tiles in order and the caller adds the
+ * groups in order), so the results do not depend on how callers split the work among
+ * threads. */
 
 #if defined(__x86_64__) && defined(__has_attribute)
 #if __has_attribute(target_clones) && !defined(__clang__)
@@ -433,30 +435,36 @@ TILE_CLONES static void tile_adjoint_run(const double *z, const int64_t *rows,
     }
 }
 
-/* rows [i_lo, i_hi) of out = scale * (E_i H D_i u)_i, tile by tile (u's tile is reused by
- * every client of the range while it is in cache) */
+/* units [lo, hi) of the forward product without its scale: unit g n + i is client i over
+ * tile group g (tiles [tiles g / groups, tiles (g + 1) / groups)), and part[g][i][p] =
+ * sum over the group's tiles, in order, of (-1)^parity(rh_p & c0) (H_T (s_i u)[tile])[rl_p].
+ * Tiles outer, clients inner: u's tile is reused by the clients of the range in cache. */
 TILE_CLONES static void tile_forward_run(const double *u, const int64_t *rows,
-                                         const int8_t *signs, Py_ssize_t k, Py_ssize_t d,
-                                         int m, Py_ssize_t i_lo, Py_ssize_t i_hi, double scale,
-                                         double *out, double *b) {
+                                         const int8_t *signs, Py_ssize_t n, Py_ssize_t k,
+                                         Py_ssize_t d, int m, Py_ssize_t groups, Py_ssize_t lo,
+                                         Py_ssize_t hi, double *part, double *b) {
     Py_ssize_t T = (Py_ssize_t)1 << m, tiles = d >> m;
     uint64_t mask = (uint64_t)T - 1;
-    memset(out + i_lo * k, 0, (size_t)((i_hi - i_lo) * k) * sizeof(double));
-    for (Py_ssize_t c0 = 0; c0 < tiles; c0++) {
-        const double *ut = u + c0 * T;
-        for (Py_ssize_t i = i_lo; i < i_hi; i++) {
-            const int8_t *si = signs + i * d + c0 * T;
-            for (Py_ssize_t t = 0; t < T; t++) b[t] = (double)si[t] * ut[t];
-            tile_fwht(b, T);
-            const int64_t *ri = rows + i * k;
-            double *yi = out + i * k;
-            for (Py_ssize_t p = 0; p < k; p++) {
-                uint64_t r = (uint64_t)ri[p];
-                yi[p] += flip(b[r & mask], (r >> m) & (uint64_t)c0);
+    for (Py_ssize_t g = lo / n; g < groups && g * n < hi; g++) {
+        Py_ssize_t i_lo = lo > g * n ? lo - g * n : 0;
+        Py_ssize_t i_hi = hi < (g + 1) * n ? hi - g * n : n;
+        double *pg = part + g * n * k;
+        memset(pg + i_lo * k, 0, (size_t)((i_hi - i_lo) * k) * sizeof(double));
+        for (Py_ssize_t c0 = tiles * g / groups; c0 < tiles * (g + 1) / groups; c0++) {
+            const double *ut = u + c0 * T;
+            for (Py_ssize_t i = i_lo; i < i_hi; i++) {
+                const int8_t *si = signs + i * d + c0 * T;
+                for (Py_ssize_t t = 0; t < T; t++) b[t] = (double)si[t] * ut[t];
+                tile_fwht(b, T);
+                const int64_t *ri = rows + i * k;
+                double *yi = pg + i * k;
+                for (Py_ssize_t p = 0; p < k; p++) {
+                    uint64_t r = (uint64_t)ri[p];
+                    yi[p] += flip(b[r & mask], (r >> m) & (uint64_t)c0);
+                }
             }
         }
     }
-    for (Py_ssize_t x = i_lo * k; x < i_hi * k; x++) out[x] *= scale;
 }
 
 /* whether a row is outside [0, d) (checked without the GIL: n k rows per call, and
@@ -506,7 +514,7 @@ static int tile_parse(tile_args *t, PyObject *veco, PyObject *rowso, PyObject *s
     bad = bad || t->signs.len % n || d < 1 || (d & (d - 1)) || ((Py_ssize_t)1 << m) > d;
     if (!bad)
         bad = adjoint ? (t->vec.len / 8 != nk || t->out.len / 8 != d)
-                      : (t->vec.len / 8 != d || t->out.len / 8 != nk);
+                      : (t->vec.len / 8 != d || t->out.len / 8 % nk != 0);
     if (bad) {
         tile_release(t, 4);
         PyErr_SetString(PyExc_ValueError, "tile products: bad shapes or m");
@@ -554,23 +562,24 @@ static PyObject *tile_adjoint(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* tile_forward(u, rows, signs, k, m, i_lo, i_hi, scale, out) */
+/* tile_forward(u, rows, signs, k, m, groups, lo, hi, part) */
 static PyObject *tile_forward(PyObject *self, PyObject *args) {
     PyObject *uo, *rowso, *signso, *outo;
-    Py_ssize_t k, i_lo, i_hi;
+    Py_ssize_t k, groups, lo, hi;
     int m;
-    double scale;
-    if (!PyArg_ParseTuple(args, "OOOninndO", &uo, &rowso, &signso, &k, &m, &i_lo, &i_hi,
-                          &scale, &outo))
+    if (!PyArg_ParseTuple(args, "OOOninnnO", &uo, &rowso, &signso, &k, &m, &groups, &lo, &hi,
+                          &outo))
         return NULL;
     tile_args t;
     if (tile_parse(&t, uo, rowso, signso, outo, k, m, 0) < 0) return NULL;
-    if (i_lo < 0 || i_hi > t.n || i_lo > i_hi) {
+    Py_ssize_t T = (Py_ssize_t)1 << m;
+    if (groups < 1 || groups > t.d / T || t.out.len / 8 != groups * t.n * t.k || lo < 0 ||
+        hi > groups * t.n || lo > hi) {
         tile_release(&t, 4);
-        PyErr_SetString(PyExc_ValueError, "tile_forward: client range out of bounds");
+        PyErr_SetString(PyExc_ValueError,
+                        "tile_forward: groups, the part's size or the unit range out of bounds");
         return NULL;
     }
-    Py_ssize_t T = (Py_ssize_t)1 << m;
     double *work = malloc((size_t)T * sizeof(double));
     if (work == NULL) {
         tile_release(&t, 4);
@@ -578,10 +587,10 @@ static PyObject *tile_forward(PyObject *self, PyObject *args) {
     }
     int bad;
     Py_BEGIN_ALLOW_THREADS
-    bad = tile_rows_bad((const int64_t *)t.rows.buf + i_lo * t.k, (i_hi - i_lo) * t.k, t.d);
+    bad = tile_rows_bad((const int64_t *)t.rows.buf, t.n * t.k, t.d);
     if (!bad)
         tile_forward_run((const double *)t.vec.buf, (const int64_t *)t.rows.buf,
-                         (const int8_t *)t.signs.buf, t.k, t.d, m, i_lo, i_hi, scale,
+                         (const int8_t *)t.signs.buf, t.n, t.k, t.d, m, groups, lo, hi,
                          (double *)t.out.buf, work);
     Py_END_ALLOW_THREADS
     free(work);
@@ -603,8 +612,9 @@ static PyMethodDef methods[] = {
      "tile_adjoint(z, rows, signs, k, m, t_lo, t_hi, scale, out): tiles [t_lo, t_hi) of "
      "the joint SRHT adjoint, by tiles of 2^m coordinates (GIL released)."},
     {"tile_forward", tile_forward, METH_VARARGS,
-     "tile_forward(u, rows, signs, k, m, i_lo, i_hi, scale, out): rows [i_lo, i_hi) of "
-     "the joint SRHT forward product, by tiles of 2^m coordinates (GIL released)."},
+     "tile_forward(u, rows, signs, k, m, groups, lo, hi, part): units [lo, hi) (unit "
+     "g n + i: client i over tile group g) of the joint SRHT forward product without its "
+     "scale, part[g, i] (shape (groups, n, k)), by tiles of 2^m coordinates (GIL released)."},
     {NULL, NULL, 0, NULL},
 };
 
