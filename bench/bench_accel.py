@@ -40,6 +40,7 @@ after every section, so a run cut short keeps what it measured.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -89,6 +90,9 @@ def env_section(device: str, native: str) -> dict[str, Any]:
         "native_kernels": _spec.NATIVE is not None,
         "native_how": native,
         "decode_products": _srht.product_path(),
+        # the Krylov solvers pin BLAS to one thread through threadpoolctl (else OpenBLAS
+        # threads spin against the products' threads: set OPENBLAS_NUM_THREADS=1 then)
+        "threadpoolctl": importlib.util.find_spec("threadpoolctl") is not None,
         "device": device,
         "tf32": bool(torch.backends.cuda.matmul.allow_tf32),
     }
