@@ -7,6 +7,7 @@ import path, and :func:`load_native` makes the compiled kernels importable.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -128,3 +129,78 @@ def sync(torch: Any, dev: Any) -> None:
 def messages_path() -> Path:
     """Where the decode_2_20 section leaves its messages for the cpu_threads workers."""
     return Path(os.environ.get("TMPDIR", "/tmp")) / f"rpsagg-bench-accel-{os.getpid()}.npy"
+
+
+def cpu_topology() -> dict[str, Any]:
+    """What ``lscpu`` says about the cores: logical CPUs, physical cores, threads per core.
+
+    From ``/sys/devices/system/cpu/cpu*/topology`` (core_id, physical_package_id,
+    thread_siblings_list), else ``/proc/cpuinfo`` (``physical id``, ``core id``): 16 vCPUs
+    may be 16 cores or 8 cores with two hyper-threads each, which decides what a thread
+    count can gain. Also the caches of cpu0 and the NUMA nodes.
+    """
+    out: dict[str, Any] = {"logical_cpus": os.cpu_count()}
+    with contextlib.suppress(AttributeError, OSError):
+        out["affinity_cpus"] = len(os.sched_getaffinity(0))
+    base = Path("/sys/devices/system/cpu")
+    cores: set[tuple[str, str]] = set()
+    siblings: set[str] = set()
+    for cpu in sorted(base.glob("cpu[0-9]*")):
+        topo = cpu / "topology"
+        try:
+            core = (topo / "core_id").read_text().strip()
+            pkg = (topo / "physical_package_id").read_text().strip()
+            sib = (topo / "thread_siblings_list").read_text().strip()
+        except OSError:
+            continue
+        cores.add((pkg, core))
+        siblings.add(sib)
+    how = "sysfs"
+    if not cores:
+        how = "/proc/cpuinfo"
+        try:
+            pkg = core = ""
+            with open("/proc/cpuinfo") as fh:
+                for line in fh:
+                    key, _, val = line.partition(":")
+                    key, val = key.strip(), val.strip()
+                    if key == "physical id":
+                        pkg = val
+                    elif key == "core id":
+                        core = val
+                    elif not key and (pkg or core):  # the blank line ending one CPU
+                        cores.add((pkg, core))
+                        pkg = core = ""
+            if pkg or core:
+                cores.add((pkg, core))
+        except OSError:
+            pass
+    if cores:
+        logical = os.cpu_count() or len(cores)
+        out.update({
+            "physical_cores": len(cores),
+            "sockets": len({p for p, _ in cores}),
+            "threads_per_core": round(logical / len(cores), 2),
+            "topology_from": how,
+        })
+        if siblings:
+            out["thread_siblings_examples"] = sorted(siblings)[:4]
+    else:
+        out["physical_cores"] = "unknown (no sysfs topology, no core id in /proc/cpuinfo)"
+    caches = {}
+    for idx in sorted((base / "cpu0" / "cache").glob("index*")):
+        try:
+            level = (idx / "level").read_text().strip()
+            kind = (idx / "type").read_text().strip()
+            size = (idx / "size").read_text().strip()
+            shared = (idx / "shared_cpu_list").read_text().strip()
+        except OSError:
+            continue
+        caches[f"L{level}{'' if kind == 'Unified' else kind[0].lower()}"] = (
+            f"{size} (shared by CPUs {shared})")
+    if caches:
+        out["caches_cpu0"] = caches
+    nodes = sorted(Path("/sys/devices/system/node").glob("node[0-9]*"))
+    if nodes:
+        out["numa_nodes"] = len(nodes)
+    return out

@@ -13,7 +13,12 @@ Sections (each guarded: a failure is recorded and the next one runs):
    device with the same signs and rows (``TorchJointSRHT.sketch``, which the test suite
    checks against the numpy encode).
 5. ``cpu_threads``: the numpy decode at (100, 1024, 2^20) in fresh processes with 1, 2, 4,
-   8, 16 threads (OMP/BLAS thread variables and the decode's own ``threads``).
+   8, 16 threads (OMP/BLAS thread variables and the decode's own ``threads``), on the
+   product path the process uses (``products``: the compiled tile kernels, else the numpy
+   passes), with the time of the operator and of one forward and one adjoint product;
+   then the numpy passes (``RPSAGG_PRODUCTS=passes``) at ``--passes-threads`` (1 and 16)
+   as the baseline on the same machine. The env section records the CPU topology
+   (physical cores, threads per core).
 
 Decode times exclude beta (a cached, one-off Monte Carlo per (n', k, d', c)): they time
 ``A^T f(K) y``, the part of a decode that depends on the round's messages.
@@ -35,6 +40,7 @@ after every section, so a run cut short keeps what it measured.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -52,6 +58,7 @@ from accel_util import (  # bench/, the script's directory: on the path when run
     ROOT,
     T0,
     avg_c,
+    cpu_topology,
     encode_messages,
     load_native,
     log,
@@ -69,6 +76,7 @@ def env_section(device: str, native: str) -> dict[str, Any]:
     import torch
 
     import rpsagg
+    from rpsagg import _srht
     from rpsagg import spec as _spec
 
     out: dict[str, Any] = {
@@ -81,6 +89,10 @@ def env_section(device: str, native: str) -> dict[str, Any]:
         "fwht_backend": rpsagg.FWHT_BACKEND,
         "native_kernels": _spec.NATIVE is not None,
         "native_how": native,
+        "decode_products": _srht.product_path(),
+        # the Krylov solvers pin BLAS to one thread through threadpoolctl (else OpenBLAS
+        # threads spin against the products' threads: set OPENBLAS_NUM_THREADS=1 then)
+        "threadpoolctl": importlib.util.find_spec("threadpoolctl") is not None,
         "device": device,
         "tf32": bool(torch.backends.cuda.matmul.allow_tf32),
     }
@@ -94,6 +106,7 @@ def env_section(device: str, native: str) -> dict[str, Any]:
         out["cpu"] = names[0] if names else out["cpu"]
     except OSError:
         pass
+    out["cpu_topology"] = cpu_topology()
     for key, val in out.items():
         log(f"  {key}: {val}")
     return out
@@ -273,69 +286,111 @@ def cpu_worker(args: argparse.Namespace) -> None:
     kwargs: dict[str, Any] = {}
     if "threads" in inspect.signature(JointSRHT.from_seeds).parameters:
         kwargs["threads"] = args.threads
-    times = []
+    times, operator_s, cpu_s = [], [], []
     info = None
+    op = None
     for _ in range(args.repeats):
         t = time.perf_counter()
+        cpu = time.process_time()  # CPU seconds of all the process's threads
         op = JointSRHT.from_seeds(seeds, k, d, **kwargs)
+        operator_s.append(time.perf_counter() - t)
         _, info = joint_solve(op, y, c, method="cg")
         times.append(time.perf_counter() - t)
-    assert info is not None
+        cpu_s.append(time.process_time() - cpu)
+    assert info is not None and op is not None
+    # one product of each kind, alone (best of 3): A u and A^T z
+    rng = np.random.default_rng(5)
+    u, z = rng.standard_normal(op.d_pad), rng.standard_normal((n, k))
+    products: dict[str, float] = {}
+    for name, fn, arg in (("forward_s", op.forward, u), ("adjoint_s", op.adjoint, z)):
+        best = float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            fn(arg)
+            best = min(best, time.perf_counter() - t)
+        products[name] = best
     import rpsagg
 
+    try:
+        from rpsagg._srht import product_path
+
+        path = product_path()
+    except ImportError:  # a tree from before the tile products
+        path = "passes"
     print(json.dumps({"threads": args.threads, "all_s": times, "min_s": min(times),
-                      "iterations": info.iterations, "decode_threads_param": bool(kwargs),
+                      "operator_s": operator_s, "cpu_s": cpu_s, "iterations": info.iterations,
+                      "decode_threads_param": bool(kwargs), "products": path, **products,
                       "fwht_backend": rpsagg.FWHT_BACKEND}))
 
 
-def cpu_threads_section(smoke: bool, counts: list[int], deadline: float) -> dict[str, Any]:
-    import rpsagg
+def _cpu_run(msgs: Path, d: int, t: int, products: str, smoke: bool,
+             deadline: float) -> dict[str, Any]:
+    """One row: the decode with ``t`` threads in a fresh process, ``products`` forced."""
+    left = deadline - time.perf_counter()
+    if left < 20:
+        log(f"  skipping {products} with {t} threads: {left:.0f}s left")
+        return {"threads": t, "skipped": "time"}
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[var] = str(t)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT / "common")] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["RPSAGG_PRODUCTS"] = products
+    repeats = 1 if (t == 1 and not smoke) else 2
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--cpu-worker",
+           "--messages", str(msgs), "--d", str(d), "--threads", str(t),
+           "--repeats", str(repeats)]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                              timeout=max(10.0, left - 10))
+    except subprocess.TimeoutExpired:
+        log(f"  {products}, {t} threads: timed out")
+        return {"threads": t, "error": "timeout"}
+    if proc.returncode != 0:
+        log(f"  {products}, {t} threads failed: {proc.stderr[-500:]}")
+        return {"threads": t, "error": proc.stderr[-2000:]}
+    row: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    log(f"  {row['products']}, {t} threads: {row['min_s']:.2f}s (runs "
+        f"{[round(x, 3) for x in row['all_s']]}, operator {min(row['operator_s']):.3f}s), "
+        f"{row['iterations']} it; one forward {row['forward_s']:.4f}s, "
+        f"one adjoint {row['adjoint_s']:.4f}s")
+    return row
 
-    d = 2**10 if smoke else 2**20
-    if rpsagg.FWHT_BACKEND == "numpy" and not smoke:
-        # the numpy butterfly takes ~0.25 s per 2^20 transform: ~10 minutes per decode
-        raise RuntimeError("only the numpy FWHT here (no fht-cpu, no compiled kernels)")
-    msgs = messages_path()
-    if not msgs.exists():
-        raise RuntimeError("no messages: the decode_2_20 section did not get to encode them")
-    rows = []
-    for t in counts:
-        left = deadline - time.perf_counter()
-        if left < 20:
-            log(f"  skipping {t} threads: {left:.0f}s left")
-            rows.append({"threads": t, "skipped": "time"})
-            continue
-        env = dict(os.environ)
-        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-            env[var] = str(t)
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(ROOT / "common")] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
-                                      if p])
-        repeats = 1 if (t == 1 and not smoke) else 2
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--cpu-worker",
-               "--messages", str(msgs), "--d", str(d), "--threads", str(t),
-               "--repeats", str(repeats)]
-        try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                                  timeout=max(10.0, left - 10))
-        except subprocess.TimeoutExpired:
-            rows.append({"threads": t, "error": "timeout"})
-            log(f"  {t} threads: timed out")
-            continue
-        if proc.returncode != 0:
-            rows.append({"threads": t, "error": proc.stderr[-2000:]})
-            log(f"  {t} threads failed: {proc.stderr[-500:]}")
-            continue
-        row = json.loads(proc.stdout.strip().splitlines()[-1])
-        rows.append(row)
-        log(f"  {t} threads: {row['min_s']:.2f}s (runs {row['all_s']}), "
-            f"{row['iterations']} it")
+
+def _speedups(rows: list[dict[str, Any]]) -> None:
     base = next((r["min_s"] for r in rows if r.get("threads") == 1 and "min_s" in r), None)
     for r in rows:
         if base is not None and "min_s" in r:
             r["speedup"] = base / r["min_s"]
             r["efficiency"] = r["speedup"] / r["threads"]
-    return {"n": 100, "d": d, "rows": rows, "target_efficiency": 0.7}
+
+
+def cpu_threads_section(smoke: bool, counts: list[int], passes_counts: list[int],
+                        deadline: float) -> dict[str, Any]:
+    """The numpy decode with each thread count (``rows``: the default product path, the
+    tile kernels when the compiled kernels load), then the numpy passes as a baseline on
+    the same machine (``passes_rows``, thread counts ``passes_counts``)."""
+    import rpsagg
+    from rpsagg._srht import product_path
+
+    d = 2**10 if smoke else 2**20
+    path = product_path()
+    if rpsagg.FWHT_BACKEND == "numpy" and path == "passes" and not smoke:
+        # the numpy butterfly takes ~0.25 s per 2^20 transform: ~10 minutes per decode
+        raise RuntimeError("only the numpy FWHT here (no fht-cpu, no compiled kernels)")
+    msgs = messages_path()
+    if not msgs.exists():
+        raise RuntimeError("no messages: the decode_2_20 section did not get to encode them")
+    log(f"  products: {path}")
+    rows = [_cpu_run(msgs, d, t, path, smoke, deadline) for t in counts]
+    _speedups(rows)
+    out: dict[str, Any] = {"n": 100, "d": d, "products": path, "rows": rows,
+                           "target_efficiency": 0.7}
+    if path == "tiles" and passes_counts and (rpsagg.FWHT_BACKEND != "numpy" or smoke):
+        passes = [_cpu_run(msgs, d, t, "passes", smoke, deadline) for t in passes_counts]
+        _speedups(passes)
+        out["passes_rows"] = passes
+    return out
 
 
 def main() -> None:
@@ -346,6 +401,8 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=330.0, help="stop starting work after")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads-list", default="1,2,4,8,16")
+    p.add_argument("--passes-threads", default="1,16",
+                   help="thread counts of the numpy-passes baseline rows ('' for none)")
     p.add_argument("--skip", default="", help="comma-separated sections to skip")
     p.add_argument("--cpu-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--messages", default=None, help=argparse.SUPPRESS)
@@ -365,8 +422,10 @@ def main() -> None:
     deadline = T0 + args.budget_s
     skip = set(filter(None, args.skip.split(",")))
     counts = [int(t) for t in args.threads_list.split(",")]
+    passes_counts = [int(t) for t in args.passes_threads.split(",") if t]
     if args.smoke:
         counts = [t for t in counts if t <= 2]
+        passes_counts = [t for t in passes_counts if t <= 2]
     log(f"bench_accel: device {device}, smoke={args.smoke}, budget {args.budget_s:.0f}s, "
         f"json -> {out_path}")
     steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
@@ -376,7 +435,8 @@ def main() -> None:
         ("decode_2_27", lambda: decode_2_27_section(device, args.smoke,
                                                     deadline - 150 if not args.smoke
                                                     else deadline)),
-        ("cpu_threads", lambda: cpu_threads_section(args.smoke, counts, deadline)),
+        ("cpu_threads", lambda: cpu_threads_section(args.smoke, counts, passes_counts,
+                                                    deadline)),
     ]
     try:
         for name, fn in steps:

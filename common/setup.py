@@ -1,5 +1,6 @@
-"""Optional compiled kernels of the encode (``rpsagg/_fast.c``: sign multiply, row sampling,
-last butterfly stage; bit-identical to the numpy code, which is used where no C compiler is).
+"""Optional compiled kernels (``rpsagg/_fast.c``): of the encode (sign multiply, row sampling,
+last butterfly stage; bit-identical to the numpy code, which is used where no C compiler is)
+and of the decode's joint SRHT products by tiles (the numpy passes where no C compiler is).
 
 Everything else about the package is in ``pyproject.toml``; extension modules are declared
 here because setuptools' ``[tool.setuptools.ext-modules]`` table is still experimental (and

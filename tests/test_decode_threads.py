@@ -1,8 +1,11 @@
-"""The multi-threaded numpy decode: the same bits as one thread, on every FWHT backend.
+"""The multi-threaded decode products: the same bits as one thread, on every path.
 
-``JointSRHT(threads=T)`` splits rows for the passes before the FWHT and columns for the
-adjoint's sum, so each output element sees the same operations in the same order; these
-tests hold it to exact equality (not a tolerance) against ``threads=1``.
+``JointSRHT(threads=T)`` splits each product between threads so that each output element
+sees the same operations in the same order: the compiled tile kernels split tiles (adjoint)
+or clients (forward); the numpy passes split rows for the passes before the FWHT and
+columns for the adjoint's sum. These tests hold it to exact equality (not a tolerance)
+against ``threads=1``, on the tile kernels and on the numpy passes with each FWHT backend
+(with ``RPSAGG_NATIVE=0`` only the numpy passes exist, and run).
 """
 
 from __future__ import annotations
@@ -13,28 +16,31 @@ import numpy as np
 import pytest
 
 import rpsagg
-from rpsagg import _fwht, spec
+from rpsagg import _fwht, _srht, spec
 from rpsagg._decode import joint_solve
 from rpsagg._srht import JointSRHT, _split, default_threads
 from rpsagg.synthetic import correlated_vectors
 
 
-def _backends() -> list[str]:
-    out = ["numpy"]
+def _paths() -> list[str]:
+    out = ["passes-numpy"]
     if spec.NATIVE is not None:
-        out.append("native")
+        out += ["tiles", "passes-native"]
     if _fwht._FAST is not None:
-        out.append("fht-cpu")
+        out.append("passes-fht-cpu")
     return out
 
 
-@pytest.fixture(params=_backends())
+@pytest.fixture(params=_paths())
 def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The product path: the tile kernels, or the numpy passes with one FWHT backend."""
     name = str(request.param)
-    if name != "fht-cpu":
+    monkeypatch.setattr(_srht, "PRODUCTS", "tiles" if name == "tiles" else "passes")
+    assert _srht.product_path() == ("tiles" if name == "tiles" else "passes")
+    if name != "passes-fht-cpu":
         monkeypatch.setattr(_fwht, "_FAST", None)
         monkeypatch.setattr(_fwht, "BATCH_THREADS", False)
-    if name == "numpy":
+    if name == "passes-numpy":
         monkeypatch.setattr(_fwht, "_NATIVE", None)
     return name
 
@@ -50,8 +56,10 @@ def test_split_covers_the_range() -> None:
     assert default_threads() >= 1
 
 
-@pytest.mark.parametrize("threads", [2, 3, 5])
+@pytest.mark.parametrize("threads", [2, 3, 7])
 def test_threaded_products_equal_one_thread_bitwise(backend: str, threads: int) -> None:
+    # tiles: k = 40 -> m = 8, 16 tiles of 256 (3, 7 threads: uneven ranges); 11 clients for
+    # the forward's split (3 and 7 do not divide 11)
     n, k, d_pad = 11, 40, 4096
     seeds = [101 * (i + 1) for i in range(n)]
     # a budget of 4 clients per chunk: several chunks, the last one partial
@@ -74,7 +82,8 @@ def test_threaded_products_equal_one_thread_bitwise(backend: str, threads: int) 
 
 def test_one_client_per_chunk_still_splits_columns(backend: str) -> None:
     # d' so large against the budget that each chunk is one client: the sign multiply and
-    # the adjoint's sum are split by columns, the FWHT runs on one row.
+    # the adjoint's sum are split by columns, the FWHT runs on one row. (Tiles: 128 tiles
+    # between 4 threads; the forward's 3 clients on 3 of them.)
     n, k, d_pad = 3, 16, 1 << 14
     seeds = [7, 8, 9]
     one = JointSRHT.from_seeds(seeds, k, d_pad, 8 * d_pad, threads=1)

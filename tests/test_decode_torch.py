@@ -194,5 +194,15 @@ def test_bench_accel_smoke(tmp_path: Path) -> None:
         assert "error" not in res[name], (name, res[name])
     assert res["check"]["met"] and res["check"]["worst_rel_diff"] <= 1e-10
     assert res["decode_2_27"]["runs"][0]["finite"]
-    assert [r["threads"] for r in res["cpu_threads"]["rows"]] == [1, 2]
-    assert all(r["iterations"] > 0 for r in res["cpu_threads"]["rows"])
+    cpu = res["cpu_threads"]
+    assert [r["threads"] for r in cpu["rows"]] == [1, 2]
+    assert all(r["iterations"] > 0 for r in cpu["rows"])
+    # the section says which product path ran, and times one product of each kind
+    assert cpu["products"] == res["env"]["decode_products"]
+    assert cpu["products"] == ("passes" if os.environ.get("RPSAGG_NATIVE") == "0" else "tiles")
+    assert all(r["products"] == cpu["products"] for r in cpu["rows"])
+    assert all(r["forward_s"] > 0 and r["adjoint_s"] > 0 for r in cpu["rows"])
+    if cpu["products"] == "tiles":  # and the numpy passes as the baseline (1 thread in smoke)
+        assert [(r["threads"], r["products"]) for r in cpu["passes_rows"]] == [(1, "passes")]
+    topo = res["env"]["cpu_topology"]
+    assert topo["physical_cores"] >= 1 and topo["threads_per_core"] >= 1

@@ -22,7 +22,6 @@ against (``bench/beta_paths.py``).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -37,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from rpsagg._beta_free import free_error_bound, free_is_accurate, free_spectral_sum
-from rpsagg._decode import EXACT_LIMIT, eig_tolerance, solve_krylov, solve_lsqr
+from rpsagg._decode import EXACT_LIMIT, eig_tolerance, one_blas_thread, solve_krylov, solve_lsqr
 from rpsagg._fwht import fwht
 from rpsagg._srht import JointSRHT
 from rpsagg.spec import (
@@ -341,27 +340,11 @@ def rps_beta_mc(
     return est
 
 
-def _one_blas_thread() -> contextlib.AbstractContextManager[object]:
-    """One BLAS thread for the Monte Carlo's small factorizations, where threadpoolctl exists.
-
-    Its matrices are at most a few thousand wide: a second thread gains little there, and on
-    a loaded machine OpenBLAS threads that wait for a core made one 256 x 1024 SVD 50 times
-    slower (measured: 1.7 s instead of 0.03 s).
-    """
-    import scipy.linalg  # noqa: F401  (load scipy's own BLAS first, so the limit covers it)
-
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=1, user_api="blas")
-
-
 def _monte_carlo(
     n: int, k: int, d_pad: int, c: float, key: str, target: float, budget: float,
     projection: str = "srht",
 ) -> BetaEstimate:
-    with _one_blas_thread():
+    with one_blas_thread():
         return _monte_carlo_loop(n, k, d_pad, c, key, target, budget, projection)
 
 

@@ -1,11 +1,14 @@
-/* Optional compiled kernels of the SRHT encode (module rpsagg._fast).
+/* Optional compiled kernels of the SRHT encode and decode (module rpsagg._fast).
  *
- * The same arithmetic as the numpy code in spec.py / _srht.py, bit for bit (the tests
- * compare the two on every path): SplitMix64 words in counter mode, rejection sampling of
- * distinct rows, the +-1 sign multiply, and the SRHT's last butterfly stage at the kept
- * rows. docs/wire-format.md is the normative description of the first three. Arrays are
- * passed through the buffer protocol (no numpy headers needed to build), and every loop
- * runs without the GIL.
+ * The encode's are the same arithmetic as the numpy code in spec.py / _srht.py, bit for
+ * bit (the tests compare the two on every path): SplitMix64 words in counter mode,
+ * rejection sampling of distinct rows, the +-1 sign multiply, and the SRHT's last
+ * butterfly stage at the kept rows. docs/wire-format.md is the normative description of
+ * the first three. The decode's joint products by tiles (tile_adjoint, tile_forward) sum
+ * in another order than the numpy passes (agreement to rounding, ~1e-15 relative) and
+ * give the same bits however the caller splits them between threads. Arrays are passed
+ * through the buffer protocol (no numpy headers needed to build), and every loop runs
+ * without the GIL.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -544,6 +547,322 @@ static PyObject *hb_encode(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---- the joint SRHT products by tiles (rpsagg._srht.JointSRHT with the compiled kernels).
+ *
+ * G_i = d'^-1/2 E_i H D_i. Output coordinate j = c0 * T + t (T = 2^m, tile c0); in Sylvester
+ * order, with rh = r >> m and rl = r & (T - 1), H[r, c0 T + t] = (-1)^parity(rh & c0) *
+ * H_T[rl, t], since c0 T and t have disjoint bits. So tile c0 of G_i^T z_i is
+ * s_i[tile] * H_T a with a[rl_p] += (-1)^parity(rh_p & c0) z_ip, and (G_i u)_p sums, over
+ * the tiles, (-1)^parity(rh_p & c0) (H_T (s_i[tile] * u[tile]))[rl_p]: every transform is
+ * of T doubles, in L1/L2, and nothing of n x d' floats is written. Each output element is
+ * produced by one call in a fixed order (tiles split the adjoint; the forward's units,
+ * (client, group of tiles), each sum their group's tiles in order and the caller adds the
+ * groups in order), so the results do not depend on how callers split the work among
+ * threads. */
+
+#if defined(__x86_64__) && defined(__has_attribute)
+#if __has_attribute(target_clones) && !defined(__clang__)
+/* AVX2 where the CPU has it, chosen at load time (a wheel cannot assume -march=native).
+ * All products here are by +-1 (exact), so contraction into FMA changes no bit. */
+#define TILE_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef TILE_CLONES
+#define TILE_CLONES
+#endif
+#define TILE_INLINE static inline __attribute__((always_inline))
+
+typedef double v4d __attribute__((vector_size(32)));
+/* unaligned loads and stores of 4 doubles (macros: a function passing v4d by value would
+ * make GCC note an ABI change) */
+#define LOAD4(v, p) memcpy(&(v), (p), sizeof(v4d))
+#define STORE4(p, v)                         \
+    do {                                     \
+        v4d tmp_ = (v);                      \
+        memcpy((p), &tmp_, sizeof(v4d));     \
+    } while (0)
+
+/* radix-4 stages h = 1, 4, 16, ... then radix-2, within a block of len doubles. The
+ * stages h = 1 and h = 4 are written with 4-double vectors (a loop of 1 or 4 iterations
+ * does not vectorize well); they compute the same sums and differences as the scalar
+ * butterfly (a + (-b) is a - b exactly). */
+TILE_INLINE void tile_fwht_block(double *restrict x, Py_ssize_t len) {
+    Py_ssize_t h = 1;
+    if (len >= 4) { /* h = 1: the four elements of each group are adjacent */
+        const v4d alt = {1.0, -1.0, 1.0, -1.0}, half = {1.0, 1.0, -1.0, -1.0};
+        for (Py_ssize_t j = 0; j < len; j += 4) {
+            v4d v;
+            LOAD4(v, x + j);
+            v4d t = (v4d){v[0], v[0], v[2], v[2]} + (v4d){v[1], v[1], v[3], v[3]} * alt;
+            v4d y = (v4d){t[0], t[1], t[0], t[1]} + (v4d){t[2], t[3], t[2], t[3]} * half;
+            STORE4(x + j, y);
+        }
+        h = 4;
+    }
+    if (len >= 16) { /* h = 4: each quarter of a group of 16 is one vector */
+        for (Py_ssize_t j = 0; j < len; j += 16) {
+            v4d a, b, c, d;
+            LOAD4(a, x + j);
+            LOAD4(b, x + j + 4);
+            LOAD4(c, x + j + 8);
+            LOAD4(d, x + j + 12);
+            v4d s0 = a + b, d0 = a - b, s1 = c + d, d1 = c - d;
+            STORE4(x + j, s0 + s1);
+            STORE4(x + j + 4, d0 + d1);
+            STORE4(x + j + 8, s0 - s1);
+            STORE4(x + j + 12, d0 - d1);
+        }
+        h = 16;
+    }
+    for (; 4 * h <= len; h *= 4)
+        for (Py_ssize_t i = 0; i < len; i += 4 * h) {
+            double *restrict p0 = x + i, *restrict p1 = p0 + h, *restrict p2 = p1 + h,
+                            *restrict p3 = p2 + h;
+            for (Py_ssize_t j = 0; j < h; j++) {
+                double a = p0[j], b = p1[j], c = p2[j], d = p3[j];
+                double s0 = a + b, d0 = a - b, s1 = c + d, d1 = c - d;
+                p0[j] = s0 + s1;
+                p1[j] = d0 + d1;
+                p2[j] = s0 - s1;
+                p3[j] = d0 - d1;
+            }
+        }
+    if (h < len)
+        for (Py_ssize_t j = 0; j < h; j++) {
+            double a = x[j], b = x[j + h];
+            x[j] = a + b;
+            x[j + h] = a - b;
+        }
+}
+
+#define TILE_BLOCK 2048 /* doubles: 16 KiB, L1 */
+
+/* in-place FWHT of len = 2^m doubles: blocks in L1, then the stages across blocks */
+TILE_INLINE void tile_fwht(double *restrict x, Py_ssize_t len) {
+    Py_ssize_t block = len < TILE_BLOCK ? len : TILE_BLOCK;
+    for (Py_ssize_t i = 0; i < len; i += block) tile_fwht_block(x + i, block);
+    Py_ssize_t h = block;
+    for (; 4 * h <= len; h *= 4)
+        for (Py_ssize_t i = 0; i < len; i += 4 * h) {
+            double *restrict p0 = x + i, *restrict p1 = p0 + h, *restrict p2 = p1 + h,
+                            *restrict p3 = p2 + h;
+            for (Py_ssize_t j = 0; j < h; j++) {
+                double a = p0[j], b = p1[j], c = p2[j], d = p3[j];
+                double s0 = a + b, d0 = a - b, s1 = c + d, d1 = c - d;
+                p0[j] = s0 + s1;
+                p1[j] = d0 + d1;
+                p2[j] = s0 - s1;
+                p3[j] = d0 - d1;
+            }
+        }
+    if (h < len)
+        for (Py_ssize_t j = 0; j < h; j++) {
+            double a = x[j], b = x[j + h];
+            x[j] = a + b;
+            x[j + h] = a - b;
+        }
+}
+
+/* v * (-1)^parity(bits), without a branch (the parities are random: a branch on them would
+ * be mispredicted half the time): the sign bit flipped, exact */
+TILE_INLINE double flip(double v, uint64_t bits) {
+    uint64_t w;
+    memcpy(&w, &v, sizeof w);
+    w ^= (uint64_t)__builtin_parityll(bits) << 63;
+    memcpy(&v, &w, sizeof w);
+    return v;
+}
+
+/* tiles [t_lo, t_hi) of out = scale * sum_i D_i H E_i^T z_i */
+TILE_CLONES static void tile_adjoint_run(const double *z, const int64_t *rows,
+                                         const int8_t *signs, Py_ssize_t n, Py_ssize_t k,
+                                         Py_ssize_t d, int m, Py_ssize_t t_lo, Py_ssize_t t_hi,
+                                         double scale, double *out, double *acc, double *a) {
+    Py_ssize_t T = (Py_ssize_t)1 << m;
+    uint64_t mask = (uint64_t)T - 1;
+    for (Py_ssize_t c0 = t_lo; c0 < t_hi; c0++) {
+        memset(acc, 0, (size_t)T * sizeof(double));
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const double *zi = z + i * k;
+            const int64_t *ri = rows + i * k;
+            memset(a, 0, (size_t)T * sizeof(double));
+            for (Py_ssize_t p = 0; p < k; p++) {
+                uint64_t r = (uint64_t)ri[p];
+                a[r & mask] += flip(zi[p], (r >> m) & (uint64_t)c0);
+            }
+            tile_fwht(a, T);
+            const int8_t *si = signs + i * d + c0 * T;
+            for (Py_ssize_t t = 0; t < T; t++) acc[t] += (double)si[t] * a[t];
+        }
+        double *o = out + c0 * T;
+        for (Py_ssize_t t = 0; t < T; t++) o[t] = acc[t] * scale;
+    }
+}
+
+/* units [lo, hi) of the forward product without its scale: unit g n + i is client i over
+ * tile group g (tiles [tiles g / groups, tiles (g + 1) / groups)), and part[g][i][p] =
+ * sum over the group's tiles, in order, of (-1)^parity(rh_p & c0) (H_T (s_i u)[tile])[rl_p].
+ * Tiles outer, clients inner: u's tile is reused by the clients of the range in cache. */
+TILE_CLONES static void tile_forward_run(const double *u, const int64_t *rows,
+                                         const int8_t *signs, Py_ssize_t n, Py_ssize_t k,
+                                         Py_ssize_t d, int m, Py_ssize_t groups, Py_ssize_t lo,
+                                         Py_ssize_t hi, double *part, double *b) {
+    Py_ssize_t T = (Py_ssize_t)1 << m, tiles = d >> m;
+    uint64_t mask = (uint64_t)T - 1;
+    for (Py_ssize_t g = lo / n; g < groups && g * n < hi; g++) {
+        Py_ssize_t i_lo = lo > g * n ? lo - g * n : 0;
+        Py_ssize_t i_hi = hi < (g + 1) * n ? hi - g * n : n;
+        double *pg = part + g * n * k;
+        memset(pg + i_lo * k, 0, (size_t)((i_hi - i_lo) * k) * sizeof(double));
+        for (Py_ssize_t c0 = tiles * g / groups; c0 < tiles * (g + 1) / groups; c0++) {
+            const double *ut = u + c0 * T;
+            for (Py_ssize_t i = i_lo; i < i_hi; i++) {
+                const int8_t *si = signs + i * d + c0 * T;
+                for (Py_ssize_t t = 0; t < T; t++) b[t] = (double)si[t] * ut[t];
+                tile_fwht(b, T);
+                const int64_t *ri = rows + i * k;
+                double *yi = pg + i * k;
+                for (Py_ssize_t p = 0; p < k; p++) {
+                    uint64_t r = (uint64_t)ri[p];
+                    yi[p] += flip(b[r & mask], (r >> m) & (uint64_t)c0);
+                }
+            }
+        }
+    }
+}
+
+/* whether a row is outside [0, d) (checked without the GIL: n k rows per call, and
+ * every thread of a product makes a call) */
+static int tile_rows_bad(const int64_t *r, Py_ssize_t nk, Py_ssize_t d) {
+    int bad = 0;
+    for (Py_ssize_t i = 0; i < nk; i++) bad |= r[i] < 0 || r[i] >= d;
+    return bad;
+}
+
+static PyObject *tile_rows_error(void) {
+    PyErr_SetString(PyExc_ValueError, "tile products: a row out of range");
+    return NULL;
+}
+
+/* the buffers of the arguments common to both products, checked (but the rows' range) */
+typedef struct {
+    Py_buffer vec, rows, signs, out;
+    Py_ssize_t n, k, d;
+} tile_args;
+
+static void tile_release(tile_args *t, int count) {
+    Py_buffer *bufs[4] = {&t->vec, &t->rows, &t->signs, &t->out};
+    for (int i = 0; i < count; i++) PyBuffer_Release(bufs[i]);
+}
+
+/* vec: z (n k doubles, adjoint) or u (d doubles, forward); out: d or n k doubles */
+static int tile_parse(tile_args *t, PyObject *veco, PyObject *rowso, PyObject *signso,
+                      PyObject *outo, Py_ssize_t k, int m, int adjoint) {
+    if (get_buffer(veco, &t->vec, 0, "d", 8, adjoint ? "z" : "u") < 0) return -1;
+    if (get_buffer(rowso, &t->rows, 0, "q", 8, "rows") < 0) {
+        tile_release(t, 1);
+        return -1;
+    }
+    if (get_buffer(signso, &t->signs, 0, "b", 1, "signs") < 0) {
+        tile_release(t, 2);
+        return -1;
+    }
+    if (get_buffer(outo, &t->out, 1, "d", 8, "out") < 0) {
+        tile_release(t, 3);
+        return -1;
+    }
+    Py_ssize_t nk = t->rows.len / 8;
+    int bad = k < 1 || nk % k || nk == 0 || m < 0 || m > 30;
+    Py_ssize_t n = bad ? 1 : nk / k;
+    Py_ssize_t d = t->signs.len / n;
+    bad = bad || t->signs.len % n || d < 1 || (d & (d - 1)) || ((Py_ssize_t)1 << m) > d;
+    if (!bad)
+        bad = adjoint ? (t->vec.len / 8 != nk || t->out.len / 8 != d)
+                      : (t->vec.len / 8 != d || t->out.len / 8 % nk != 0);
+    if (bad) {
+        tile_release(t, 4);
+        PyErr_SetString(PyExc_ValueError, "tile products: bad shapes or m");
+        return -1;
+    }
+    t->n = n;
+    t->k = k;
+    t->d = d;
+    return 0;
+}
+
+/* tile_adjoint(z, rows, signs, k, m, t_lo, t_hi, scale, out) */
+static PyObject *tile_adjoint(PyObject *self, PyObject *args) {
+    PyObject *zo, *rowso, *signso, *outo;
+    Py_ssize_t k, t_lo, t_hi;
+    int m;
+    double scale;
+    if (!PyArg_ParseTuple(args, "OOOninndO", &zo, &rowso, &signso, &k, &m, &t_lo, &t_hi,
+                          &scale, &outo))
+        return NULL;
+    tile_args t;
+    if (tile_parse(&t, zo, rowso, signso, outo, k, m, 1) < 0) return NULL;
+    Py_ssize_t T = (Py_ssize_t)1 << m;
+    if (t_lo < 0 || t_hi > t.d / T || t_lo > t_hi) {
+        tile_release(&t, 4);
+        PyErr_SetString(PyExc_ValueError, "tile_adjoint: tile range out of bounds");
+        return NULL;
+    }
+    double *work = malloc((size_t)(2 * T) * sizeof(double));
+    if (work == NULL) {
+        tile_release(&t, 4);
+        return PyErr_NoMemory();
+    }
+    int bad;
+    Py_BEGIN_ALLOW_THREADS
+    bad = tile_rows_bad((const int64_t *)t.rows.buf, t.n * t.k, t.d);
+    if (!bad)
+        tile_adjoint_run((const double *)t.vec.buf, (const int64_t *)t.rows.buf,
+                         (const int8_t *)t.signs.buf, t.n, t.k, t.d, m, t_lo, t_hi, scale,
+                         (double *)t.out.buf, work, work + T);
+    Py_END_ALLOW_THREADS
+    free(work);
+    tile_release(&t, 4);
+    if (bad) return tile_rows_error();
+    Py_RETURN_NONE;
+}
+
+/* tile_forward(u, rows, signs, k, m, groups, lo, hi, part) */
+static PyObject *tile_forward(PyObject *self, PyObject *args) {
+    PyObject *uo, *rowso, *signso, *outo;
+    Py_ssize_t k, groups, lo, hi;
+    int m;
+    if (!PyArg_ParseTuple(args, "OOOninnnO", &uo, &rowso, &signso, &k, &m, &groups, &lo, &hi,
+                          &outo))
+        return NULL;
+    tile_args t;
+    if (tile_parse(&t, uo, rowso, signso, outo, k, m, 0) < 0) return NULL;
+    Py_ssize_t T = (Py_ssize_t)1 << m;
+    if (groups < 1 || groups > t.d / T || t.out.len / 8 != groups * t.n * t.k || lo < 0 ||
+        hi > groups * t.n || lo > hi) {
+        tile_release(&t, 4);
+        PyErr_SetString(PyExc_ValueError,
+                        "tile_forward: groups, the part's size or the unit range out of bounds");
+        return NULL;
+    }
+    double *work = malloc((size_t)T * sizeof(double));
+    if (work == NULL) {
+        tile_release(&t, 4);
+        return PyErr_NoMemory();
+    }
+    int bad;
+    Py_BEGIN_ALLOW_THREADS
+    bad = tile_rows_bad((const int64_t *)t.rows.buf, t.n * t.k, t.d);
+    if (!bad)
+        tile_forward_run((const double *)t.vec.buf, (const int64_t *)t.rows.buf,
+                         (const int8_t *)t.signs.buf, t.n, t.k, t.d, m, groups, lo, hi,
+                         (double *)t.out.buf, work);
+    Py_END_ALLOW_THREADS
+    free(work);
+    tile_release(&t, 4);
+    if (bad) return tile_rows_error();
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"sign_multiply", sign_multiply, METH_VARARGS,
      "sign_multiply(x, key, out): out = D x (zero-padded), D from the stream key."},
@@ -561,6 +880,13 @@ static PyMethodDef methods[] = {
      "hb_gather(w, rows, out): hblocks' kept rows with their last scale."},
     {"hb_encode", hb_encode, METH_VARARGS,
      "hb_encode(x, seed, rows, w, out): the whole hblocks encode in C."},
+    {"tile_adjoint", tile_adjoint, METH_VARARGS,
+     "tile_adjoint(z, rows, signs, k, m, t_lo, t_hi, scale, out): tiles [t_lo, t_hi) of "
+     "the joint SRHT adjoint, by tiles of 2^m coordinates (GIL released)."},
+    {"tile_forward", tile_forward, METH_VARARGS,
+     "tile_forward(u, rows, signs, k, m, groups, lo, hi, part): units [lo, hi) (unit "
+     "g n + i: client i over tile group g) of the joint SRHT forward product without its "
+     "scale, part[g, i] (shape (groups, n, k)), by tiles of 2^m coordinates (GIL released)."},
     {NULL, NULL, 0, NULL},
 };
 

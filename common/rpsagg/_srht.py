@@ -1,7 +1,8 @@
 """Seeded Subsampled Randomized Hadamard Transforms and their joint operators.
 
 ``G_i = (1/sqrt(d')) E_i H D_i`` for client ``i``; ``A = [G_1; ...; G_n]`` (nk x d').
-Nothing here forms H or a d' x d' matrix: every product goes through the FWHT.
+Nothing here forms H or a d' x d' matrix: every product goes through the FWHT (of d', or
+of tiles of 2^m coordinates in the compiled products).
 """
 
 from __future__ import annotations
@@ -163,6 +164,100 @@ def srht_matrix(seed: int, k: int, d: int) -> FloatArray:
     return np.asarray(h_rows * signs(seed, d_pad)[None, :] / np.sqrt(d_pad))
 
 
+#: How :meth:`JointSRHT.forward` / :meth:`JointSRHT.adjoint` should run: ``"tiles"`` (the
+#: compiled tile kernels ``tile_forward`` / ``tile_adjoint`` of ``rpsagg._fast``, when built)
+#: or ``"passes"`` (numpy passes over an n x d' work array and the FWHT backend).
+#: ``RPSAGG_PRODUCTS=passes`` picks the latter (benchmarks); :func:`product_path` says
+#: which runs.
+PRODUCTS = "passes" if os.environ.get("RPSAGG_PRODUCTS", "").lower() == "passes" else "tiles"
+
+
+def product_path() -> str:
+    """How the joint SRHT products run in this process.
+
+    Returns
+    -------
+    str
+        ``"tiles"`` when :data:`PRODUCTS` asks for them and the compiled kernels are
+        loaded (``rpsagg.spec.NATIVE``), else ``"passes"``.
+    """
+    native = spec.NATIVE
+    if PRODUCTS == "tiles" and native is not None and hasattr(native, "tile_adjoint"):
+        return "tiles"
+    return "passes"
+
+
+# The tile of the compiled products is 2^m coordinates, m = log2(k) + _TILE_EXTRA clamped
+# to [_TILE_MIN, _TILE_MAX], to at least 2^_TILE_COUNT_BITS tiles and to log2 d' (tile_bits).
+_TILE_MIN = 7
+_TILE_MAX = 15
+_TILE_EXTRA = 3
+_TILE_COUNT_BITS = 4  # at least 16 tiles where d' >= 2^11, for the adjoint's threads
+
+
+def tile_bits(k: int, d_pad: int) -> int:
+    """``m``, the log2 of the tile the compiled products transform, for ``k`` rows in d'.
+
+    Per client and product the tiles cost about ``d' (m + k / 2^m)`` operations: an FWHT
+    of 2^m per tile and the k sampled rows scattered (adjoint) or gathered (forward) once
+    per tile. A row costs several butterflies (a parity and an unaligned access), so the
+    measured optimum lies a few steps above ``log2 k``: ``m = ceil(log2 k) + 3`` clamped
+    to [7, 15] (docs/scaling.md has the measurements); the tile stays in L1/L2 (at most
+    2^15 doubles, 256 KiB). Then ``m <= max(7, log2 d' - 4)``, so that d' >= 2^11 has at
+    least 16 tiles for the adjoint's threads to share (at d' = 2^16, k = 4096 this costs
+    ~15% on one thread and lets 16 threads work instead of 2), and ``m <= log2 d'``. ``m``
+    depends on nothing else (not on threads), so neither do the results.
+
+    Parameters
+    ----------
+    k : int
+        Rows per client.
+    d_pad : int
+        ``d'``, a power of two.
+
+    Returns
+    -------
+    int
+        ``m`` with ``2^m <= d'``.
+    """
+    log_d = d_pad.bit_length() - 1
+    want = min(max(max(k - 1, 0).bit_length() + _TILE_EXTRA, _TILE_MIN), _TILE_MAX)
+    return min(want, max(_TILE_MIN, log_d - _TILE_COUNT_BITS), log_d)
+
+
+# The tile forward's units are (client, group of consecutive tiles): up to this many groups,
+# while their partial sums (groups x n x k doubles) fit in _FORWARD_GROUP_BYTES.
+_FORWARD_GROUPS = 16
+_FORWARD_GROUP_BYTES = 64 * 1024 * 1024
+
+
+def forward_groups(n: int, k: int, tiles: int) -> int:
+    """Groups of tiles the compiled forward product splits each client's tiles into.
+
+    The forward's work is cut into ``n x groups`` units (a client over a group of
+    consecutive tiles) so that threads share it evenly even when n is not a multiple of
+    the thread count or is below it (100 clients on 16 threads: 7 for the busiest thread
+    against 6.25 on average; 1600 units: 100 each). Each unit sums its group's tiles in
+    order and the groups are added in order, so the result depends on the shape only.
+
+    Parameters
+    ----------
+    n : int
+        Clients.
+    k : int
+        Rows per client.
+    tiles : int
+        Tiles per client (``d' / 2^m``).
+
+    Returns
+    -------
+    int
+        At most 16, at most ``tiles``, and at most what keeps the partial sums
+        (``groups n k`` doubles) within 64 MiB (at least 1).
+    """
+    return max(1, min(_FORWARD_GROUPS, tiles, _FORWARD_GROUP_BYTES // max(1, 8 * n * k)))
+
+
 def default_threads() -> int:
     """Cores this process may run on (its CPU affinity), the decode's default threads."""
     try:
@@ -231,16 +326,25 @@ class JointShape:
 class JointSRHT(JointShape):
     """The stacked operator ``A = [G_1; ...; G_n]`` for a set of client seeds.
 
-    Memory: the signs are held as int8 (n d' bytes) and every product works on chunks of
-    clients whose float64 work arrays fit in ``memory_budget`` bytes, so peak memory is
-    about ``n d' + memory_budget`` bytes whatever n is.
+    Products (:func:`product_path`): with the compiled kernels, ``forward`` and ``adjoint`` run
+    by tiles of ``2^m`` output coordinates (:func:`tile_bits`): per tile and client, an
+    FWHT of ``2^m`` doubles in cache and the k sampled rows with the tile's parity signs,
+    without any n x d' work array. Without them (``RPSAGG_NATIVE=0``, no C compiler), numpy
+    passes over chunks of clients and the FWHT backend.
 
-    Threads: with ``threads > 1`` every pass over a chunk is split between that many
-    threads (numpy's element-wise loops and the compiled FWHT release the GIL; fht-cpu,
-    which does not, parallelizes the chunk's batch with its own OpenMP threads). Rows of
-    the chunk are split for the element-wise passes before the FWHT, columns for the sum
-    of the adjoint, so every output element is computed by the same operations in the same
-    order whatever the thread count: the result is bit for bit that of ``threads=1``.
+    Memory: the signs are held as int8 (n d' bytes). The tile products add two tiles
+    (at most 512 KiB) per thread and the forward's partial sums (:func:`forward_groups`,
+    at most 64 MiB); the numpy passes work on chunks of clients whose float64
+    work arrays fit in ``memory_budget`` bytes. Peak memory is about ``n d' +
+    memory_budget`` bytes at most, whatever n is.
+
+    Threads: with ``threads > 1`` each product is split between that many threads; the
+    tile kernels and numpy's element-wise loops release the GIL. The tile adjoint splits
+    the tiles, the tile forward its (client, group of tiles) units; the numpy passes split
+    rows of the chunk before the FWHT and columns for the adjoint's sum (fht-cpu, which
+    holds the GIL, parallelizes the chunk's batch with its own OpenMP threads). Either way
+    every output element is computed by the same operations in the same order whatever
+    the thread count: the result is bit for bit that of ``threads=1``.
 
     Attributes
     ----------
@@ -249,7 +353,8 @@ class JointSRHT(JointShape):
     rows : ndarray of int64, shape (n, k)
         Rows sampled by each client.
     memory_budget : int
-        Bytes of float64 work arrays per chunk of clients.
+        Bytes of float64 work arrays per chunk of clients (the numpy passes and
+        :meth:`gram`; the tile products need none).
     threads : int
         Threads per product (1: the calling thread only).
     """
@@ -311,8 +416,56 @@ class JointSRHT(JointShape):
 
             self._run(part, w.shape[0])
 
+    def _tile_args(self) -> tuple[IntArray, NDArray[np.int8], int, float]:
+        rows = np.ascontiguousarray(self.rows, dtype=np.int64)
+        signs = np.ascontiguousarray(self.signs, dtype=np.int8)
+        return rows, signs, tile_bits(self.k, self.d_pad), 1.0 / float(np.sqrt(self.d_pad))
+
+    def _adjoint_tiles(self, z: FloatArray) -> FloatArray:
+        native = spec.NATIVE
+        assert native is not None
+        rows, signs, m, scale = self._tile_args()
+        z = np.ascontiguousarray(z, dtype=np.float64)
+        if z.shape != rows.shape:
+            raise ValueError(f"z must have shape {rows.shape}; got {z.shape}")
+        out = np.empty(self.d_pad)
+
+        def tiles(a: int, b: int) -> None:
+            native.tile_adjoint(z, rows, signs, self.k, m, a, b, scale, out)
+
+        self._run(tiles, self.d_pad >> m)
+        return out
+
+    def _forward_tiles(self, u: FloatArray) -> FloatArray:
+        native = spec.NATIVE
+        assert native is not None
+        rows, signs, m, scale = self._tile_args()
+        u = np.ascontiguousarray(u, dtype=np.float64)
+        if u.shape != (self.d_pad,):
+            raise ValueError(f"u must have shape ({self.d_pad},); got {u.shape}")
+        n, k = self.n, self.k
+        groups = forward_groups(n, k, self.d_pad >> m)
+        part = np.empty((groups, n, k))
+
+        def units(a: int, b: int) -> None:
+            native.tile_forward(u, rows, signs, k, m, groups, a, b, part)
+
+        self._run(units, groups * n)
+        flat = part.reshape(groups, n * k)
+
+        def reduce(a: int, b: int) -> None:  # the groups added in order, then the scale
+            y = flat[0, a:b]
+            for g in range(1, groups):
+                y += flat[g, a:b]
+            y *= scale
+
+        self._run(reduce, n * k, align=512)
+        return part[0]
+
     def adjoint(self, z: FloatArray) -> FloatArray:
         """``A^T z = sum_i G_i^T z_i`` for ``z`` of shape (n, k); returns (d',)."""
+        if product_path() == "tiles":
+            return self._adjoint_tiles(z)
         out = np.zeros(self.d_pad)
         step = self._chunk()
         work = np.empty((step, self.d_pad))
@@ -337,6 +490,8 @@ class JointSRHT(JointShape):
 
     def forward(self, u: FloatArray) -> FloatArray:
         """``A u`` as an (n, k) array: row ``i`` is ``G_i u``."""
+        if product_path() == "tiles":
+            return self._forward_tiles(u)
         out = np.empty((self.n, self.k))
         step = self._chunk()
         work = np.empty((step, self.d_pad))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 
-from rpsagg import _beta
+from rpsagg import _beta, _decode
 from rpsagg._beta import (
     BetaEstimate,
     beta_path,
@@ -54,14 +54,15 @@ def clear_memory_cache() -> None:
 
 
 def one_blas_thread() -> contextlib.AbstractContextManager[object]:
-    """A context in which BLAS runs one thread, as the library's own Monte Carlo does.
+    """A context in which BLAS runs one thread, as the library's own Monte Carlo and Krylov
+    solvers do.
 
     Returns
     -------
     contextlib.AbstractContextManager
         threadpoolctl's limit where the ``rpsagg[blas]`` extra is installed, else a no-op.
     """
-    return _beta._one_blas_thread()
+    return _decode.one_blas_thread()
 
 
 __all__ = [
