@@ -324,7 +324,7 @@ def cpu_worker(args: argparse.Namespace) -> None:
 
 
 def _cpu_run(msgs: Path, d: int, t: int, products: str, smoke: bool,
-             deadline: float) -> dict[str, Any]:
+             deadline: float, repeats: int = 3) -> dict[str, Any]:
     """One row: the decode with ``t`` threads in a fresh process, ``products`` forced."""
     left = deadline - time.perf_counter()
     if left < 20:
@@ -336,7 +336,7 @@ def _cpu_run(msgs: Path, d: int, t: int, products: str, smoke: bool,
     env["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT / "common")] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env["RPSAGG_PRODUCTS"] = products
-    repeats = 1 if (t == 1 and not smoke) else 2
+    repeats = min(repeats, 2) if smoke else repeats  # the same for every thread count
     cmd = [sys.executable, str(Path(__file__).resolve()), "--cpu-worker",
            "--messages", str(msgs), "--d", str(d), "--threads", str(t),
            "--repeats", str(repeats)]
@@ -366,7 +366,7 @@ def _speedups(rows: list[dict[str, Any]]) -> None:
 
 
 def cpu_threads_section(smoke: bool, counts: list[int], passes_counts: list[int],
-                        deadline: float) -> dict[str, Any]:
+                        deadline: float, repeats: int = 3) -> dict[str, Any]:
     """The numpy decode with each thread count (``rows``: the default product path, the
     tile kernels when the compiled kernels load), then the numpy passes as a baseline on
     the same machine (``passes_rows``, thread counts ``passes_counts``)."""
@@ -382,12 +382,13 @@ def cpu_threads_section(smoke: bool, counts: list[int], passes_counts: list[int]
     if not msgs.exists():
         raise RuntimeError("no messages: the decode_2_20 section did not get to encode them")
     log(f"  products: {path}")
-    rows = [_cpu_run(msgs, d, t, path, smoke, deadline) for t in counts]
+    rows = [_cpu_run(msgs, d, t, path, smoke, deadline, repeats) for t in counts]
     _speedups(rows)
     out: dict[str, Any] = {"n": 100, "d": d, "products": path, "rows": rows,
                            "target_efficiency": 0.7}
     if path == "tiles" and passes_counts and (rpsagg.FWHT_BACKEND != "numpy" or smoke):
-        passes = [_cpu_run(msgs, d, t, "passes", smoke, deadline) for t in passes_counts]
+        passes = [_cpu_run(msgs, d, t, "passes", smoke, deadline, repeats)
+                  for t in passes_counts]
         _speedups(passes)
         out["passes_rows"] = passes
     return out
@@ -401,6 +402,8 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=330.0, help="stop starting work after")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads-list", default="1,2,4,8,16")
+    p.add_argument("--cpu-repeats", type=int, default=3,
+                   help="decodes per cpu_threads row (the fastest counts)")
     p.add_argument("--passes-threads", default="1,16",
                    help="thread counts of the numpy-passes baseline rows ('' for none)")
     p.add_argument("--skip", default="", help="comma-separated sections to skip")
@@ -436,7 +439,7 @@ def main() -> None:
                                                     deadline - 150 if not args.smoke
                                                     else deadline)),
         ("cpu_threads", lambda: cpu_threads_section(args.smoke, counts, passes_counts,
-                                                    deadline)),
+                                                    deadline, args.cpu_repeats)),
     ]
     try:
         for name, fn in steps:
