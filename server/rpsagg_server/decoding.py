@@ -17,7 +17,14 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from rpsagg import CorrelationTracker, DecodeResult, Encoded, Estimator, RandK, RandKSpatial
+from rpsagg import (
+    DecodeResult,
+    Encoded,
+    Estimator,
+    RandK,
+    RandKSpatial,
+    VectorCorrelationTracker,
+)
 from rpsagg.quantize import dequantize
 from rpsagg.schemes import message_codebook
 from rpsagg.spec import derive_round_seed
@@ -148,18 +155,26 @@ def decode_round(
     nonce: int,
     m: int,
     *,
-    tracker: CorrelationTracker | None,
+    tracker: VectorCorrelationTracker | None,
     evaluate: bool,
     options: DecodeOptions | None = None,
+    priors: Sequence[float | None] | None = None,
 ) -> DecodeOutcome:
     """Decode one round's submissions (already validated, sorted by client index).
 
-    ``tracker`` (transform=auto) is updated with this round's R_hat. ``options``: device,
-    threads and backend (local, or Ray tasks) of the decode.
+    ``tracker`` (transform=auto) is updated with this round's R_hat of every vector.
+    ``priors`` (transform=auto): vector j is decoded with ``estimator.with_prior(priors[j])``
+    (None: every vector with ``estimator``). ``options``: device, threads and backend
+    (local, or Ray tasks) of the decode. The outcome's ``beta``, ``c`` and ``r_hat`` are
+    vector 0's.
     """
     start = time.perf_counter()
     options = options or DecodeOptions()
-    estimator = options.apply(estimator)
+    if priors is not None and len(priors) != m:
+        raise ValueError(f"{len(priors)} priors for {m} vectors")
+    estimators = ([options.apply(estimator.with_prior(p)) for p in priors]  # type: ignore[attr-defined]
+                  if priors is not None else [options.apply(estimator)] * m)
+    estimator = estimators[0]
     n, k, d = estimator.n, estimator.k, estimator.d
     rows = []
     beta = c = math.nan
@@ -171,21 +186,21 @@ def decode_round(
         from rpsagg_server import raydecode
 
         raydecode.connect(options.ray_address)
-        results = raydecode.decode_vectors(estimator, batches)
+        results = raydecode.decode_vectors(estimators, batches)
     else:
-        results = [estimator.decode_with_info(batch) for batch in batches]
-    for j, (batch, info) in enumerate(zip(batches, results, strict=True)):
+        results = [e.decode_with_info(batch) for e, batch in zip(estimators, batches, strict=True)]
+    for j, info in enumerate(results):
         rows.append(info.estimate)
         if j == 0:
             beta = info.beta
             c = math.nan if info.c is None else info.c
-            if wire.supports_r_hat:
-                if tracker is not None:
-                    r_hat = tracker.update(batch)
-                else:
-                    from rpsagg import estimate_correlation
+    if wire.supports_r_hat:
+        if tracker is not None:
+            r_hat = tracker.update(batches)[0]
+        else:
+            from rpsagg import estimate_correlation
 
-                    r_hat = estimate_correlation(batch)
+            r_hat = estimate_correlation(batches[0])
     estimate = np.stack(rows)
     # the shadows run Rand-k and Rand-k-Spatial at the job's k; schemes without a k
     # (EDEN, QSGD: every coordinate) have none
