@@ -154,3 +154,18 @@ def test_auto_decodes_each_vector_with_its_own_prior_across_a_restart(tmp_path: 
     # priors are averages of such fractions, so slot 1's falls below slot 0's with
     # probability of order 1e-6 per round (the product of the two tails).
     assert min(spread) > 0.0, spread
+
+
+def test_per_vector_estimators_only_where_the_transform_is_auto() -> None:
+    from rpsagg_server.decoding import per_vector
+
+    auto = make_estimator("rand-proj-spatial", n=N, k=K, d=D, transform="auto")
+    ests = per_vector(auto, [0.5, None, 2.0], 3)
+    assert [e.transform.r for e in ests] == [0.5, None, 2.0]  # type: ignore[attr-defined]
+    assert per_vector(auto, None, 2) == [auto, auto]
+    # --transform auto with a scheme without a transform (rand-k; the server builds it
+    # without one): the one estimator
+    rand_k = make_estimator("rand-k", n=N, k=K, d=D)
+    assert per_vector(rand_k, [0.5, 1.0], 2) == [rand_k, rand_k]
+    avg = make_estimator("rand-proj-spatial", n=N, k=K, d=D)
+    assert per_vector(avg, [0.5, 1.0], 2) == [avg, avg]

@@ -149,6 +149,16 @@ def shadow_errors(
     return err_k, err_s
 
 
+def per_vector(estimator: Estimator, priors: Sequence[float | None] | None,
+               m: int) -> list[Estimator]:
+    """Vector j's estimator: ``estimator`` with the prior ``priors[j]`` where its transform is
+    ``auto`` (``--transform auto`` with a scheme that has no transform decodes as before)."""
+    transform = getattr(estimator, "transform", None)
+    if priors is None or transform is None or transform.kind != "auto":
+        return [estimator] * m
+    return [estimator.with_prior(p) for p in priors]  # type: ignore[attr-defined]
+
+
 def decode_round(
     estimator: Estimator,
     subs: Sequence[Submission],
@@ -164,16 +174,15 @@ def decode_round(
 
     ``tracker`` (transform=auto) is updated with this round's R_hat of every vector.
     ``priors`` (transform=auto): vector j is decoded with ``estimator.with_prior(priors[j])``
-    (None: every vector with ``estimator``). ``options``: device, threads and backend
-    (local, or Ray tasks) of the decode. The outcome's ``beta``, ``c`` and ``r_hat`` are
-    vector 0's.
+    (None, or an estimator without a transform: every vector with ``estimator``).
+    ``options``: device, threads and backend (local, or Ray tasks) of the decode. The
+    outcome's ``beta``, ``c`` and ``r_hat`` are vector 0's.
     """
     start = time.perf_counter()
     options = options or DecodeOptions()
     if priors is not None and len(priors) != m:
         raise ValueError(f"{len(priors)} priors for {m} vectors")
-    estimators = ([options.apply(estimator.with_prior(p)) for p in priors]  # type: ignore[attr-defined]
-                  if priors is not None else [options.apply(estimator)] * m)
+    estimators = [options.apply(e) for e in per_vector(estimator, priors, m)]
     estimator = estimators[0]
     n, k, d = estimator.n, estimator.k, estimator.d
     rows = []
