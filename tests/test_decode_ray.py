@@ -164,6 +164,23 @@ def test_ray_whole_vector_decode_equals_local_bitwise(ray_cluster: Cluster) -> N
         assert np.array_equal(result.estimate, est.decode(batch))
 
 
+def test_ray_decodes_each_vector_with_its_own_estimator(ray_cluster: Cluster) -> None:
+    """transform=auto decodes vector j with slot j's prior (issue 12): a list of estimators
+    that differ in the prior gives each vector its own c and beta, bit for bit as locally."""
+    for kwargs in ({"n": 6, "k": 100, "d": 1000},
+                   {"n": 8, "k": 128, "d": 2 * 2**12 + 5, "block_size": 2**12, "method": "cg"}):
+        n, d = int(kwargs["n"]), int(kwargs["d"])
+        base = rpsagg.make_estimator("rand-proj-spatial", transform="auto", **kwargs)
+        ests = [base.with_prior(p) for p in (0.5, 0.6 * (n - 1), None)]
+        batches = [encode_all(base, n, d, salt) for salt in (6, 7, 8)]
+        got = raydecode.decode_vectors(ests, batches)
+        assert len({r.c for r in got}) == 3  # three priors, three transforms
+        for est, batch, result in zip(ests, batches, got, strict=True):
+            want = est.decode_with_info(batch)
+            assert np.array_equal(result.estimate, want.estimate)
+            assert result.beta == want.beta and result.c == want.c
+
+
 def _cluster_workers(groups: list[int]) -> dict[int, bytes]:
     """Ray worker processes of this test's nodes (pid -> title). Workers lead their own
     sessions; their parent, the raylet, is in a node's process group."""

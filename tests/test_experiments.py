@@ -220,3 +220,17 @@ def test_kmeans_via_service_in_both_modes(tmp_path: Path) -> None:
         assert compare(res) <= 1e-12, (res.service, res.replay)
         losses.append(res.service.loss)
     assert losses[0] != losses[1]
+
+
+@pytest.mark.skipif(not FASHION.exists(), reason="dataset-fashion-mnist not installed")
+def test_kmeans_auto_via_service_matches_in_process(tmp_path: Path) -> None:
+    # transform=auto with m = 10 centroid updates: from round 2 on vector j is decoded with
+    # slot j's prior, on the server and in the replay alike, to the last bit
+    pytest.importorskip("rpsagg_server")
+    from rpsagg_experiments.optimization import Job
+    from rpsagg_experiments.service import compare, service_job
+
+    job = Job("kmeans", "iid", 3, 64, "rand-proj-spatial(auto)", 0, 3)
+    res = service_job(job, tmp_path, timeout=180.0)
+    assert len(res.service.sq_err) == 3 and res.service.sq_err[0] > 0
+    assert compare(res) <= 1e-12, (res.service, res.replay)

@@ -27,7 +27,12 @@ Examples
 from rpsagg._beta import BetaEstimate, cache_dir, spatial_beta
 from rpsagg._blockwise import BlockwiseRandProjSpatial
 from rpsagg._coordinates import FullEstimator, Induced, RandK, RandKWangni
-from rpsagg._correlation import CorrelationTracker, correlation_terms, estimate_correlation
+from rpsagg._correlation import (
+    CorrelationTracker,
+    VectorCorrelationTracker,
+    correlation_terms,
+    estimate_correlation,
+)
 from rpsagg._dct import dct_matrix
 from rpsagg._decode import SolveInfo
 from rpsagg._encoded import Encoded
@@ -71,6 +76,7 @@ __all__ = [
     "RandKWangni",
     "RandProjSpatial",
     "SolveInfo",
+    "VectorCorrelationTracker",
     "__version__",
     "cache_dir",
     "check_spec_version",

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from rpsagg import CorrelationTracker, Estimator, make_estimator
+from rpsagg import Estimator, VectorCorrelationTracker, make_estimator
 from rpsagg.spec import derive_round_seed
 from rpsagg.tasks import Task, make_task
 from rpsagg.tasks.base import Shard
@@ -189,25 +189,28 @@ def run_job(job: Job) -> Trace:
     ids = job.client_ids or tuple(client_name(i) for i in range(job.n))
     base = make_lineup_estimator(job.estimator, job.n, job.k, task.d)
     auto = LINEUP[job.estimator][1] == "auto"
-    tracker = CorrelationTracker() if auto else None
+    # transform=auto: vector j of every client is decoded with the prior of slot j (the
+    # service's rule, so a service run replays bit for bit)
+    tracker = VectorCorrelationTracker(task.m) if auto else None
     state = task.initial_state(initial_seed(job.run))
     trace = Trace(job)
     for t in range(job.iterations):
-        est = base.with_prior(tracker.prior(job.n)) if tracker is not None else base  # type: ignore[attr-defined]
+        ests = ([base.with_prior(p) for p in tracker.priors(job.n)]  # type: ignore[attr-defined]
+                if tracker is not None else [base] * task.m)
         nonce = job.nonces[t] if job.nonces is not None else round_nonce(job.run, t)
         vecs = np.stack([task.client_vectors(state, s, t) for s in client_shards])  # (n, m, d)
         truth = vecs.mean(axis=0)
         start = time.perf_counter()
         seeds = [[derive_round_seed(client_seed(job.run, t, i), nonce, ids[i], j)
                   for i in range(job.n)] for j in range(task.m)]
-        batches = [[est.encode(vecs[i, j], seeds[j][i]) for i in range(job.n)]
+        batches = [[ests[j].encode(vecs[i, j], seeds[j][i]) for i in range(job.n)]
                    for j in range(task.m)]
         mid = time.perf_counter()
-        estimate = np.stack([est.decode(b) for b in batches])
+        estimate = np.stack([e.decode(b) for e, b in zip(ests, batches, strict=True)])
         trace.encode_s += mid - start
         trace.decode_s += time.perf_counter() - mid
         if tracker is not None:
-            trace.r_hat.append(tracker.update(batches[0]))
+            trace.r_hat.append(tracker.update(batches)[0])
         trace.sq_err.append(float(np.sum((estimate - truth) ** 2)) / task.m)
         state = task.apply(state, estimate)
         trace.loss.append(ref.loss(state))

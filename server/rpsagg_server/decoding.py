@@ -17,7 +17,14 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from rpsagg import CorrelationTracker, DecodeResult, Encoded, Estimator, RandK, RandKSpatial
+from rpsagg import (
+    DecodeResult,
+    Encoded,
+    Estimator,
+    RandK,
+    RandKSpatial,
+    VectorCorrelationTracker,
+)
 from rpsagg.quantize import dequantize
 from rpsagg.schemes import message_codebook
 from rpsagg.spec import derive_round_seed
@@ -142,24 +149,41 @@ def shadow_errors(
     return err_k, err_s
 
 
+def per_vector(estimator: Estimator, priors: Sequence[float | None] | None,
+               m: int) -> list[Estimator]:
+    """Vector j's estimator: ``estimator`` with the prior ``priors[j]`` where its transform is
+    ``auto`` (``--transform auto`` with a scheme that has no transform decodes as before)."""
+    transform = getattr(estimator, "transform", None)
+    if priors is None or transform is None or transform.kind != "auto":
+        return [estimator] * m
+    return [estimator.with_prior(p) for p in priors]  # type: ignore[attr-defined]
+
+
 def decode_round(
     estimator: Estimator,
     subs: Sequence[Submission],
     nonce: int,
     m: int,
     *,
-    tracker: CorrelationTracker | None,
+    tracker: VectorCorrelationTracker | None,
     evaluate: bool,
     options: DecodeOptions | None = None,
+    priors: Sequence[float | None] | None = None,
 ) -> DecodeOutcome:
     """Decode one round's submissions (already validated, sorted by client index).
 
-    ``tracker`` (transform=auto) is updated with this round's R_hat. ``options``: device,
-    threads and backend (local, or Ray tasks) of the decode.
+    ``tracker`` (transform=auto) is updated with this round's R_hat of every vector.
+    ``priors`` (transform=auto): vector j is decoded with ``estimator.with_prior(priors[j])``
+    (None, or an estimator without a transform: every vector with ``estimator``).
+    ``options``: device, threads and backend (local, or Ray tasks) of the decode. The
+    outcome's ``beta``, ``c`` and ``r_hat`` are vector 0's.
     """
     start = time.perf_counter()
     options = options or DecodeOptions()
-    estimator = options.apply(estimator)
+    if priors is not None and len(priors) != m:
+        raise ValueError(f"{len(priors)} priors for {m} vectors")
+    estimators = [options.apply(e) for e in per_vector(estimator, priors, m)]
+    estimator = estimators[0]
     n, k, d = estimator.n, estimator.k, estimator.d
     rows = []
     beta = c = math.nan
@@ -171,21 +195,21 @@ def decode_round(
         from rpsagg_server import raydecode
 
         raydecode.connect(options.ray_address)
-        results = raydecode.decode_vectors(estimator, batches)
+        results = raydecode.decode_vectors(estimators, batches)
     else:
-        results = [estimator.decode_with_info(batch) for batch in batches]
-    for j, (batch, info) in enumerate(zip(batches, results, strict=True)):
+        results = [e.decode_with_info(batch) for e, batch in zip(estimators, batches, strict=True)]
+    for j, info in enumerate(results):
         rows.append(info.estimate)
         if j == 0:
             beta = info.beta
             c = math.nan if info.c is None else info.c
-            if wire.supports_r_hat:
-                if tracker is not None:
-                    r_hat = tracker.update(batch)
-                else:
-                    from rpsagg import estimate_correlation
+    if wire.supports_r_hat:
+        if tracker is not None:
+            r_hat = tracker.update(batches)[0]
+        else:
+            from rpsagg import estimate_correlation
 
-                    r_hat = estimate_correlation(batch)
+            r_hat = estimate_correlation(batches[0])
     estimate = np.stack(rows)
     # the shadows run Rand-k and Rand-k-Spatial at the job's k; schemes without a k
     # (EDEN, QSGD: every coordinate) have none

@@ -117,6 +117,9 @@ class LiveRound:
     next_state: FloatArray | None = None
     outcome: DecodeOutcome | None = None
     estimator: Estimator | None = None
+    #: transform=auto: the prior of every vector slot (vector j is decoded with
+    #: ``r_priors[j]``; ``r_prior`` is vector 0's); None: every vector uses ``estimator``
+    r_priors: tuple[float | None, ...] | None = None
     subs: dict[str, Submission] = field(default_factory=dict)
     pending: dict[str, tuple[bytes, asyncio.Future[None]]] = field(default_factory=dict)
     archived: dict[str, Any] = field(default_factory=dict)
@@ -134,6 +137,8 @@ class LiveRound:
             "first_at": self.first_at, "deadline": self.deadline, "closed_at": self.closed_at,
             "finished_at": self.finished_at,
         }
+        if self.r_priors is not None:
+            info["r_priors"] = list(self.r_priors)
         if self.state in ("done", "failed"):
             info["archived"] = {
                 "contributors": [[c, str(sub.client_seed)] for c, sub in self.subs.items()],
@@ -169,6 +174,9 @@ class LiveRound:
                    first_at=info.get("first_at"), deadline=info.get("deadline"),
                    closed_at=info.get("closed_at"), finished_at=info.get("finished_at"))
         live.archived = info.get("archived", {})
+        priors = info.get("r_priors")  # absent in rows of before the per-vector priors
+        if priors is not None:
+            live.r_priors = tuple(None if p is None else float(p) for p in priors)
         if r.next_state is not None:
             live.next_state = np.frombuffer(r.next_state, dtype="<f8").astype(
                 np.float64).reshape(gs.shape)

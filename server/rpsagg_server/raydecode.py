@@ -22,8 +22,9 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -111,13 +112,15 @@ def block_groups(blocks: int, workers: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
 
 
-def decode_vectors(estimator: Estimator, batches: list[list[Encoded]]) -> list[DecodeResult]:
+def decode_vectors(estimators: Estimator | Sequence[Estimator],
+                   batches: list[list[Encoded]]) -> list[DecodeResult]:
     """Decode every vector of a round on the cluster; results in order.
 
     Parameters
     ----------
-    estimator : RandProjSpatial or BlockwiseRandProjSpatial
-        The round's estimator (with any device or thread options for the workers).
+    estimators : RandProjSpatial or BlockwiseRandProjSpatial, or a sequence of them
+        Vector j's estimator (with any device or thread options for the workers; they
+        differ only in the prior of ``transform="auto"``), or one for every vector.
     batches : list of lists of Encoded
         One batch per vector, the same clients (and order) in each.
     """
@@ -125,8 +128,14 @@ def decode_vectors(estimator: Estimator, batches: list[list[Encoded]]) -> list[D
 
     from rpsagg import BlockwiseRandProjSpatial
 
-    if not isinstance(estimator, RandProjSpatial | BlockwiseRandProjSpatial):
-        raise ValueError(f"the Ray backend decodes rand-proj-spatial, not {estimator.name}")
+    if isinstance(estimators, Estimator):
+        estimators = [estimators] * len(batches)
+    if len(estimators) != len(batches):
+        raise ValueError(f"{len(estimators)} estimators for {len(batches)} vectors")
+    estimator = estimators[0]
+    for e in estimators:
+        if not isinstance(e, RandProjSpatial | BlockwiseRandProjSpatial):
+            raise ValueError(f"the Ray backend decodes rand-proj-spatial, not {e.name}")
     n_prime = len(batches[0])
     payload = Payload(
         estimator.name, estimator.k, estimator.d,
@@ -136,18 +145,19 @@ def decode_vectors(estimator: Estimator, batches: list[list[Encoded]]) -> list[D
     ref = ray.put(payload)  # once per round; every task reads it from the object store
     task = _remote_task()
     if isinstance(estimator, BlockwiseRandProjSpatial):
-        betas = estimator.block_betas(n_prime)
         workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
         groups = block_groups(estimator.blocks, workers)
-        futures = [[task.remote(ref, estimator, j, a, b, betas) for a, b in groups]
-                   for j in range(len(batches))]
+        blockwise = [cast(BlockwiseRandProjSpatial, e) for e in estimators]
+        futures = [[task.remote(ref, e, j, a, b, e.block_betas(n_prime)) for a, b in groups]
+                   for j, e in enumerate(blockwise)]
         results = []
-        for row in futures:
+        for e, row in zip(blockwise, futures, strict=True):
             parts = ray.get(row)
             infos = [i for _, part_infos, _ in parts for i in part_infos]
-            results.append(estimator.assemble([p for p, _, _ in parts], infos, parts[-1][2],
-                                              n_prime))
+            results.append(e.assemble([p for p, _, _ in parts], infos, parts[-1][2], n_prime))
         return results
-    beta = estimator.beta_for(n_prime)
-    outs = ray.get([task.remote(ref, estimator, j, 0, 1, beta) for j in range(len(batches))])
-    return [DecodeResult(est, n_prime, beta, c, info, 0.0) for est, info, c in outs]
+    betas = [e.beta_for(n_prime) for e in estimators]
+    outs = ray.get([task.remote(ref, e, j, 0, 1, beta)
+                    for j, (e, beta) in enumerate(zip(estimators, betas, strict=True))])
+    return [DecodeResult(est, n_prime, beta, c, info, 0.0)
+            for (est, info, c), beta in zip(outs, betas, strict=True)]

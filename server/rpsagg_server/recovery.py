@@ -48,7 +48,9 @@ def recover_rounds(engine: RoundEngine) -> LiveRound | None:
     p, store = engine.progress, engine.store
     frac = store.get_meta("tracker_fraction")
     if engine.tracker is not None and frac is not None:
-        engine.tracker.fraction = json.loads(frac)
+        # a list (one fraction per vector slot), or one number from a store written before
+        # the per-vector priors, which every slot then starts from
+        engine.tracker.restore(json.loads(frac))
     p.job_done = store.get_meta("job_done") == "1"
     p.job_failure = store.get_meta("job_failure") or ""
     last = None

@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from rpsagg import CorrelationTracker, Estimator, round_encoding
+from rpsagg import Estimator, VectorCorrelationTracker, round_encoding
 from rpsagg.schemes import WireProfile, estimator_from_options
 from rpsagg.tasks import Task, make_task
 from rpsagg_server import deadline, recovery
@@ -88,7 +88,10 @@ class RoundEngine:
         self.publish = bus.publish
         self.task: Task = make_task(config.task, config.d, config.params)
         self.m = self.task.m
-        self.tracker = CorrelationTracker() if config.transform == "auto" else None
+        #: transform=auto: one correlation tracker per vector slot; vector j of a round is
+        #: decoded with slot j's prior (``docs/reproduction.md``, issue 12)
+        self.tracker = (VectorCorrelationTracker(self.m) if config.transform == "auto"
+                        else None)
         #: Rand-Proj-Spatial's projection: "auto" (by d) for a new job; a recovered job keeps
         #: the one it was started with (its stored submissions were encoded with it).
         self.projection = "auto"
@@ -260,12 +263,14 @@ class RoundEngine:
         """A new round; its row must be durable before :meth:`_install` shows its nonce, so
         a committed submission always has its round row (a restart resumes the same round).
         """
-        prior = None if self.tracker is None else self.tracker.prior(self.cfg.n)
+        priors = None if self.tracker is None else tuple(self.tracker.priors(self.cfg.n))
+        prior = None if priors is None else priors[0]
         est = self._make_estimator(prior)
         live = LiveRound(
             round_id=round_id, nonce=secrets.randbits(64), task_step=self.progress.steps_done,
             transform=self._transform_label(est), r_prior=prior,
             global_state=np.asarray(global_state, dtype=np.float64), opened_at=time.time(),
+            r_priors=priors,
         )
         live.estimator = est
         return live
@@ -326,7 +331,7 @@ class RoundEngine:
             outcome = await loop.run_in_executor(
                 self._executor,
                 lambda: decode_round(est, subs, live.nonce, self.m, tracker=self.tracker,
-                                     evaluate=self.cfg.eval,
+                                     evaluate=self.cfg.eval, priors=live.r_priors,
                                      options=DecodeOptions.from_config(self.cfg)),
             )
         except Exception as exc:  # a decode error fails the round, never the server
@@ -363,7 +368,7 @@ class RoundEngine:
         nxt = None if job_done else self._new_round(next_state, live.round_id + 1)
         row, next_row = live.stored(), None if nxt is None else nxt.stored()
         tracker = self.tracker
-        fraction = None if tracker is None else tracker.fraction
+        fraction = None if tracker is None else tracker.fractions
         await self._durable(lambda: self.store.finish_round(
             row, next_round=next_row, tracker=tracker is not None, tracker_fraction=fraction,
             job_done=job_done, job_failure=failure))
@@ -390,7 +395,7 @@ class RoundEngine:
 
     def _publish_job(self) -> None:
         p = self.progress
-        prior = None if self.tracker is None else self.tracker.prior(self.cfg.n)
+        prior = None if self.tracker is None else self.tracker.priors(self.cfg.n)[0]
         self.publish(JobUpdated(JobView(self.cfg.task, p.steps_done, self.cfg.rounds,
                                         p.job_done, prior, p.job_failure)))
 

@@ -18,6 +18,7 @@ import queue
 import sqlite3
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from rpsagg_server.rows import SCHEMA, StoredRound, StoredSubmission
@@ -239,15 +240,18 @@ class Store:
         await self._enqueue([_op_round(r)])
 
     async def finish_round(self, r: StoredRound, *, next_round: StoredRound | None,
-                           tracker: bool = False, tracker_fraction: float | None = None,
+                           tracker: bool = False,
+                           tracker_fraction: Sequence[float | None] | None = None,
                            job_done: bool = False, job_failure: str = "") -> None:
         """Commit a finished (done or failed) round in one transaction with what follows
-        from it: the correlation tracker's state (``tracker``: the job tracks it), the job's
-        end (and why it failed), or the next round's row.
+        from it: the correlation tracker's state (``tracker``: the job tracks it;
+        ``tracker_fraction``: the smoothed fraction of every vector slot), the job's end (and
+        why it failed), or the next round's row.
         """
         ops = [_op_round(r)]
         if tracker:
-            ops.append(_op_meta("tracker_fraction", json.dumps(tracker_fraction)))
+            fractions = None if tracker_fraction is None else list(tracker_fraction)
+            ops.append(_op_meta("tracker_fraction", json.dumps(fractions)))
         if job_done:
             ops.append(_op_meta("job_done", "1"))
         if job_failure:
