@@ -582,6 +582,30 @@ typedef double v4d __attribute__((vector_size(32)));
         memcpy((p), &tmp_, sizeof(v4d));     \
     } while (0)
 
+/* the stages of an in-place FWHT of len doubles from stride h on: radix 4 while it fits,
+ * then one radix-2 stage if log2(len / h) is odd */
+TILE_INLINE void tile_stages_from(double *restrict x, Py_ssize_t len, Py_ssize_t h) {
+    for (; 4 * h <= len; h *= 4)
+        for (Py_ssize_t i = 0; i < len; i += 4 * h) {
+            double *restrict p0 = x + i, *restrict p1 = p0 + h, *restrict p2 = p1 + h,
+                            *restrict p3 = p2 + h;
+            for (Py_ssize_t j = 0; j < h; j++) {
+                double a = p0[j], b = p1[j], c = p2[j], d = p3[j];
+                double s0 = a + b, d0 = a - b, s1 = c + d, d1 = c - d;
+                p0[j] = s0 + s1;
+                p1[j] = d0 + d1;
+                p2[j] = s0 - s1;
+                p3[j] = d0 - d1;
+            }
+        }
+    if (h < len)
+        for (Py_ssize_t j = 0; j < h; j++) {
+            double a = x[j], b = x[j + h];
+            x[j] = a + b;
+            x[j + h] = a - b;
+        }
+}
+
 /* radix-4 stages h = 1, 4, 16, ... then radix-2, within a block of len doubles. The
  * stages h = 1 and h = 4 are written with 4-double vectors (a loop of 1 or 4 iterations
  * does not vectorize well); they compute the same sums and differences as the scalar
@@ -614,25 +638,7 @@ TILE_INLINE void tile_fwht_block(double *restrict x, Py_ssize_t len) {
         }
         h = 16;
     }
-    for (; 4 * h <= len; h *= 4)
-        for (Py_ssize_t i = 0; i < len; i += 4 * h) {
-            double *restrict p0 = x + i, *restrict p1 = p0 + h, *restrict p2 = p1 + h,
-                            *restrict p3 = p2 + h;
-            for (Py_ssize_t j = 0; j < h; j++) {
-                double a = p0[j], b = p1[j], c = p2[j], d = p3[j];
-                double s0 = a + b, d0 = a - b, s1 = c + d, d1 = c - d;
-                p0[j] = s0 + s1;
-                p1[j] = d0 + d1;
-                p2[j] = s0 - s1;
-                p3[j] = d0 - d1;
-            }
-        }
-    if (h < len)
-        for (Py_ssize_t j = 0; j < h; j++) {
-            double a = x[j], b = x[j + h];
-            x[j] = a + b;
-            x[j + h] = a - b;
-        }
+    tile_stages_from(x, len, h);
 }
 
 #define TILE_BLOCK 2048 /* doubles: 16 KiB, L1 */
@@ -642,25 +648,7 @@ TILE_INLINE void tile_fwht(double *restrict x, Py_ssize_t len) {
     Py_ssize_t block = len < TILE_BLOCK ? len : TILE_BLOCK;
     for (Py_ssize_t i = 0; i < len; i += block) tile_fwht_block(x + i, block);
     Py_ssize_t h = block;
-    for (; 4 * h <= len; h *= 4)
-        for (Py_ssize_t i = 0; i < len; i += 4 * h) {
-            double *restrict p0 = x + i, *restrict p1 = p0 + h, *restrict p2 = p1 + h,
-                            *restrict p3 = p2 + h;
-            for (Py_ssize_t j = 0; j < h; j++) {
-                double a = p0[j], b = p1[j], c = p2[j], d = p3[j];
-                double s0 = a + b, d0 = a - b, s1 = c + d, d1 = c - d;
-                p0[j] = s0 + s1;
-                p1[j] = d0 + d1;
-                p2[j] = s0 - s1;
-                p3[j] = d0 - d1;
-            }
-        }
-    if (h < len)
-        for (Py_ssize_t j = 0; j < h; j++) {
-            double a = x[j], b = x[j + h];
-            x[j] = a + b;
-            x[j + h] = a - b;
-        }
+    tile_stages_from(x, len, h);
 }
 
 /* v * (-1)^parity(bits), without a branch (the parities are random: a branch on them would
