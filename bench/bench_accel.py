@@ -76,8 +76,8 @@ def env_section(device: str, native: str) -> dict[str, Any]:
     import torch
 
     import rpsagg
-    from rpsagg import _srht
     from rpsagg import spec as _spec
+    from rpsagg.projections import product_path
 
     out: dict[str, Any] = {
         "python": platform.python_version(),
@@ -89,7 +89,7 @@ def env_section(device: str, native: str) -> dict[str, Any]:
         "fwht_backend": rpsagg.FWHT_BACKEND,
         "native_kernels": _spec.NATIVE is not None,
         "native_how": native,
-        "decode_products": _srht.product_path(),
+        "decode_products": product_path(),
         # the Krylov solvers pin BLAS to one thread through threadpoolctl (else OpenBLAS
         # threads spin against the products' threads: set OPENBLAS_NUM_THREADS=1 then)
         "threadpoolctl": importlib.util.find_spec("threadpoolctl") is not None,
@@ -312,7 +312,7 @@ def cpu_worker(args: argparse.Namespace) -> None:
     import rpsagg
 
     try:
-        from rpsagg._srht import product_path
+        from rpsagg.projections import product_path
 
         path = product_path()
     except ImportError:  # a tree from before the tile products
@@ -371,7 +371,7 @@ def cpu_threads_section(smoke: bool, counts: list[int], passes_counts: list[int]
     tile kernels when the compiled kernels load), then the numpy passes as a baseline on
     the same machine (``passes_rows``, thread counts ``passes_counts``)."""
     import rpsagg
-    from rpsagg._srht import product_path
+    from rpsagg.projections import product_path
 
     d = 2**10 if smoke else 2**20
     path = product_path()

@@ -104,7 +104,9 @@ async def run_once(n: int, k: int, d: int, channels_n: int, profile: str | None,
                     for _ in range(channels_n)]
         join = [ch.unary_unary(serde.method_path("Join"), serde.serializer("Join"),
                                serde.deserializer("Join")) for ch in channels]
-        submit = [ch.unary_unary(serde.method_path("Submit"), serde.serializer("Submit"),
+        # requests are serialized before the burst (as each client machine would have done
+        # on its own CPU): the stubs send the bytes as they are
+        submit = [ch.unary_unary(serde.method_path("Submit"), None,
                                  serde.deserializer("Submit")) for ch in channels]
         ids = [f"load-{i:04d}" for i in range(n)]
         await asyncio.gather(*(join[i % len(join)](JoinRequest(cid), timeout=60)
@@ -122,7 +124,9 @@ async def run_once(n: int, k: int, d: int, channels_n: int, profile: str | None,
         for i, cid in enumerate(ids):
             seed = secrets.randbits(64)
             enc = est.encode(xs[i], derive_round_seed(seed, rnd.nonce, cid, 0))
-            subs.append(Submission(rnd.round_id, cid, seed, (VectorPayload(enc.values),)))
+            subs.append(serde.serializer("Submit")(Submission(
+                rnd.round_id, cid, seed, (VectorPayload(enc.values),),
+                spec_version=rnd.spec_version)))
         latencies: list[float] = []
 
         start = 0.0

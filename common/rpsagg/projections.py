@@ -6,8 +6,9 @@ randomized DCT (:func:`dct_encode`, any d) or two overlapping Hadamard blocks
 (:func:`hblocks_encode`, any d). The server stacks the clients' projections into
 ``A = [G_1; ...; G_n]`` (:class:`JointSRHT`, :class:`JointDCT`, :class:`JointHBlocks`),
 which the joint decode
-(:mod:`rpsagg.linalg`) applies matrix-free. The blockwise SRHT projects each block with
-its own seed, :func:`block_seed`. The dense matrices (:func:`srht_matrix`,
+(:mod:`rpsagg.linalg`) applies matrix-free; :func:`product_path` says whether the
+SRHT's products run as the compiled tile kernels or as numpy passes. The blockwise SRHT
+projects each block with its own seed, :func:`block_seed`. The dense matrices (:func:`srht_matrix`,
 :func:`dct_matrix`, :func:`hblocks_matrix`) are for tests and interoperability only.
 
 Examples
@@ -25,7 +26,7 @@ from rpsagg._fwht import BACKEND as FWHT_BACKEND
 from rpsagg._fwht import fwht
 from rpsagg._hblocks import JointHBlocks, hblocks_encode, hblocks_matrix
 from rpsagg._projection import PROJECTIONS
-from rpsagg._srht import JointSRHT, srht_encode, srht_matrix
+from rpsagg._srht import JointSRHT, product_path, srht_encode, srht_matrix
 
 __all__ = [
     "FWHT_BACKEND",
@@ -39,6 +40,7 @@ __all__ = [
     "fwht",
     "hblocks_encode",
     "hblocks_matrix",
+    "product_path",
     "srht_encode",
     "srht_matrix",
 ]
