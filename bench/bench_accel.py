@@ -49,6 +49,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -366,7 +367,8 @@ def _speedups(rows: list[dict[str, Any]]) -> None:
 
 
 def cpu_threads_section(smoke: bool, counts: list[int], passes_counts: list[int],
-                        deadline: float, repeats: int = 3) -> dict[str, Any]:
+                        deadline: float, repeats: int = 3,
+                        all_core: bool = False) -> dict[str, Any]:
     """The numpy decode with each thread count (``rows``: the default product path, the
     tile kernels when the compiled kernels load), then the numpy passes as a baseline on
     the same machine (``passes_rows``, thread counts ``passes_counts``)."""
@@ -386,6 +388,18 @@ def cpu_threads_section(smoke: bool, counts: list[int], passes_counts: list[int]
     _speedups(rows)
     out: dict[str, Any] = {"n": 100, "d": d, "products": path, "rows": rows,
                            "target_efficiency": 0.7}
+    if all_core:  # the one-thread decode alone, then in every core's process at once
+        procs = 2 if smoke else (os.cpu_count() or 1)
+        with ThreadPoolExecutor(procs) as pool:
+            together = list(pool.map(lambda _: _cpu_run(msgs, d, 1, path, smoke, deadline, 2),
+                                     range(procs)))
+        times = sorted(r["min_s"] for r in together if "min_s" in r)
+        lone = next((r["min_s"] for r in rows if r.get("threads") == 1 and "min_s" in r), None)
+        out["all_core"] = {"processes": procs, "seconds": times, "lone_s": lone}
+        if times and lone:
+            med = times[len(times) // 2]
+            log(f"  {procs} one-thread decodes at once: median {med:.2f}s, "
+                f"{med / lone:.2f}x the lone decode ({lone:.2f}s)")
     if path == "tiles" and passes_counts and (rpsagg.FWHT_BACKEND != "numpy" or smoke):
         passes = [_cpu_run(msgs, d, t, "passes", smoke, deadline, repeats)
                   for t in passes_counts]
@@ -404,6 +418,9 @@ def main() -> None:
     p.add_argument("--threads-list", default="1,2,4,8,16")
     p.add_argument("--cpu-repeats", type=int, default=3,
                    help="decodes per cpu_threads row (the fastest counts)")
+    p.add_argument("--all-core", action="store_true",
+                   help="cpu_threads also runs one one-thread decode per core at once (how "
+                        "much slower each is than alone: the machine's all-core limit)")
     p.add_argument("--passes-threads", default="1,16",
                    help="thread counts of the numpy-passes baseline rows ('' for none)")
     p.add_argument("--skip", default="", help="comma-separated sections to skip")
@@ -439,7 +456,8 @@ def main() -> None:
                                                     deadline - 150 if not args.smoke
                                                     else deadline)),
         ("cpu_threads", lambda: cpu_threads_section(args.smoke, counts, passes_counts,
-                                                    deadline, args.cpu_repeats)),
+                                                    deadline, args.cpu_repeats,
+                                                    args.all_core)),
     ]
     try:
         for name, fn in steps:
