@@ -36,10 +36,10 @@ from numpy.typing import NDArray
 
 from rpsagg import spec
 from rpsagg._srht import JointShape
+from rpsagg._validation import check_matrix_args
 from rpsagg.spec import (
     TAG_ROWS,
     TAG_SIGNS,
-    check_seed,
     dct_shift,
     sample_distinct,
     sign_bits,
@@ -142,11 +142,7 @@ def dct_matrix(seed: int, k: int, d: int) -> FloatArray:
     ndarray, shape (k, d)
         ``G = E C P D``.
     """
-    seed = check_seed(seed)
-    if d < 1:
-        raise ValueError(f"d must be >= 1; got {d}")
-    if not 1 <= k <= d:
-        raise ValueError(f"k must be in [1, d]; got k={k}, d={d}")
+    seed = check_matrix_args(seed, k, d)
     rows = dct_rows(seed, k, d)
     basis = _dct_basis_rows(rows, d)  # C[rows, :]
     # (C P)[:, j] = C[:, (j + s) mod d]; D multiplies column j by its sign

@@ -42,10 +42,10 @@ from numpy.typing import NDArray
 from rpsagg import spec
 from rpsagg._dct import DEFAULT_MEMORY_BUDGET, JointDCT, _shift_into, _unshift_into
 from rpsagg._fwht import fwht
+from rpsagg._validation import check_matrix_args
 from rpsagg.spec import (
     TAG_ROWS,
     TAG_SIGN2,
-    check_seed,
     dct_shift,
     sample_distinct,
     sign_bits,
@@ -190,11 +190,7 @@ def hblocks_matrix(seed: int, k: int, d: int) -> FloatArray:
     ndarray, shape (k, d)
         ``G = E B P D``.
     """
-    seed = check_seed(seed)
-    if d < 1:
-        raise ValueError(f"d must be >= 1; got {d}")
-    if not 1 <= k <= d:
-        raise ValueError(f"k must be in [1, d]; got k={k}, d={d}")
+    seed = check_matrix_args(seed, k, d)
     rows = hblocks_rows(seed, k, d)
     unit = np.zeros((k, d))
     unit[np.arange(k), rows] = 1.0

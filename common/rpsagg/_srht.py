@@ -149,13 +149,9 @@ def srht_matrix(seed: int, k: int, d: int) -> FloatArray:
     ndarray, shape (k, d')
         ``G = (1/sqrt(d')) E H D`` with ``H[r, j] = (-1)^popcount(r & j)``.
     """
-    from rpsagg.spec import check_seed
+    from rpsagg._validation import check_matrix_args
 
-    seed = check_seed(seed)
-    if d < 1:
-        raise ValueError(f"d must be >= 1; got {d}")
-    if not 1 <= k <= d:
-        raise ValueError(f"k must be in [1, d]; got k={k}, d={d}")
+    seed = check_matrix_args(seed, k, d)
     d_pad = padded_dim(d)
     rows = srht_rows(seed, k, d_pad)
     cols = np.arange(d_pad, dtype=np.int64)

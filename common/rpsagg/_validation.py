@@ -30,6 +30,17 @@ def check_dims(n: object, k: object, d: object) -> tuple[int, int, int]:
     return n_, k_, d_
 
 
+def check_matrix_args(seed: int, k: int, d: int) -> int:
+    """The arguments of a dense projection matrix (``srht_matrix`` and its kin); returns
+    the seed as checked by :func:`rpsagg.spec.check_seed`."""
+    seed = check_seed(seed)
+    if d < 1:
+        raise ValueError(f"d must be >= 1; got {d}")
+    if not 1 <= k <= d:
+        raise ValueError(f"k must be in [1, d]; got k={k}, d={d}")
+    return seed
+
+
 def check_vector(x: ArrayLike, d: int, *, finite: bool = True) -> NDArray[np.float64]:
     """A float64 vector of shape (d,), finite unless ``finite=False`` skips that check.
 
