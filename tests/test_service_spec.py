@@ -22,6 +22,7 @@ from service_util import base_config, in_process_server
 
 import rpsagg
 from rpsagg_client import AggregationClient
+from rpsagg_server.config import ServerConfig
 from rpsagg_wire.v1 import serde
 from rpsagg_wire.v1.serde import RoundInfo
 
@@ -133,6 +134,28 @@ def test_client_reads_what_an_older_server_leaves_out() -> None:
         client.close()
 
 
+def _one_round(cfg: ServerConfig, version: str, projection: str, scheme: str,
+               data_seed: int) -> None:
+    """A server on ``cfg`` announces ``version`` and ``projection``; N clients encode with
+    ``scheme`` and claim the round's version (not the client's newest: a server older than
+    the client takes it too); the round decodes as the library does."""
+    with in_process_server(cfg) as srv:
+        clients = _clients(srv.port)
+        try:
+            rnd = clients[0].current_round()
+            assert (rnd.spec_version, rnd.projection) == (version, projection)
+            xs = np.random.default_rng(data_seed).standard_normal((N, cfg.d))
+            subs = [cl.encode(rnd, x) for cl, x in zip(clients, xs, strict=True)]
+            assert {s.spec_version for s in subs} == {version}
+            assert clients[0].estimator_for(rnd).name == scheme
+            for cl, s in zip(clients, subs, strict=True):
+                cl.submit_encoded(s)
+            _decoded_like_the_library(clients, rnd, subs)
+        finally:
+            for cl in clients:
+                cl.close()
+
+
 def test_a_recovered_job_keeps_its_projection(tmp_path: Path) -> None:
     # A job's stored submissions must be decoded with the projection they were encoded
     # with. A fresh job at d = 100 records "hblocks"; a database written before v4 recorded
@@ -155,45 +178,10 @@ def test_a_recovered_job_keeps_its_projection(tmp_path: Path) -> None:
         assert json.loads(stored[0]) == ["rpsagg-seed-v4", "hblocks", 0]
         conn.execute("UPDATE meta SET value = ? WHERE key = 'encoding'",
                      (json.dumps(["rpsagg-seed-v2", "dct", 0]),))
-    with in_process_server(cfg) as srv:
-        clients = [AggregationClient(f"127.0.0.1:{srv.port}", f"c{i}", insecure=True,
-                                     timeout=10, retry_budget=0) for i in range(N)]
-        try:
-            for cl in clients:
-                cl.join()
-            rnd = clients[0].current_round()
-            assert (rnd.spec_version, rnd.projection) == ("rpsagg-seed-v2", "dct")
-            xs = np.random.default_rng(4).standard_normal((N, 100))
-            subs = [cl.encode(rnd, x) for cl, x in zip(clients, xs, strict=True)]
-            # the round's version, not the client's newest: a v3 server takes it too
-            assert {s.spec_version for s in subs} == {"rpsagg-seed-v2"}
-            assert clients[0].estimator_for(rnd).name == "rand-proj-spatial:dct"
-            for cl, s in zip(clients, subs, strict=True):
-                cl.submit_encoded(s)
-            _decoded_like_the_library(clients, rnd, subs)
-        finally:
-            for cl in clients:
-                cl.close()
+    _one_round(cfg, "rpsagg-seed-v2", "dct", "rand-proj-spatial:dct", data_seed=4)
     with sqlite3.connect(db) as conn:
         conn.execute("DELETE FROM meta WHERE key = 'encoding'")
-    with in_process_server(cfg) as srv:
-        clients = [AggregationClient(f"127.0.0.1:{srv.port}", f"c{i}", insecure=True,
-                                     timeout=10, retry_budget=0) for i in range(N)]
-        try:
-            for cl in clients:
-                cl.join()
-            rnd = clients[0].current_round()
-            assert (rnd.spec_version, rnd.projection) == ("rpsagg-seed-v1", "srht")
-            xs = np.random.default_rng(3).standard_normal((N, 100))
-            subs = [cl.encode(rnd, x) for cl, x in zip(clients, xs, strict=True)]
-            assert {s.spec_version for s in subs} == {"rpsagg-seed-v1"}
-            assert clients[0].estimator_for(rnd).name == "rand-proj-spatial"
-            for cl, s in zip(clients, subs, strict=True):
-                cl.submit_encoded(s)
-            _decoded_like_the_library(clients, rnd, subs)
-        finally:
-            for cl in clients:
-                cl.close()
+    _one_round(cfg, "rpsagg-seed-v1", "srht", "rand-proj-spatial", data_seed=3)
     with sqlite3.connect(db) as conn:  # now recorded
         stored = conn.execute("SELECT value FROM meta WHERE key = 'encoding'").fetchone()
         assert json.loads(stored[0]) == ["rpsagg-seed-v1", "srht", 0]
