@@ -15,7 +15,7 @@ every acked submission is committed in the database and that the round decoded w
     python bench/bench_service_load.py                 # 200 clients k=128, 1000 clients k=64
     python bench/bench_service_load.py --repeat 3      # each configuration 3 times
     python bench/bench_service_load.py --clients 500 --k 64 --d 4096
-    python bench/bench_service_load.py --profile /tmp/server.txt   # py-spy collapsed stacks
+    python bench/bench_service_load.py --profile /tmp/server.txt   # py-spy stacks of the burst
 """
 
 from __future__ import annotations
@@ -24,7 +24,10 @@ import argparse
 import asyncio
 import os
 import secrets
+import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -57,6 +60,12 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def _py_spy() -> str:
+    """py-spy on PATH, else beside this interpreter (a virtual environment not activated)."""
+    beside = Path(sys.executable).with_name("py-spy")
+    return shutil.which("py-spy") or (str(beside) if beside.exists() else "py-spy")
+
+
 def _rss_mib(pid: int) -> tuple[float, float]:
     """(VmRSS, VmHWM) of a process in MiB."""
     out = {}
@@ -77,27 +86,30 @@ async def run_once(n: int, k: int, d: int, channels_n: int, profile: str | None,
     offered load).
     """
     work = Path(tempfile.mkdtemp(prefix="rpsagg-load-"))
+    try:
+        return await _run_in(work, n, k, d, channels_n, profile, db_path, rate, server_loop)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the run's own database and port file
+
+
+async def _run_in(work: Path, n: int, k: int, d: int, channels_n: int, profile: str | None,
+                  db_path: str | None, rate: float, server_loop: str) -> dict[str, Any]:
     db = db_path or str(work / "load.db")
-    prefix = (["py-spy", "record", "--format", "raw", "--rate", "1000", "--nonblocking",
-               "--threads",
-               "-o", profile, "--"] if profile else [])
-    # transform one: c = 0 and beta is exact, so no Monte Carlo in the way. Under py-spy the
-    # server is py-spy's child: SIGINT (py-spy writes the profile) to the whole group.
+    # transform one: c = 0 and beta is exact, so no Monte Carlo in the way
     server = ServerProcess([
         "--insecure", "--host",
         "127.0.0.1", "--grpc-port", "0", "--http-port", "0", "--n", str(n), "--k", str(k),
         "--d", str(d), "--task", "mean", "--rounds", "1", "--round-timeout", "600",
         "--db", db, "--transform", "one", "--linger", "-1", "--event-loop", server_loop,
-    ], work / "port", env=dict(os.environ, RPSAGG_LOG_LEVEL="WARNING"), prefix=prefix,
-        start_timeout=120, stop_signal=signal.SIGINT if profile else signal.SIGTERM,
-        own_group=bool(profile))
+    ], work / "port", env=dict(os.environ, RPSAGG_LOG_LEVEL="WARNING"), start_timeout=120)
     try:
         await asyncio.to_thread(server.start)
     except (ServerExited, TimeoutError) as exc:
         raise SystemExit(f"server failed to start: {exc}") from None
     port = server.port
     assert server.proc is not None
-    pid = server.proc.pid if not profile else None
+    pid = server.proc.pid
+    spy: subprocess.Popen[bytes] | None = None
     try:
         opts = [("grpc.max_receive_message_length", 64 << 20)]
         channels = [grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=opts)
@@ -140,15 +152,26 @@ async def run_once(n: int, k: int, d: int, channels_n: int, profile: str | None,
             done_at.append(time.perf_counter())
             latencies.append(done_at[-1] - t0)
 
+        if profile:  # sample the server during the burst only, native frames included
+            spy = subprocess.Popen([_py_spy(), "record", "--pid", str(pid), "--native",
+                                    "--threads", "--rate", "200",
+                                    "--format", "raw", "-o", profile],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            await asyncio.sleep(1.0)  # py-spy attaches (no state to wait on: it says nothing)
         load = os.getloadavg()[0]
-        cpu_server0 = _cpu_seconds(pid) if pid else float("nan")
+        cpu_server0 = _cpu_seconds(pid)
         cpu_self0 = time.process_time()
         start = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(n)))
         wall = max(done_at) - start
         cpu_self = time.process_time() - cpu_self0
-        cpu_server = (_cpu_seconds(pid) - cpu_server0) if pid else float("nan")
-        rss, hwm = _rss_mib(pid) if pid else (float("nan"), float("nan"))
+        cpu_server = _cpu_seconds(pid) - cpu_server0
+        rss, hwm = _rss_mib(pid)
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes the profile on SIGINT
+            _, err = await asyncio.to_thread(spy.communicate, None, 30)
+            if not Path(profile).exists():
+                print(f"py-spy wrote no profile: {err.decode(errors='replace').strip()}")
         res = await get_result(GetResultRequest(rnd.round_id, True), timeout=600)
         for ch in channels:
             await ch.close()
@@ -190,7 +213,10 @@ def main() -> None:
     p.add_argument("--server-loop", choices=("auto", "uvloop", "asyncio"), default="auto",
                    help="the server's --event-loop")
     p.add_argument("--profile", default=None, metavar="FILE",
-                   help="run the server under py-spy and write collapsed stacks to FILE")
+                   help="sample the server with py-spy (native frames, every thread, 200 "
+                        "samples/s: py-spy stops the process for each, and at 1,000/s a "
+                        "Submit came back CANCELLED) during the burst only and write its "
+                        "raw collapsed stacks to FILE")
     args = p.parse_args()
     configs = CONFIGS if args.clients is None else ((args.clients, args.k, args.d),)
     print(f"{os.cpu_count()} CPUs; figures per run (load = 1-min load average at the burst); "

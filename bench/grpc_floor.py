@@ -26,6 +26,12 @@ from rpsagg_server import eventloop
 from rpsagg_server.launch import wait_port_file
 
 
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def serve(port_file: str, loop: str) -> None:
     """Run the echo server; write its port to ``port_file`` once it serves."""
 
@@ -92,10 +98,13 @@ def main() -> None:
         port = wait_port_file(port_file, server, timeout=60)
         print(f"load average {os.getloadavg()[0]:.2f}, {args.loop} loops")
         for _ in range(args.repeat):
+            cpu0 = _cpu_seconds(server.pid)
             rate, p50, p99 = eventloop.run(burst(port, args.calls, args.channels, args.size),
                                            args.loop)
+            cpu = (_cpu_seconds(server.pid) - cpu0) * 1e3 / args.calls
             print(f"{args.calls} calls of {args.size} B over {args.channels} channels: "
-                  f"{rate:,.0f} calls/s, p50 {p50:.1f} ms, p99 {p99:.1f} ms")
+                  f"{rate:,.0f} calls/s, p50 {p50:.1f} ms, p99 {p99:.1f} ms, "
+                  f"server CPU {cpu:.3f} ms per call")
     finally:
         server.terminate()
         server.wait(10)

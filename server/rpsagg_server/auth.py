@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from rpsagg_server.live import Rejected
+from rpsagg_server.live import Rejected, check_bound
 from rpsagg_wire.v1 import serde
 
 log = logging.getLogger("rpsagg.server")
@@ -85,10 +85,13 @@ class TokenBook:
 
 def authorize(client_id: str) -> None:
     """Refuse (PERMISSION_DENIED) a request naming another client than the token's own."""
-    bound = _bound.get()
-    if bound is not None and bound != client_id:
-        raise Rejected("PERMISSION_DENIED",
-                       f"this token belongs to client {bound!r}, not {client_id!r}")
+    check_bound(_bound.get(), client_id)
+
+
+def bound_client() -> str | None:
+    """The client id this call's token belongs to (None: any client, or no tokens); for a
+    check made later, outside the call's context (:func:`~rpsagg_server.live.check_bound`)."""
+    return _bound.get()
 
 
 async def abort(context: Any, method: str, exc: Rejected) -> None:

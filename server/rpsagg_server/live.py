@@ -42,6 +42,14 @@ def check_client_id(client_id: str) -> None:
                        f"got {client_id!r}")
 
 
+def check_bound(bound: str | None, client_id: str) -> None:
+    """Refuse (PERMISSION_DENIED) a request naming another client than ``bound``, the client
+    its token belongs to (None: a token for any client, or no tokens)."""
+    if bound is not None and bound != client_id:
+        raise Rejected("PERMISSION_DENIED",
+                       f"this token belongs to client {bound!r}, not {client_id!r}")
+
+
 def check_submission_spec(sub: Submission, required: str, projection: str) -> None:
     """Refuse a submission encoded with a wire format that cannot describe this round.
 
@@ -121,7 +129,9 @@ class LiveRound:
     #: ``r_priors[j]``; ``r_prior`` is vector 0's); None: every vector uses ``estimator``
     r_priors: tuple[float | None, ...] | None = None
     subs: dict[str, Submission] = field(default_factory=dict)
-    pending: dict[str, tuple[bytes, asyncio.Future[None]]] = field(default_factory=dict)
+    #: queued writes: client id -> (digest, the write batch's future, index in the batch)
+    pending: dict[str, tuple[bytes, asyncio.Future[list[Any]], int]] = field(
+        default_factory=dict)
     archived: dict[str, Any] = field(default_factory=dict)
     payload_total: int = 0
     wire_total: int = 0

@@ -313,9 +313,9 @@ class RoundEngine:
             live.timer.cancel()
         live.closed_at = time.time()
         self.publish(RoundClosed(self.view(live), why))
-        if live.pending:  # queued writes decide before the set is closed
-            await asyncio.gather(*(f for _, f in list(live.pending.values())),
-                                 return_exceptions=True)
+        if live.pending:  # queued writes decide before the set is closed (asyncio.wait:
+            # cancelling this task must not cancel the store's futures)
+            await asyncio.wait({f for _, f, _ in live.pending.values()})
         # the closed set is durable: after a crash the round is decoded from exactly this set
         row = live.stored()
         await self._durable(lambda: self.store.save_round(row))

@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from rpsagg_server.auth import abort, authorize
+from rpsagg_server.auth import abort, authorize, bound_client
 from rpsagg_server.events import SubmissionRefused
 from rpsagg_server.live import Rejected, check_client_id
 from rpsagg_server.rounds import RoundEngine
@@ -87,9 +87,7 @@ class AggregationServicer:
         """Validate and durably commit a submission; the reply is the ack."""
         arrived = time.time()  # first thing: the deadline is judged by arrival
         try:
-            sub = self._parse("Submit", raw)
-            authorize(sub.client_id)
-            return await self.engine.intake.submit(sub, arrived)
+            return await self.engine.intake.admit(raw, arrived, bound_client())
         except Rejected as exc:
             self.engine.publish(SubmissionRefused(exc.code, exc.message))
             await abort(context, "Submit", exc)

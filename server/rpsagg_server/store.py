@@ -12,6 +12,7 @@ Reads for recovery happen once at start-up, before serving.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import queue
@@ -19,7 +20,8 @@ import sqlite3
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from operator import itemgetter
+from typing import Any, NamedTuple
 
 from rpsagg_server.rows import SCHEMA, StoredRound, StoredSubmission
 
@@ -27,6 +29,20 @@ __all__ = ["Store", "StoredRound", "StoredSubmission", "WriteError", "describe"]
 log = logging.getLogger("rpsagg.server")
 
 _Op = tuple[str, tuple[Any, ...]]
+
+
+class _Queued(NamedTuple):
+    """One item of the writer's queue: ``writes`` (each a list of operations that commits or
+    fails as a unit) and the future of their outcome. ``many``: the future resolves with one
+    outcome per write (None or a :class:`WriteError`) and never raises; else it resolves
+    with None or raises the one write's :class:`WriteError`."""
+
+    writes: list[list[_Op]]
+    loop: Any
+    fut: Any
+    many: bool
+
+
 _STOP = object()
 _PROBE = object()
 # errors that belong to one write's data: isolate it and commit the rest of its batch. Any
@@ -127,8 +143,12 @@ class Store:
         """
         try:
             self._conn.execute("BEGIN IMMEDIATE")
-            for sql, args in ops:
-                self._conn.execute(sql, args)
+            for sql, group in itertools.groupby(ops, key=itemgetter(0)):
+                rows = [args for _, args in group]
+                if len(rows) == 1:
+                    self._conn.execute(sql, rows[0])
+                else:  # a group commit's rows of one kind: one call, not one per row
+                    self._conn.executemany(sql, rows)
             self._conn.execute("COMMIT")
         except BaseException:
             if self._conn.in_transaction:
@@ -182,24 +202,31 @@ class Store:
                 self._commit(batch)
             except BaseException:  # never let the writer die: fail the batch, keep serving
                 log.exception("[Store] writer error")
-                for _, loop, fut in batch:
-                    loop.call_soon_threadsafe(_resolve, fut, WriteError("internal error"))
+                for item in batch:
+                    errors: list[WriteError | None] = [WriteError("internal error")] * len(
+                        item.writes)
+                    item.loop.call_soon_threadsafe(_resolve_all, [(item, errors)])
             if stop:
                 return
 
-    def _commit(self, batch: list[tuple[list[_Op], Any, Any]]) -> None:
-        error = self._run([op for ops, _, _ in batch for op in ops])
-        if error is not None and len(batch) > 1 and isinstance(error, _PER_WRITE):
+    def _commit(self, batch: list[_Queued]) -> None:
+        writes = [w for item in batch for w in item.writes]
+        error = self._run([op for w in writes for op in w])
+        if error is not None and len(writes) > 1 and isinstance(error, _PER_WRITE):
             # one write's data is at fault: commit each on its own so the others still land
-            outcomes = [self._run(ops) for ops, _, _ in batch]
+            outcomes = [self._run(w) for w in writes]
         else:
-            outcomes = [error] * len(batch)
+            outcomes = [error] * len(writes)
         failed = all(e is not None for e in outcomes) and not isinstance(error, _PER_WRITE)
         self._note(error if failed else None)
-        by_loop: dict[Any, list[tuple[asyncio.Future[None], BaseException | None]]] = {}
-        for (_, loop, fut), err in zip(batch, outcomes, strict=True):
-            by_loop.setdefault(loop, []).append(
-                (fut, None if err is None else WriteError(describe(err))))
+        by_loop: dict[Any, list[tuple[_Queued, list[WriteError | None]]]] = {}
+        start = 0
+        for item in batch:
+            end = start + len(item.writes)
+            by_loop.setdefault(item.loop, []).append(
+                (item, [None if e is None else WriteError(describe(e))
+                        for e in outcomes[start:end]]))
+            start = end
         for loop, results in by_loop.items():  # one wake-up of the event loop per batch
             loop.call_soon_threadsafe(_resolve_all, results)
 
@@ -211,7 +238,17 @@ class Store:
         """
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
-        self._queue.put((ops, loop, fut))
+        self._queue.put(_Queued([ops], loop, fut, False))
+        return fut
+
+    def _enqueue_many(self, writes: list[list[_Op]]) -> asyncio.Future[list[WriteError | None]]:
+        """Queue several writes, each atomic on its own (one's bad data never fails
+        another's); the future resolves with one outcome per write, in order: None once it
+        is durable, or the :class:`WriteError` that says why nothing of it was written. It
+        never raises. Call from the event loop."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[list[WriteError | None]] = loop.create_future()
+        self._queue.put(_Queued(writes, loop, fut, True))
         return fut
 
     def _write_sync(self, ops: list[_Op]) -> None:
@@ -229,6 +266,13 @@ class Store:
         """Queue a submission; the future resolves once it is durable (or raises
         :class:`WriteError`). The primary key refuses a second one per client and round."""
         return self._enqueue([_op_submission(sub)])
+
+    def commit_submissions(self, subs: Sequence[StoredSubmission],
+                           ) -> asyncio.Future[list[WriteError | None]]:
+        """Queue several submissions, each its own write (group-committed with whatever else
+        is queued); the future resolves with one outcome per submission, in order: None once
+        it is durable, or the :class:`WriteError` that kept it out. It never raises."""
+        return self._enqueue_many([[_op_submission(s)] for s in subs])
 
     async def open_round(self, r: StoredRound) -> None:
         """Commit a new round's row (the first round of a process; later rounds open in
@@ -332,18 +376,16 @@ class Store:
                                  received_at=float(r[5])) for r in rows]
 
 
-def _resolve_all(results: list[tuple[asyncio.Future[None], BaseException | None]]) -> None:
-    for fut, error in results:
-        _resolve(fut, error)
-
-
-def _resolve(fut: asyncio.Future[None], error: BaseException | None) -> None:
-    if fut.done():
-        return
-    if error is None:
-        fut.set_result(None)
-    else:
-        fut.set_exception(error)
+def _resolve_all(results: list[tuple[_Queued, list[WriteError | None]]]) -> None:
+    for item, errors in results:
+        if item.fut.done():
+            continue
+        if item.many:
+            item.fut.set_result(errors)
+        elif errors[0] is None:
+            item.fut.set_result(None)
+        else:
+            item.fut.set_exception(errors[0])
 
 
 # -- SQL of the writes ---------------------------------------------------------
