@@ -290,30 +290,29 @@ def main() -> None:
         max_near_full_rank()
     if "encode" not in sections:
         return
-    print("\nencode, median ms (k = d/100); srht-1c (the SRHT on one core) and hblocks "
-          "interleaved over `reps` repetitions, then the DCTs and blocks interleaved over "
-          "fewer, then srht-pad (as the library runs it: from d' = 2^18 on, the two halves "
-          "on two cores); ratio = hblocks / the faster SRHT")
+    print("\nencode, median ms (k = d/100). srht-pad (the library's SRHT at d', as it runs: "
+          "from d' = 2^18 on the two halves on two cores), srht-1c (the SRHT on one core) "
+          "hblocks (from b = 2^17 on, its FWHTs as halves on two cores) and hblocks-1c (its "
+          "one-core passes) interleaved over `reps` repetitions; then the DCTs and blocks "
+          "interleaved over fewer; ratio = hblocks / srht-pad")
     print(f"{'d':>9s} {'d_pad':>9s} {'reps':>5s} {'srht-pad':>9s} {'srht-1c':>9s} "
-          f"{'hblocks':>9s} {'ratio':>6s} {'dct':>9s} {'dct5':>9s} {'dct32':>9s} {'blocks':>9s}")
+          f"{'hblocks':>9s} {'ratio':>6s} {'hblocks-1c':>10s} {'dct':>9s} {'dct5':>9s} "
+          f"{'dct32':>9s} {'blocks':>9s}")
     dims = (300, 3000, 100_000) if args.quick else (
         300, 3000, 30_000, 100_000, 300_000, 600_000, 1_000_000, 999_983)
-    # Three passes over the dims, in this order, so that none disturbs the next:
-    # 1. the one-core SRHT and hblocks, interleaved (the comparison of the issue);
-    # 2. the DCT variants and the block split (scipy's Bluestein DCT at a prime d allocates
-    #    and frees hundreds of MiB);
-    # 3. the library's SRHT as it runs by default, which from d' = 2^18 on transforms the two
-    #    halves with OpenMP on both cores: the OpenMP threads it leaves behind slowed any
-    #    encode timed right after it by up to 3x on this loaded 2-core machine, in the same
-    #    process (a client process runs one projection, so that never happens in use).
+    # Two passes over the dims, so that the DCT variants (scipy's Bluestein DCT at a prime d
+    # allocates and frees hundreds of MiB) do not disturb the SRHTs and hblocks.
     rows: dict[int, dict[str, float]] = {}
     for dim in dims:
         x = np.random.default_rng(dim).standard_normal(dim)
         kk, dp = max(1, dim // 100), padded_dim(dim)
-        rows[dim] = interleaved_ms({
+        fns = {
+            "srht": lambda: srht_encode(x, 1, kk, dp),  # noqa: B023
             "srht1": lambda: srht_one_core(x, 1, kk, dp),  # noqa: B023
             "hblocks": lambda: hblocks_encode(x, 1, kk),  # noqa: B023
-        }, _encode_reps(dim))
+            "hblocks1": lambda: hblocks_encode(x, 1, kk, threads=1),  # noqa: B023
+        }
+        rows[dim] = interleaved_ms(fns, _encode_reps(dim))
     for dim in dims:
         x = np.random.default_rng(dim).standard_normal(dim)
         kk = max(1, dim // 100)
@@ -324,20 +323,16 @@ def main() -> None:
             "blocks": lambda: blocks_encode(x, 1, kk),  # noqa: B023
         }, max(5, _encode_reps(dim) // 20)))
     for dim in dims:
-        x = np.random.default_rng(dim).standard_normal(dim)
-        kk, dp = max(1, dim // 100), padded_dim(dim)
-        rows[dim].update(interleaved_ms(
-            {"srht": lambda: srht_encode(x, 1, kk, dp)}, _encode_reps(dim)))  # noqa: B023
-    for dim in dims:
         t = rows[dim]
-        ratio = t["hblocks"] / min(t["srht"], t["srht1"])
         print(f"{dim:9d} {padded_dim(dim):9d} {_encode_reps(dim):5d} {t['srht']:9.4f} "
-              f"{t['srht1']:9.4f} {t['hblocks']:9.4f} {ratio:6.2f} {t['dct']:9.4f} "
-              f"{t['dct5']:9.4f} {t['dct32']:9.4f} {t['blocks']:9.4f}", flush=True)
+              f"{t['srht1']:9.4f} {t['hblocks']:9.4f} {t['hblocks'] / t['srht']:6.2f} "
+              f"{t['hblocks1']:10.4f} {t['dct']:9.4f} {t['dct5']:9.4f} {t['dct32']:9.4f} "
+              f"{t['blocks']:9.4f}", flush=True)
+
 
 def _encode_reps(dim: int) -> int:
-    """Repetitions of the interleaved SRHT/hblocks timing at ``dim`` (about 20 s each)."""
-    return max(41, min(2001, 20_000_000 // dim))
+    """Repetitions of the interleaved SRHT/hblocks timing at ``dim`` (at most about 2 s)."""
+    return max(301, min(5001, 300_000_000 // dim))
 
 if __name__ == "__main__":
     main()

@@ -92,9 +92,12 @@ def test_golden_hblocks_vectors(case: dict[str, Any], monkeypatch: pytest.Monkey
     assert [hex(f32_bits(v)) for v in expected] == case["y_f32"]
     # the library: compiled kernels in one call, compiled kernels around the FWHT backend,
     # and numpy, each within the stated tolerance of the reference
-    for native, one_call in ((spec.NATIVE, 1 << 30), (spec.NATIVE, 0), (None, 0)):
+    # (and above it, on two cores, the split passes: halves, the last stage apart)
+    for native, one_call, split in ((spec.NATIVE, 1 << 30, False), (spec.NATIVE, 0, False),
+                                    (spec.NATIVE, 0, True), (None, 0, False)):
         monkeypatch.setattr(spec, "NATIVE", native)
         monkeypatch.setattr(_hblocks, "_ONE_CALL_MAX", one_call)
+        _force_split(monkeypatch, split)
         est = rpsagg.make_estimator("rand-proj-spatial", n=2, k=k, d=d, projection="hblocks")
         msg = est.encode(np.array(x, dtype=np.float64), seed=seed)
         assert msg.scheme == "rand-proj-spatial:hblocks"
@@ -161,6 +164,45 @@ def test_a_compiled_module_without_the_kernels_falls_back_to_numpy(
     want = hblocks_encode(x, 8, 50)
     monkeypatch.setattr(spec, "NATIVE", Stale())
     np.testing.assert_allclose(hblocks_encode(x, 8, 50), want, rtol=0, atol=1e-12)
+
+
+def _force_split(monkeypatch: pytest.MonkeyPatch, split: bool) -> None:
+    """Make the encode take (or not) its two-core path whatever this machine has."""
+    monkeypatch.setattr(_hblocks, "_SPLIT_MIN", 4 if split else 1 << 62)
+    monkeypatch.setattr(_hblocks, "_CORES", 2)
+    monkeypatch.setattr(_hblocks, "BATCH_THREADS", True)
+
+
+@pytest.mark.parametrize("d", [2**17 + 5, 200_003, 300_001, 2**19 - 1, 2**19 + 2**18 + 3,
+                               2**19 + 2**18 + 64, 2**19 + 2**18 - 65, 10**6])
+def test_two_core_encode_matches_the_one_core_passes(d: int,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # the two-core path (each FWHT as its halves; the first block's last stage at its kept
+    # rows and on the overlap only, with the second signs; the second's at its kept rows)
+    # against the one-core passes and numpy
+    if spec.NATIVE is None:
+        pytest.skip("the compiled kernels are not built")
+    x = np.random.default_rng(d).standard_normal(d)
+    k = d // 100
+    _force_split(monkeypatch, True)
+    split = hblocks_encode(x, 5, k)
+    serial = hblocks_encode(x, 5, k, threads=1)  # the public switch to the one-core passes
+    np.testing.assert_allclose(split, serial, rtol=0, atol=1e-11)
+    _force_split(monkeypatch, False)
+    assert np.array_equal(hblocks_encode(x, 5, k), serial)
+    monkeypatch.setattr(spec, "NATIVE", None)
+    np.testing.assert_allclose(split, hblocks_encode(x, 5, k), rtol=0, atol=1e-11)
+
+
+def test_split_kernels_refuse_bad_arguments() -> None:
+    if spec.NATIVE is None:
+        pytest.skip("the compiled kernels are not built")
+    one = np.array([100], dtype=np.int64)
+    for fn in (spec.NATIVE.hb_last, lambda w, r, o: spec.NATIVE.hb_split_mid(w, 1, r, o)):
+        with pytest.raises(ValueError, match="out of range"):
+            fn(np.zeros(100), one, np.empty(1))
+        with pytest.raises(ValueError, match="out of range"):
+            fn(np.zeros(100), np.array([0, 1], dtype=np.int64), np.empty(1))
 
 
 def test_compiled_and_numpy_paths_agree_at_large_d(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -360,20 +360,30 @@ static void hb_segment(const double *xs, uint64_t key, Py_ssize_t j0, Py_ssize_t
 
 /* The first pass: ws[(j + shift) mod d] = (1 - 2 b_j) x_j, times 1/sqrt(b) where the position
  * is < b (so that the unnormalized FWHT of ws[0:b] is H_lo's) */
-static void hb_sign_shift(const double *xs, uint64_t key, Py_ssize_t shift, double *ws,
-                          Py_ssize_t d, Py_ssize_t b) {
+/* hb_sign_shift for the inputs j in [jlo, jhi) only (disjoint ranges write disjoint w) */
+static void hb_sign_shift_range(const double *xs, uint64_t key, Py_ssize_t shift, double *ws,
+                                Py_ssize_t d, Py_ssize_t b, Py_ssize_t jlo, Py_ssize_t jhi) {
     double inv = 1.0 / sqrt((double)b);
     /* j in [0, d - shift) lands on j + shift; j in [d - shift, d) on j + shift - d */
     Py_ssize_t wrap = d - shift;
     Py_ssize_t cut1 = b - shift; /* first range: positions < b iff j < cut1 */
     if (cut1 < 0) cut1 = 0;
     if (cut1 > wrap) cut1 = wrap;
-    hb_segment(xs, key, 0, cut1, shift, inv, ws);
-    hb_segment(xs, key, cut1, wrap, shift, 1.0, ws);
     Py_ssize_t cut2 = wrap + b; /* second range: positions < b iff j < cut2 */
     if (cut2 > d) cut2 = d;
-    hb_segment(xs, key, wrap, cut2, shift - d, inv, ws);
-    hb_segment(xs, key, cut2, d, shift - d, 1.0, ws);
+    const Py_ssize_t lo[4] = {0, cut1, wrap, cut2}, hi[4] = {cut1, wrap, cut2, d};
+    const Py_ssize_t off[4] = {shift, shift, shift - d, shift - d};
+    const double scale[4] = {inv, 1.0, inv, 1.0};
+    for (int s = 0; s < 4; s++) {
+        Py_ssize_t a = lo[s] > jlo ? lo[s] : jlo, c = hi[s] < jhi ? hi[s] : jhi;
+        if (a < c) hb_segment(xs, key, a, c, off[s], scale[s], ws);
+    }
+}
+
+/* w[(j + shift) mod d] = (1 - 2 b_j) x_j, scaled by 1/sqrt(b) where it lands below b */
+static void hb_sign_shift(const double *xs, uint64_t key, Py_ssize_t shift, double *ws,
+                          Py_ssize_t d, Py_ssize_t b) {
+    hb_sign_shift_range(xs, key, shift, ws, d, b, 0, d);
 }
 
 /* the second signs, on the overlap w[e:b] */
@@ -544,6 +554,133 @@ static PyObject *hb_encode(PyObject *self, PyObject *args) {
         return NULL;
     }
     if (buf == NULL) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+/* flip the sign of w[p] by bit p - e of the stream key, for p in [p0, p1) (p0 >= e) */
+static void hb_flip_range(double *w, Py_ssize_t e, uint64_t key, Py_ssize_t p0, Py_ssize_t p1) {
+    uint64_t *bits = (uint64_t *)w;
+    Py_ssize_t p = p0;
+    while (p < p1) {
+        Py_ssize_t j = p - e; /* bit j of the stream */
+        uint64_t word = word_at(key, (uint64_t)(j >> 6));
+        Py_ssize_t stop = p + (64 - (j & 63));
+        if (stop > p1) stop = p1;
+        if ((j & 63) == 0 && stop == p + 64) {
+            hb_flip64(bits + p, bits + p, word);
+        } else {
+            word >>= (j & 63);
+            for (Py_ssize_t q = p; q < stop; q++, word >>= 1) bits[q] ^= (word & 1ULL) << 63;
+        }
+        p = stop;
+    }
+}
+
+#define HB_CHUNK 2048
+
+/* the first block's last butterfly stage where it is needed, on w holding its two halves'
+ * FWHTs (A = w[0:h], B = w[h:b]): the kept rows below e (untouched by the second block)
+ * into out, then the combined values on the overlap [e, b) only, with the second signs
+ * (bit p - e of the rpsSIGN2 stream at position p), chunk by chunk while in cache */
+static void hb_split_mid(double *w, Py_ssize_t d, Py_ssize_t b, uint64_t seed,
+                         const int64_t *rows, Py_ssize_t k, double *out) {
+    Py_ssize_t e = d - b, h = b / 2;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        Py_ssize_t r = (Py_ssize_t)rows[i];
+        if (r < e) out[i] = r < h ? w[r] + w[r + h] : w[r - h] - w[r];
+    }
+    uint64_t key = mix64(seed ^ TAG_SIGN2);
+    Py_ssize_t i0 = e > h ? e - h : 0; /* below it neither output is in the overlap */
+    for (Py_ssize_t c0 = i0; c0 < h; c0 += HB_CHUNK) {
+        Py_ssize_t c1 = c0 + HB_CHUNK < h ? c0 + HB_CHUNK : h;
+        Py_ssize_t lo = c0 > e ? c0 : e; /* i >= lo: the lower output is in the overlap too */
+        if (lo > c1) lo = c1;
+        for (Py_ssize_t i = c0; i < lo; i++) w[i + h] = w[i] - w[i + h];
+        for (Py_ssize_t i = lo; i < c1; i++) {
+            double a = w[i], c = w[i + h];
+            w[i] = a + c;
+            w[i + h] = a - c;
+        }
+        if (lo < c1) hb_flip_range(w, e, key, lo, c1);
+        hb_flip_range(w, e, key, c0 + h, c1 + h);
+    }
+}
+
+/* hb_split_mid(w, seed, rows, out): see hb_split_mid above (len(w) = d) */
+static PyObject *hb_split_mid_py(PyObject *self, PyObject *args) {
+    PyObject *wo, *ro, *oo;
+    unsigned long long seed;
+    if (!PyArg_ParseTuple(args, "OKOO", &wo, &seed, &ro, &oo)) return NULL;
+    Py_buffer w, rows, out;
+    if (get_buffer(wo, &w, 1, "d", 8, "w") < 0) return NULL;
+    if (get_buffer(ro, &rows, 0, "q", 8, "rows") < 0) {
+        PyBuffer_Release(&w);
+        return NULL;
+    }
+    if (get_buffer(oo, &out, 1, "d", 8, "out") < 0) {
+        PyBuffer_Release(&w);
+        PyBuffer_Release(&rows);
+        return NULL;
+    }
+    Py_ssize_t d = w.len / 8;
+    Py_ssize_t b = d >= 1 ? hb_block(d) : 0;
+    int ok = b >= 4 && hb_rows_ok(&rows, d, &out);
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        hb_split_mid((double *)w.buf, d, b, (uint64_t)seed, (const int64_t *)rows.buf,
+                     rows.len / 8, (double *)out.buf);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&out);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "hb_split_mid: bad shapes or a row out of range");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* hb_last(w, rows, out): the kept rows >= e of hblocks' output from w holding, on [e, d),
+ * the FWHTs of the two halves of the second block (its last butterfly stage evaluated at the
+ * kept rows only, then the scale 1/sqrt(b)); rows below e are left as they are in out
+ * (hb_split_mid wrote them) */
+static PyObject *hb_last(PyObject *self, PyObject *args) {
+    PyObject *wo, *ro, *oo;
+    if (!PyArg_ParseTuple(args, "OOO", &wo, &ro, &oo)) return NULL;
+    Py_buffer w, rows, out;
+    if (get_buffer(wo, &w, 0, "d", 8, "w") < 0) return NULL;
+    if (get_buffer(ro, &rows, 0, "q", 8, "rows") < 0) {
+        PyBuffer_Release(&w);
+        return NULL;
+    }
+    if (get_buffer(oo, &out, 1, "d", 8, "out") < 0) {
+        PyBuffer_Release(&w);
+        PyBuffer_Release(&rows);
+        return NULL;
+    }
+    Py_ssize_t d = w.len / 8;
+    Py_ssize_t b = d >= 1 ? hb_block(d) : 0;
+    int ok = d >= 4 && b >= 4 && hb_rows_ok(&rows, d, &out);
+    if (ok) {
+        Py_ssize_t e = d - b, h = b / 2, k = rows.len / 8;
+        const double *ws = (const double *)w.buf, *z = ws + e;
+        const int64_t *r = (const int64_t *)rows.buf;
+        double *o = (double *)out.buf, inv = 1.0 / sqrt((double)b);
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < k; i++) {
+            Py_ssize_t t = (Py_ssize_t)r[i] - e;
+            if (t >= 0) o[i] = (t < h ? z[t] + z[t + h] : z[t - h] - z[t]) * inv;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&out);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "hb_last: bad shapes or a row out of range");
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 
@@ -862,6 +999,10 @@ static PyMethodDef methods[] = {
      "fwht_rows(a, n): in-place FWHT of every run of n doubles of a (GIL released)."},
     {"hb_first", hb_first, METH_VARARGS,
      "hb_first(x, seed, w): hblocks' signs and cyclic shift, x into w."},
+    {"hb_split_mid", hb_split_mid_py, METH_VARARGS,
+     "hb_split_mid(w, seed, rows, out): hblocks' first-block last stage where needed."},
+    {"hb_last", hb_last, METH_VARARGS,
+     "hb_last(w, rows, out): hblocks' kept rows from the second block's FWHT'd halves."},
     {"hb_middle", hb_middle_py, METH_VARARGS,
      "hb_middle(w, seed): hblocks' second signs and scaling, in place."},
     {"hb_gather", hb_gather_py, METH_VARARGS,

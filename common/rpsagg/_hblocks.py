@@ -32,6 +32,7 @@ targets (``docs/performance.md``, "Any d").
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ from numpy.typing import NDArray
 
 from rpsagg import spec
 from rpsagg._dct import DEFAULT_MEMORY_BUDGET, JointDCT, _shift_into, _unshift_into
-from rpsagg._fwht import fwht
+from rpsagg._fwht import BATCH_THREADS, fwht
 from rpsagg._validation import check_matrix_args
 from rpsagg.spec import (
     TAG_ROWS,
@@ -59,6 +60,10 @@ IntArray = NDArray[np.int64]
 # butterflies in C); above it the two FWHTs go through rpsagg._fwht (fht-cpu's SIMD where
 # installed), which is faster once the transform costs more than a few calls.
 _ONE_CALL_MAX = 1 << 11
+# From this block length on (and with two cores and fht-cpu's threads), an encode splits its
+# passes over two cores, as the SRHT's does from d' = 2^18 on.
+_SPLIT_MIN = 1 << 17
+_CORES = os.cpu_count() or 1
 
 
 def block_split(d: int) -> tuple[int, int]:
@@ -86,7 +91,7 @@ def _work(d: int) -> FloatArray:
     return buf
 
 
-def hblocks_encode(x: FloatArray, seed: int, k: int) -> FloatArray:
+def hblocks_encode(x: FloatArray, seed: int, k: int, threads: int | None = None) -> FloatArray:
     """``G x`` in float64 for the overlapping-blocks Hadamard projection with ``seed``.
 
     The FWHTs are unnormalized; the scale ``1/sqrt(b)`` of the first is applied to its
@@ -101,6 +106,10 @@ def hblocks_encode(x: FloatArray, seed: int, k: int) -> FloatArray:
         Transform seed.
     k : int
         Rows kept, ``1 <= k <= d``.
+    threads : int, optional
+        1: every pass on the calling thread. None (default): from a block length of
+        ``2^17`` on, with two or more cores and fht-cpu installed, each FWHT runs as its two
+        halves on two cores (the same values to rounding).
 
     Returns
     -------
@@ -117,6 +126,18 @@ def hblocks_encode(x: FloatArray, seed: int, k: int) -> FloatArray:
     if native is not None and hasattr(native, "hb_encode"):
         if d <= _ONE_CALL_MAX:
             native.hb_encode(x, seed, rows, w, out)
+            return out
+        two_cores = threads is None and _CORES >= 2 and BATCH_THREADS
+        if b >= _SPLIT_MIN and two_cores and hasattr(native, "hb_last"):
+            # two cores: each FWHT as its two halves (fht-cpu's threads), and the last
+            # butterfly stage only where it is needed: of the first block at its kept rows
+            # and on the overlap (with the second signs), of the second at its kept rows
+            h = b // 2
+            native.hb_first(x, seed, w)
+            fwht(w[:b].reshape(2, h), inplace=True, threads=2)
+            native.hb_split_mid(w, seed, rows, out)
+            fwht(w[e:].reshape(2, h), inplace=True, threads=2)
+            native.hb_last(w, rows, out)
             return out
         native.hb_first(x, seed, w)
         fwht(w[:b], inplace=True)
