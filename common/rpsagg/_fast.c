@@ -105,7 +105,10 @@ static PyObject *sample_distinct(PyObject *self, PyObject *args) {
     }
     int m = 0;
     while (m < 63 && ((uint64_t)1 << m) < (uint64_t)bound) m++;
-    uint64_t *seen = calloc(((size_t)bound + 63) / 64, 8);
+    /* a bitmap over every candidate [0, 2^m), so that a candidate >= bound can be looked
+     * up too: the loop then accepts or rejects without a branch (rejections at random,
+     * up to half of the words when bound is just above a power of two, mispredicted) */
+    uint64_t *seen = calloc((((size_t)1 << m) + 63) / 64, 8);
     if (seen == NULL) {
         PyBuffer_Release(&out);
         return PyErr_NoMemory();
@@ -115,11 +118,11 @@ static PyObject *sample_distinct(PyObject *self, PyObject *args) {
     Py_ssize_t got = 0;
     for (uint64_t t = 0; got < k; t++) {
         uint64_t cand = m ? word_at((uint64_t)key, t) >> (64 - m) : 0;
-        if (cand >= (uint64_t)bound) continue;
         uint64_t bit = 1ULL << (cand & 63);
-        if (seen[cand >> 6] & bit) continue;
-        seen[cand >> 6] |= bit;
-        rows[got++] = (int64_t)cand;
+        uint64_t fresh = (uint64_t)(cand < (uint64_t)bound) & (uint64_t)((seen[cand >> 6] & bit) == 0);
+        seen[cand >> 6] |= bit & (0 - fresh);
+        rows[got] = (int64_t)cand; /* kept only if fresh: got moves on */
+        got += (Py_ssize_t)fresh;
     }
     Py_END_ALLOW_THREADS
     free(seen);
