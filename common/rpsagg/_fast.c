@@ -476,21 +476,36 @@ static int hb_rows_ok(const Py_buffer *rows, Py_ssize_t d, const Py_buffer *out)
     return 1;
 }
 
+/* the buffers (w, rows, out) of the kernels below: w float64 (writable when w_writable),
+ * rows int64, out float64 writable; 0 with all three held, or -1 with none held and an
+ * exception set */
+static int get_w_rows_out(PyObject *wo, PyObject *ro, PyObject *oo, int w_writable,
+                          Py_buffer *w, Py_buffer *rows, Py_buffer *out) {
+    if (get_buffer(wo, w, w_writable, "d", 8, "w") < 0) return -1;
+    if (get_buffer(ro, rows, 0, "q", 8, "rows") < 0) {
+        PyBuffer_Release(w);
+        return -1;
+    }
+    if (get_buffer(oo, out, 1, "d", 8, "out") < 0) {
+        PyBuffer_Release(w);
+        PyBuffer_Release(rows);
+        return -1;
+    }
+    return 0;
+}
+
+static void release_w_rows_out(Py_buffer *w, Py_buffer *rows, Py_buffer *out) {
+    PyBuffer_Release(w);
+    PyBuffer_Release(rows);
+    PyBuffer_Release(out);
+}
+
 /* hb_gather(w, rows, out): out[i] = w[rows[i]] with the last scale */
 static PyObject *hb_gather_py(PyObject *self, PyObject *args) {
     PyObject *wo, *ro, *oo;
     if (!PyArg_ParseTuple(args, "OOO", &wo, &ro, &oo)) return NULL;
     Py_buffer w, rows, out;
-    if (get_buffer(wo, &w, 0, "d", 8, "w") < 0) return NULL;
-    if (get_buffer(ro, &rows, 0, "q", 8, "rows") < 0) {
-        PyBuffer_Release(&w);
-        return NULL;
-    }
-    if (get_buffer(oo, &out, 1, "d", 8, "out") < 0) {
-        PyBuffer_Release(&w);
-        PyBuffer_Release(&rows);
-        return NULL;
-    }
+    if (get_w_rows_out(wo, ro, oo, 0, &w, &rows, &out) < 0) return NULL;
     Py_ssize_t d = w.len / 8;
     int ok = d >= 1 && hb_rows_ok(&rows, d, &out);
     if (ok) {
@@ -499,9 +514,7 @@ static PyObject *hb_gather_py(PyObject *self, PyObject *args) {
                   rows.len / 8, (double *)out.buf);
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&w);
-    PyBuffer_Release(&rows);
-    PyBuffer_Release(&out);
+    release_w_rows_out(&w, &rows, &out);
     if (!ok) {
         PyErr_SetString(PyExc_ValueError, "hb_gather: bad shapes or a row out of range");
         return NULL;
@@ -615,16 +628,7 @@ static PyObject *hb_split_mid_py(PyObject *self, PyObject *args) {
     unsigned long long seed;
     if (!PyArg_ParseTuple(args, "OKOO", &wo, &seed, &ro, &oo)) return NULL;
     Py_buffer w, rows, out;
-    if (get_buffer(wo, &w, 1, "d", 8, "w") < 0) return NULL;
-    if (get_buffer(ro, &rows, 0, "q", 8, "rows") < 0) {
-        PyBuffer_Release(&w);
-        return NULL;
-    }
-    if (get_buffer(oo, &out, 1, "d", 8, "out") < 0) {
-        PyBuffer_Release(&w);
-        PyBuffer_Release(&rows);
-        return NULL;
-    }
+    if (get_w_rows_out(wo, ro, oo, 1, &w, &rows, &out) < 0) return NULL;
     Py_ssize_t d = w.len / 8;
     Py_ssize_t b = d >= 1 ? hb_block(d) : 0;
     int ok = b >= 4 && hb_rows_ok(&rows, d, &out);
@@ -634,9 +638,7 @@ static PyObject *hb_split_mid_py(PyObject *self, PyObject *args) {
                      rows.len / 8, (double *)out.buf);
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&w);
-    PyBuffer_Release(&rows);
-    PyBuffer_Release(&out);
+    release_w_rows_out(&w, &rows, &out);
     if (!ok) {
         PyErr_SetString(PyExc_ValueError, "hb_split_mid: bad shapes or a row out of range");
         return NULL;
@@ -652,16 +654,7 @@ static PyObject *hb_last(PyObject *self, PyObject *args) {
     PyObject *wo, *ro, *oo;
     if (!PyArg_ParseTuple(args, "OOO", &wo, &ro, &oo)) return NULL;
     Py_buffer w, rows, out;
-    if (get_buffer(wo, &w, 0, "d", 8, "w") < 0) return NULL;
-    if (get_buffer(ro, &rows, 0, "q", 8, "rows") < 0) {
-        PyBuffer_Release(&w);
-        return NULL;
-    }
-    if (get_buffer(oo, &out, 1, "d", 8, "out") < 0) {
-        PyBuffer_Release(&w);
-        PyBuffer_Release(&rows);
-        return NULL;
-    }
+    if (get_w_rows_out(wo, ro, oo, 0, &w, &rows, &out) < 0) return NULL;
     Py_ssize_t d = w.len / 8;
     Py_ssize_t b = d >= 1 ? hb_block(d) : 0;
     int ok = d >= 4 && b >= 4 && hb_rows_ok(&rows, d, &out);
@@ -677,9 +670,7 @@ static PyObject *hb_last(PyObject *self, PyObject *args) {
         }
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&w);
-    PyBuffer_Release(&rows);
-    PyBuffer_Release(&out);
+    release_w_rows_out(&w, &rows, &out);
     if (!ok) {
         PyErr_SetString(PyExc_ValueError, "hb_last: bad shapes or a row out of range");
         return NULL;
