@@ -11,9 +11,10 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -300,3 +301,32 @@ def write_lock(db: str) -> Iterator[None]:
     finally:
         conn.execute("ROLLBACK")
         conn.close()
+
+
+@contextmanager
+def joined_job(db: Path, n: int, k: int, d: int, client_timeout: float = 5.0,
+               retry_budget: float | None = None, **changes: object,
+               ) -> Iterator[tuple[InProcessServer, list[Any]]]:
+    """An in-process job of 2 rounds on ``db`` with ``n`` joined clients ``c0``, ``c1``, ...
+    (the public :class:`AggregationClient`; ``retry_budget`` None: its default)."""
+    from rpsagg_client import AggregationClient
+
+    cfg = base_config(db=str(db), n=n, k=k, d=d, rounds=2, round_timeout=60.0, **changes)
+    extra = {} if retry_budget is None else {"retry_budget": retry_budget}
+    with ExitStack() as stack:
+        srv = stack.enter_context(in_process_server(cfg))
+        clients = [stack.enter_context(AggregationClient(
+            f"127.0.0.1:{srv.port}", f"c{i}", insecure=True, timeout=client_timeout, **extra))
+            for i in range(n)]
+        for c in clients:
+            c.join()
+        yield srv, clients
+
+
+def encode_round(clients: Sequence[Any], d: int, seed: int) -> tuple[int, dict[str, Any]]:
+    """The current round's id and every client's encoded submission of correlated vectors."""
+    from rpsagg.synthetic import correlated_vectors
+
+    rnd = clients[0].current_round()
+    xs = correlated_vectors(len(clients), d, 1.0, seed=seed)
+    return rnd.round_id, {c.client_id: c.encode(rnd, xs[c.index]) for c in clients}

@@ -14,16 +14,20 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from service_util import InProcessServer, base_config, committed_clients, in_process_server
+from service_util import (
+    InProcessServer,
+    committed_clients,
+    encode_round,
+    joined_job,
+)
 
-from rpsagg.synthetic import correlated_vectors
 from rpsagg_client import AggregationClient
 from rpsagg_server.live import Rejected
 from rpsagg_server.store import Store, StoredSubmission, WriteError
@@ -34,22 +38,13 @@ N, K, D = 4, 8, 128
 
 
 @contextmanager
-def _job(db: Path) -> Iterator[tuple[InProcessServer, list[AggregationClient]]]:
-    cfg = base_config(db=str(db), n=N, k=K, d=D, rounds=2, round_timeout=60.0)
-    with ExitStack() as stack:
-        srv = stack.enter_context(in_process_server(cfg))
-        clients = [stack.enter_context(AggregationClient(
-            f"127.0.0.1:{srv.port}", f"c{i}", insecure=True, timeout=10))
-            for i in range(N)]
-        for c in clients:
-            c.join()
-        yield srv, clients
+def _job(db: Path, **changes: object) -> Iterator[tuple[InProcessServer, list[AggregationClient]]]:
+    with joined_job(db, N, K, D, client_timeout=10, **changes) as job:
+        yield job
 
 
 def _encode(clients: list[AggregationClient], seed: int) -> tuple[int, dict[str, Submission]]:
-    rnd = clients[0].current_round()
-    xs = correlated_vectors(N, D, 1.0, seed=seed)
-    return rnd.round_id, {c.client_id: c.encode(rnd, xs[c.index]) for c in clients}
+    return encode_round(clients, D, seed)
 
 
 def _one_pass(srv: InProcessServer, requests: list[tuple[bytes, str | None]],

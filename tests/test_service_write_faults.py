@@ -26,12 +26,13 @@ from service_util import (
     InProcessServer,
     base_config,
     committed_clients,
+    encode_round,
     in_process_server,
+    joined_job,
     wait_until,
     write_lock,
 )
 
-from rpsagg.synthetic import correlated_vectors
 from rpsagg_client import AggregationClient
 from rpsagg_wire.v1 import serde
 from rpsagg_wire.v1.serde import Submission
@@ -41,21 +42,12 @@ N, K, D = 4, 8, 128
 
 @contextmanager
 def _job(db: Path, **changes: object) -> Iterator[tuple[InProcessServer, list[AggregationClient]]]:
-    cfg = base_config(db=str(db), n=N, k=K, d=D, rounds=2, round_timeout=60.0, **changes)
-    with ExitStack() as stack:
-        srv = stack.enter_context(in_process_server(cfg))
-        clients = [stack.enter_context(AggregationClient(
-            f"127.0.0.1:{srv.port}", f"c{i}", insecure=True, timeout=5, retry_budget=30))
-            for i in range(N)]
-        for c in clients:
-            c.join()
-        yield srv, clients
+    with joined_job(db, N, K, D, client_timeout=5, retry_budget=30, **changes) as job:
+        yield job
 
 
 def _encode(clients: list[AggregationClient], seed: int) -> tuple[int, dict[str, Submission]]:
-    rnd = clients[0].current_round()
-    xs = correlated_vectors(N, D, 1.0, seed=seed)
-    return rnd.round_id, {c.client_id: c.encode(rnd, xs[c.index]) for c in clients}
+    return encode_round(clients, D, seed)
 
 
 def _hasty(srv: InProcessServer, cid: str, timeout: float) -> AggregationClient:
