@@ -4,7 +4,7 @@ Every request taken into one pass is answered on its own: a bad request beside g
 is refused alone, two requests of one client in the same pass are decided one after the
 other (an identical one is a duplicate, a different one ALREADY_EXISTS), a caller that goes
 away before its pass leaves its submission committed, and a write that the database refuses
-fails only itself. The requests are put into one pass on the server's own event loop (one
+or a bug while admitting one request fails only that one. The requests are put into one pass on the server's own event loop (one
 synchronous batch of :meth:`Intake.admit` calls), so "the same pass" does not depend on
 timing. Each test ends by checking the database against the acks and decoding the round.
 """
@@ -50,8 +50,8 @@ def _encode(clients: list[AggregationClient], seed: int) -> tuple[int, dict[str,
 def _one_pass(srv: InProcessServer, requests: list[tuple[bytes, str | None]],
               cancel: frozenset[int] = frozenset()) -> list[Any]:
     """Admit ``requests`` (raw bytes, bound client id) in one pass; the answers in order
-    (a SubmitReply or the Rejected). Requests whose index is in ``cancel`` have their
-    caller go away before the pass runs: their answer is None."""
+    (a SubmitReply, the Rejected or another exception). Requests whose index is in
+    ``cancel`` have their caller go away before the pass runs: their answer is None."""
     intake = srv.running.engine.intake
 
     async def run() -> list[Any]:
@@ -66,7 +66,7 @@ def _one_pass(srv: InProcessServer, requests: list[tuple[bytes, str | None]],
                 continue
             try:
                 out.append(await f)
-            except Rejected as exc:
+            except Exception as exc:  # Rejected: a refusal; anything else: a server bug
                 out.append(exc)
         return out
 
@@ -158,6 +158,31 @@ def test_a_write_refused_by_the_database_fails_only_itself(tmp_path: Path) -> No
         conn.execute("DELETE FROM submissions WHERE client_id = 'c1'")
         conn.commit()
         conn.close()
+        _finish(clients, db, round_id, subs, {"c0", "c2"})
+
+
+def test_a_bug_in_one_request_fails_it_alone(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # an unexpected exception while admitting one request (a server bug, injected) is that
+    # request's answer (gRPC: UNKNOWN); the pass goes on and the others are committed
+    from rpsagg_server import submissions
+
+    real = submissions.validate_submission
+
+    def buggy(sub: Submission, *args: Any) -> None:
+        if sub.client_id == "c1":
+            raise RuntimeError("injected bug")
+        real(sub, *args)
+
+    monkeypatch.setattr(submissions, "validate_submission", buggy)
+    db = tmp_path / "f.db"
+    with _job(db) as (srv, clients):
+        round_id, subs = _encode(clients, seed=6)
+        answers = _one_pass(srv, [(_raw(subs[c]), None) for c in ("c0", "c1", "c2")])
+        assert isinstance(answers[1], RuntimeError)
+        assert not answers[0].duplicate and not answers[2].duplicate
+        assert committed_clients(str(db), round_id) == {"c0", "c2"}
+        monkeypatch.setattr(submissions, "validate_submission", real)
         _finish(clients, db, round_id, subs, {"c0", "c2"})
 
 
