@@ -4,9 +4,10 @@ Every request taken into one pass is answered on its own: a bad request beside g
 is refused alone, two requests of one client in the same pass are decided one after the
 other (an identical one is a duplicate, a different one ALREADY_EXISTS), a caller that goes
 away before its pass leaves its submission committed, and a write that the database refuses
-or a bug while admitting one request fails only that one. The requests are put into one pass on the server's own event loop (one
-synchronous batch of :meth:`Intake.admit` calls), so "the same pass" does not depend on
-timing. Each test ends by checking the database against the acks and decoding the round.
+or a bug while admitting one request fails only that one. The requests are put into one
+pass on the server's own event loop (one synchronous batch of :meth:`Intake.admit` calls),
+so "the same pass" does not depend on timing. Each test ends by checking the database
+against the acks and decoding the round.
 """
 
 from __future__ import annotations
