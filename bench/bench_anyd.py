@@ -27,6 +27,7 @@ eigendecomposition 40x slower)::
 
     OPENBLAS_NUM_THREADS=1 python bench/bench_anyd.py          # MSE at the targets, encode
     OPENBLAS_NUM_THREADS=1 python bench/bench_anyd.py --quick  # fewer trials and sizes
+    python bench/bench_anyd.py --sections encode-proc  # encodes, one projection per process
 """
 
 from __future__ import annotations
@@ -180,12 +181,17 @@ def srht_one_core(x: FloatArray, seed: int, k: int, d_pad: int) -> FloatArray:
 
 
 def interleaved_ms(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
-    """Median ms of each function, timed in turn within every repetition."""
+    """Median ms of each function, timed in turn within every repetition, in a new random
+    order each time (seeded): what one encode leaves behind (the two-core SRHT's spinning
+    OpenMP threads, the caches) then falls on every function alike."""
     for fn in fns.values():
         fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
+    names = list(fns)
+    order = np.random.default_rng(0)
     for _ in range(reps):
-        for name, fn in fns.items():
+        for i in order.permutation(len(names)):
+            name, fn = names[i], fns[names[i]]
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
@@ -248,14 +254,66 @@ def max_near_full_rank() -> None:
         print(f"  k = {k:2d} (nk = {n * k}): " + "; ".join(cells), flush=True)
 
 
+ENCODERS = ("srht-pad", "hblocks", "hblocks-1c")
+_ENCODE_DIMS = (30_000, 50_000, 70_000, 100_000, 140_000, 200_000, 300_000, 400_000, 600_000,
+                800_000, 1_000_000, 999_983)
+
+
+def _encode_one_process(name: str) -> None:
+    """Child of ``--sections encode-proc``: median ms of ``name``'s encode at every d, back
+    to back in this process (as a client runs one projection), printed as JSON."""
+    import json
+
+    out = {}
+    for dim in _ENCODE_DIMS:
+        x = np.random.default_rng(dim).standard_normal(dim)
+        kk, dp = max(1, dim // 100), padded_dim(dim)
+        fn = {"srht-pad": lambda: srht_encode(x, 1, kk, dp),  # noqa: B023
+              "hblocks": lambda: hblocks_encode(x, 1, kk),  # noqa: B023
+              "hblocks-1c": lambda: hblocks_encode(x, 1, kk, threads=1)}[name]  # noqa: B023
+        out[dim] = median_ms(fn, _encode_reps(dim))
+    print(json.dumps(out))
+
+
+def encode_per_process(rounds: int) -> None:
+    """Each projection's encodes in a process of its own, the processes alternated over
+    ``rounds`` rounds (no projection's threads or caches fall on another's timing)."""
+    import json
+    import subprocess
+    import sys
+
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in ENCODERS}
+    for r in range(rounds):
+        for name in ENCODERS if r % 2 == 0 else ENCODERS[::-1]:
+            text = subprocess.run([sys.executable, __file__, "--encode-child", name],
+                                  check=True, capture_output=True, text=True).stdout
+            runs[name].append({int(k): v for k, v in json.loads(text).items()})
+    print(f"\nencode, one projection per process ({rounds} processes each, alternated; "
+          "median ms of back-to-back encodes in each; k = d/100): the range over the "
+          "processes, and hblocks / srht-pad of their medians")
+    print(f"{'d':>9s} {'srht-pad':>15s} {'hblocks':>15s} {'hblocks-1c':>15s} {'ratio':>6s}")
+    for dim in _ENCODE_DIMS:
+        cells = {n: [run[dim] for run in runs[n]] for n in ENCODERS}
+        ratio = float(np.median(cells["hblocks"]) / np.median(cells["srht-pad"]))
+        print(f"{dim:9d} " + " ".join(f"{min(c):7.3f}-{max(c):<7.3f}" for c in cells.values())
+              + f" {ratio:6.2f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--trials", type=int, default=None, help="trials per MSE (400)")
     parser.add_argument("--beta-samples", type=int, default=None, help="beta samples (300)")
+    parser.add_argument("--encode-child", choices=ENCODERS, help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="processes per projection for --sections encode-proc")
     parser.add_argument("--sections", default="mse,encode,decode,max",
-                        help="comma-separated subset of mse,encode,decode,max")
+                        help="comma-separated subset of mse,encode,decode,max,encode-proc "
+                             "(not in the default)")
     args = parser.parse_args()
+    if args.encode_child:
+        _encode_one_process(args.encode_child)
+        return
     trials = args.trials or (100 if args.quick else 400)
     beta_samples = args.beta_samples or (50 if args.quick else 300)
     d = 300
@@ -288,18 +346,21 @@ def main() -> None:
         decode_times()
     if "max" in sections:
         max_near_full_rank()
+    if "encode-proc" in sections:
+        encode_per_process(args.rounds)
     if "encode" not in sections:
         return
     print("\nencode, median ms (k = d/100). srht-pad (the library's SRHT at d', as it runs: "
           "from d' = 2^18 on the two halves on two cores), srht-1c (the SRHT on one core) "
-          "hblocks (from b = 2^17 on, its FWHTs as halves on two cores) and hblocks-1c (its "
+          "hblocks (from b = 2^16 on, its FWHTs as halves on two cores) and hblocks-1c (its "
           "one-core passes) interleaved over `reps` repetitions; then the DCTs and blocks "
           "interleaved over fewer; ratio = hblocks / srht-pad")
     print(f"{'d':>9s} {'d_pad':>9s} {'reps':>5s} {'srht-pad':>9s} {'srht-1c':>9s} "
           f"{'hblocks':>9s} {'ratio':>6s} {'hblocks-1c':>10s} {'dct':>9s} {'dct5':>9s} "
           f"{'dct32':>9s} {'blocks':>9s}")
     dims = (300, 3000, 100_000) if args.quick else (
-        300, 3000, 30_000, 100_000, 300_000, 600_000, 1_000_000, 999_983)
+        300, 3000, 30_000, 70_000, 100_000, 140_000, 200_000, 300_000, 400_000, 600_000,
+        800_000, 1_000_000, 999_983)
     # Two passes over the dims, so that the DCT variants (scipy's Bluestein DCT at a prime d
     # allocates and frees hundreds of MiB) do not disturb the SRHTs and hblocks.
     rows: dict[int, dict[str, float]] = {}

@@ -670,6 +670,9 @@ def test_fwht_backends_agree_with_dense_hadamard(log_n: int) -> None:
         np.testing.assert_allclose(out, ref2, rtol=0, atol=1e-12 * n)
         inplace = a.copy()
         assert rpsagg.fwht(inplace, inplace=True) is inplace
+        # a small batch on two threads on request (hblocks' encode): the same values
+        forced = rpsagg.fwht(a, threads=2, min_parallel=0)
+        np.testing.assert_allclose(forced, ref2, rtol=0, atol=1e-12 * n)
 
 
 @pytest.mark.parametrize("log_n", [13, 14, 17, 20, 23])

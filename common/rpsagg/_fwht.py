@@ -53,7 +53,8 @@ def _load_fast() -> Callable[..., FloatArray] | None:
     except ImportError:
         return None
 
-    def fwht_fast(a: FloatArray, threads: int | None = None) -> FloatArray:
+    def fwht_fast(a: FloatArray, threads: int | None = None,
+                  min_parallel: int = _PARALLEL_MIN) -> FloatArray:
         n = a.shape[-1]
         if n & (n - 1):
             raise ValueError(f"FWHT length must be a power of two; got {n}")
@@ -64,7 +65,7 @@ def _load_fast() -> Callable[..., FloatArray] | None:
         else:
             flat = a.reshape(-1, n)
             # OpenMP start-up costs more than it saves on small batches
-            count = 1 if flat.size < _PARALLEL_MIN else -1 if threads is None else threads
+            count = 1 if flat.size < min_parallel else -1 if threads is None else threads
             fht_cpu.fht(flat, axis=-1, inplace=True, num_threads=count)
         return a
 
@@ -97,7 +98,8 @@ BACKEND = "fht-cpu" if _FAST is not None else "native" if _NATIVE is not None el
 BATCH_THREADS = _FAST is not None
 
 
-def fwht(a: FloatArray, *, inplace: bool = False, threads: int | None = None) -> FloatArray:
+def fwht(a: FloatArray, *, inplace: bool = False, threads: int | None = None,
+         min_parallel: int | None = None) -> FloatArray:
     """Unnormalized fast Walsh-Hadamard transform along the last axis.
 
     Parameters
@@ -109,6 +111,9 @@ def fwht(a: FloatArray, *, inplace: bool = False, threads: int | None = None) ->
     threads : int, optional
         OpenMP threads of the fht-cpu backend for a batch (default: all cores for large
         batches); the other backends run on the calling thread.
+    min_parallel : int, optional
+        Batches of fewer elements run on one thread (default ``2^18``: below it OpenMP's
+        start-up cost more than it saved in the decode's passes).
 
     Returns
     -------
@@ -122,7 +127,9 @@ def fwht(a: FloatArray, *, inplace: bool = False, threads: int | None = None) ->
     else:
         out = np.array(a, dtype=np.float64, order="C", copy=True)
     if _FAST is not None:
-        return _FAST(out, threads)
+        if min_parallel is None:
+            return _FAST(out, threads)
+        return _FAST(out, threads, min_parallel)
     if _NATIVE is not None:
         return _NATIVE(out)
     return fwht_numpy(out)

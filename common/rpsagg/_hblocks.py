@@ -61,8 +61,9 @@ IntArray = NDArray[np.int64]
 # installed), which is faster once the transform costs more than a few calls.
 _ONE_CALL_MAX = 1 << 11
 # From this block length on (and with two cores and fht-cpu's threads), an encode splits its
-# passes over two cores, as the SRHT's does from d' = 2^18 on.
-_SPLIT_MIN = 1 << 17
+# FWHTs over two cores, as the SRHT's does from d' = 2^18 on; below it the split was slower
+# than one core (docs/performance.md, "Any d").
+_SPLIT_MIN = 1 << 16
 _CORES = os.cpu_count() or 1
 
 
@@ -108,7 +109,7 @@ def hblocks_encode(x: FloatArray, seed: int, k: int, threads: int | None = None)
         Rows kept, ``1 <= k <= d``.
     threads : int, optional
         1: every pass on the calling thread. None (default): from a block length of
-        ``2^17`` on, with two or more cores and fht-cpu installed, each FWHT runs as its two
+        ``2^16`` on, with two or more cores and fht-cpu installed, each FWHT runs as its two
         halves on two cores (the same values to rounding).
 
     Returns
@@ -134,9 +135,9 @@ def hblocks_encode(x: FloatArray, seed: int, k: int, threads: int | None = None)
             # and on the overlap (with the second signs), of the second at its kept rows
             h = b // 2
             native.hb_first(x, seed, w)
-            fwht(w[:b].reshape(2, h), inplace=True, threads=2)
+            fwht(w[:b].reshape(2, h), inplace=True, threads=2, min_parallel=0)
             native.hb_split_mid(w, seed, rows, out)
-            fwht(w[e:].reshape(2, h), inplace=True, threads=2)
+            fwht(w[e:].reshape(2, h), inplace=True, threads=2, min_parallel=0)
             native.hb_last(w, rows, out)
             return out
         native.hb_first(x, seed, w)
