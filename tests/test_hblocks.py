@@ -194,6 +194,14 @@ def test_two_core_encode_matches_the_one_core_passes(d: int,
     np.testing.assert_allclose(split, hblocks_encode(x, 5, k), rtol=0, atol=1e-11)
 
 
+def test_threads_argument() -> None:
+    x = np.random.default_rng(2).standard_normal(70_001)
+    with pytest.raises(ValueError, match="threads"):
+        hblocks_encode(x, 1, 700, threads=0)
+    np.testing.assert_allclose(hblocks_encode(x, 1, 700, threads=2),
+                               hblocks_encode(x, 1, 700, threads=1), rtol=0, atol=1e-11)
+
+
 def test_split_kernels_refuse_bad_arguments() -> None:
     if spec.NATIVE is None:
         pytest.skip("the compiled kernels are not built")

@@ -108,14 +108,16 @@ def hblocks_encode(x: FloatArray, seed: int, k: int, threads: int | None = None)
     k : int
         Rows kept, ``1 <= k <= d``.
     threads : int, optional
-        1: every pass on the calling thread. None (default): from a block length of
-        ``2^16`` on, with two or more cores and fht-cpu installed, each FWHT runs as its two
-        halves on two cores (the same values to rounding).
+        1: every pass on the calling thread. None (default) or 2 or more: from a block
+        length of ``2^16`` on, with two or more cores and fht-cpu installed, each FWHT runs
+        as its two halves on two cores (the same values to rounding).
 
     Returns
     -------
     ndarray of float64, shape (k,)
     """
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1 or None; got {threads}")
     x = np.ascontiguousarray(x, dtype=np.float64)
     d = x.shape[0]
     b, e = block_split(d)
@@ -128,7 +130,7 @@ def hblocks_encode(x: FloatArray, seed: int, k: int, threads: int | None = None)
         if d <= _ONE_CALL_MAX:
             native.hb_encode(x, seed, rows, w, out)
             return out
-        two_cores = threads is None and _CORES >= 2 and BATCH_THREADS
+        two_cores = threads != 1 and _CORES >= 2 and BATCH_THREADS
         if b >= _SPLIT_MIN and two_cores and hasattr(native, "hb_last"):
             # two cores: each FWHT as its two halves (fht-cpu's threads), and the last
             # butterfly stage only where it is needed: of the first block at its kept rows
