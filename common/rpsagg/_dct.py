@@ -143,10 +143,14 @@ def dct_matrix(seed: int, k: int, d: int) -> FloatArray:
         ``G = E C P D``.
     """
     seed = check_matrix_args(seed, k, d)
-    rows = dct_rows(seed, k, d)
-    basis = _dct_basis_rows(rows, d)  # C[rows, :]
-    # (C P)[:, j] = C[:, (j + s) mod d]; D multiplies column j by its sign
-    shifted = _unshift_into(basis, dct_shift(seed, d), np.empty_like(basis))
+    return shift_and_sign_columns(_dct_basis_rows(dct_rows(seed, k, d), d), seed, d)
+
+
+def shift_and_sign_columns(rows: FloatArray, seed: int, d: int) -> FloatArray:
+    """``R P D`` for ``R`` (k x d, e.g. ``C[rows, :]``): the cyclic shift and the signs of
+    ``seed`` applied to the columns, as the randomized DCT and hblocks do."""
+    # (R P)[:, j] = R[:, (j + s) mod d]; D multiplies column j by its sign
+    shifted = _unshift_into(rows, dct_shift(seed, d), np.empty_like(rows))
     signs = 1.0 - 2.0 * sign_bits(seed, d).astype(np.float64)
     return np.asarray(shifted * signs[None, :])
 
@@ -195,13 +199,33 @@ class JointDCT(JointShape):
     def _chunk(self, per_client: int) -> int:
         return max(1, min(self.n, self.memory_budget // (8 * per_client)))
 
-    def adjoint(self, z: FloatArray) -> FloatArray:
-        """``A^T z = sum_i G_i^T z_i`` for ``z`` of shape (n, k); returns (d,)."""
+    #: float64 work arrays of length d per client in a chunk of the products
+    _WORK_PER_CLIENT = 1
+
+    def _mix_rows(self, w: FloatArray, lo: int) -> FloatArray:
+        """Rows ``w`` (clients ``lo, lo + 1, ...``) times the middle transform: ``C``."""
         import scipy.fft
 
+        out: FloatArray = scipy.fft.dct(w, type=2, norm="ortho", axis=1, overwrite_x=True)
+        return out
+
+    def _unmix_rows(self, w: FloatArray, lo: int) -> FloatArray:
+        """Rows ``w`` (clients ``lo, lo + 1, ...``) times the middle transform's transpose:
+        ``C^T``."""
+        import scipy.fft
+
+        out: FloatArray = scipy.fft.idct(w, type=2, norm="ortho", axis=1, overwrite_x=True)
+        return out
+
+    def _basis_rows(self, i: int) -> FloatArray:
+        """The kept rows of client ``i``'s middle transform (``C[rows_i, :]``), (k, d)."""
+        return _dct_basis_rows(self.rows[i], self.d_pad)
+
+    def adjoint(self, z: FloatArray) -> FloatArray:
+        """``A^T z = sum_i G_i^T z_i`` for ``z`` of shape (n, k); returns (d,)."""
         d = self.d_pad
         out = np.zeros(d)
-        step = self._chunk(d)
+        step = self._chunk(self._WORK_PER_CLIENT * d)
         work = np.empty((step, d))
         tmp = np.empty(d)
         for lo in range(0, self.n, step):
@@ -209,7 +233,7 @@ class JointDCT(JointShape):
             w = work[: hi - lo]
             w.fill(0.0)
             np.put_along_axis(w, self.rows[lo:hi], z[lo:hi], axis=1)
-            w = scipy.fft.idct(w, type=2, norm="ortho", axis=1, overwrite_x=True)
+            w = self._unmix_rows(w, lo)
             for i in range(hi - lo):
                 _unshift_into(w[i], int(self.shifts[lo + i]), tmp)
                 tmp *= self.signs[lo + i]
@@ -218,11 +242,9 @@ class JointDCT(JointShape):
 
     def forward(self, u: FloatArray) -> FloatArray:
         """``A u`` as an (n, k) array: row ``i`` is ``G_i u``."""
-        import scipy.fft
-
         d = self.d_pad
         out = np.empty((self.n, self.k))
-        step = self._chunk(d)
+        step = self._chunk(self._WORK_PER_CLIENT * d)
         work = np.empty((step, d))
         tmp = np.empty(d)
         for lo in range(0, self.n, step):
@@ -231,7 +253,7 @@ class JointDCT(JointShape):
             for i in range(hi - lo):
                 np.multiply(self.signs[lo + i], u, out=tmp)
                 _shift_into(tmp, int(self.shifts[lo + i]), w[i])
-            t = scipy.fft.dct(w, type=2, norm="ortho", axis=1, overwrite_x=True)
+            t = self._mix_rows(w, lo)
             out[lo:hi] = np.take_along_axis(t, self.rows[lo:hi], axis=1)
         return out
 
@@ -241,8 +263,7 @@ class JointDCT(JointShape):
         out = np.empty(((hi - lo) * k, d))
         for i in range(lo, hi):
             block = out[(i - lo) * k : (i - lo + 1) * k]
-            basis = _dct_basis_rows(self.rows[i], d)
-            _unshift_into(basis, int(self.shifts[i]), block)
+            _unshift_into(self._basis_rows(i), int(self.shifts[i]), block)
             block *= self.signs[i]
         return out
 

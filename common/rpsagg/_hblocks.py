@@ -41,7 +41,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rpsagg import spec
-from rpsagg._dct import DEFAULT_MEMORY_BUDGET, JointDCT, _shift_into, _unshift_into
+from rpsagg._dct import (
+    DEFAULT_MEMORY_BUDGET,
+    JointDCT,
+    _shift_into,
+    shift_and_sign_columns,
+)
 from rpsagg._fwht import BATCH_THREADS, fwht
 from rpsagg._validation import check_matrix_args
 from rpsagg.spec import (
@@ -215,13 +220,10 @@ def hblocks_matrix(seed: int, k: int, d: int) -> FloatArray:
         ``G = E B P D``.
     """
     seed = check_matrix_args(seed, k, d)
-    rows = hblocks_rows(seed, k, d)
     unit = np.zeros((k, d))
-    unit[np.arange(k), rows] = 1.0
+    unit[np.arange(k), hblocks_rows(seed, k, d)] = 1.0
     _blocks_adjoint(unit, _signs2(seed, d))  # row p: e_{rows[p]}^T B
-    out = _unshift_into(unit, dct_shift(seed, d), np.empty_like(unit))  # ... P
-    signs = 1.0 - 2.0 * sign_bits(seed, d).astype(np.float64)
-    return np.asarray(out * signs[None, :])  # ... D
+    return shift_and_sign_columns(unit, seed, d)  # ... P D
 
 
 @dataclass(frozen=True, eq=False)
@@ -251,52 +253,23 @@ class JointHBlocks(JointDCT):
             s2[i] = _signs2(seed, d)
         return cls(base.signs, base.shifts, base.rows, memory_budget, s2)
 
-    def adjoint(self, z: FloatArray) -> FloatArray:
-        """``A^T z = sum_i G_i^T z_i`` for ``z`` of shape (n, k); returns (d,)."""
-        d = self.d_pad
-        out = np.zeros(d)
-        step = self._chunk(2 * d)
-        work = np.empty((step, d))
-        tmp = np.empty(d)
-        for lo in range(0, self.n, step):
-            hi = min(self.n, lo + step)
-            w = work[: hi - lo]
-            w.fill(0.0)
-            np.put_along_axis(w, self.rows[lo:hi], z[lo:hi], axis=1)
-            _blocks_adjoint(w, self.signs2[lo:hi])
-            for i in range(hi - lo):
-                _unshift_into(w[i], int(self.shifts[lo + i]), tmp)
-                tmp *= self.signs[lo + i]
-                out += tmp
-        return out
+    #: the blocks' products work on two float64 arrays of length d per client
+    _WORK_PER_CLIENT = 2
 
-    def forward(self, u: FloatArray) -> FloatArray:
-        """``A u`` as an (n, k) array: row ``i`` is ``G_i u``."""
-        d = self.d_pad
-        out = np.empty((self.n, self.k))
-        step = self._chunk(2 * d)
-        work = np.empty((step, d))
-        tmp = np.empty(d)
-        for lo in range(0, self.n, step):
-            hi = min(self.n, lo + step)
-            w = work[: hi - lo]
-            for i in range(hi - lo):
-                np.multiply(self.signs[lo + i], u, out=tmp)
-                _shift_into(tmp, int(self.shifts[lo + i]), w[i])
-            _blocks_forward(w, self.signs2[lo:hi])
-            out[lo:hi] = np.take_along_axis(w, self.rows[lo:hi], axis=1)
-        return out
+    def _mix_rows(self, w: FloatArray, lo: int) -> FloatArray:
+        """Rows ``w`` (clients ``lo, lo + 1, ...``) times ``B``, in place."""
+        _blocks_forward(w, self.signs2[lo : lo + w.shape[0]])
+        return w
 
-    def _dense_rows(self, lo: int, hi: int) -> FloatArray:
-        """``[G_lo; ...; G_{hi-1}]`` densely, shape ((hi - lo) k, d)."""
-        d, k = self.d_pad, self.k
-        out = np.empty(((hi - lo) * k, d))
-        unit = np.empty((k, d))
-        for i in range(lo, hi):
-            unit.fill(0.0)
-            unit[np.arange(k), self.rows[i]] = 1.0
-            _blocks_adjoint(unit, self.signs2[i])
-            block = out[(i - lo) * k : (i - lo + 1) * k]
-            _unshift_into(unit, int(self.shifts[i]), block)
-            block *= self.signs[i]
-        return out
+    def _unmix_rows(self, w: FloatArray, lo: int) -> FloatArray:
+        """Rows ``w`` (clients ``lo, lo + 1, ...``) times ``B^T``, in place."""
+        _blocks_adjoint(w, self.signs2[lo : lo + w.shape[0]])
+        return w
+
+    def _basis_rows(self, i: int) -> FloatArray:
+        """The kept rows of client ``i``'s ``B`` (``E_i B``), (k, d)."""
+        k, d = self.k, self.d_pad
+        unit = np.zeros((k, d))
+        unit[np.arange(k), self.rows[i]] = 1.0
+        _blocks_adjoint(unit, self.signs2[i])  # row p: e_{rows[p]}^T B
+        return unit
