@@ -530,19 +530,8 @@ static PyObject *hb_encode(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OKOOO", &xo, &seed, &ro, &wo, &oo)) return NULL;
     Py_buffer x, rows, w, out;
     if (get_buffer(xo, &x, 0, "d", 8, "x") < 0) return NULL;
-    if (get_buffer(ro, &rows, 0, "q", 8, "rows") < 0) {
+    if (get_w_rows_out(wo, ro, oo, 1, &w, &rows, &out) < 0) {
         PyBuffer_Release(&x);
-        return NULL;
-    }
-    if (get_buffer(wo, &w, 1, "d", 8, "w") < 0) {
-        PyBuffer_Release(&x);
-        PyBuffer_Release(&rows);
-        return NULL;
-    }
-    if (get_buffer(oo, &out, 1, "d", 8, "out") < 0) {
-        PyBuffer_Release(&x);
-        PyBuffer_Release(&rows);
-        PyBuffer_Release(&w);
         return NULL;
     }
     Py_ssize_t d = x.len / 8;
@@ -562,9 +551,7 @@ static PyObject *hb_encode(PyObject *self, PyObject *args) {
     }
     free(buf);
     PyBuffer_Release(&x);
-    PyBuffer_Release(&rows);
-    PyBuffer_Release(&w);
-    PyBuffer_Release(&out);
+    release_w_rows_out(&w, &rows, &out);
     if (!ok) {
         PyErr_SetString(PyExc_ValueError, "hb_encode: bad shapes, overlap or a row out of range");
         return NULL;
