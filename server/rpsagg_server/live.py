@@ -11,6 +11,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rpsagg import SPEC_VERSIONS, Estimator, check_spec_version
+from rpsagg.schemes import WireProfile
 from rpsagg.spec import SpecTooOld, UnknownSpecVersion
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.decoding import DecodeOutcome
@@ -71,16 +72,16 @@ def check_submission_spec(sub: Submission, required: str, projection: str) -> No
                        ) from None
 
 
-def validate_submission(sub: Submission, cfg: ServerConfig, m: int, estimator: Estimator) -> None:
+def validate_submission(sub: Submission, cfg: ServerConfig, m: int, wire: WireProfile) -> None:
     """Check the shape and content of a submission against the job; raises :class:`Rejected`.
 
-    Each vector is checked by the job's estimator (:attr:`~rpsagg.Estimator.wire`); the
+    Each vector is checked against the round's :class:`~rpsagg.schemes.WireProfile` (its
+    estimator's :attr:`~rpsagg.Estimator.wire`, built once per admission pass); the
     evaluation references against the configuration."""
     bad = "INVALID_ARGUMENT"
     if len(sub.vectors) != m:
         raise Rejected(bad, f"expected m={m} vector(s) per submission for task {cfg.task!r}; "
                        f"got {len(sub.vectors)}")
-    wire = estimator.wire
     for j, v in enumerate(sub.vectors):
         try:
             wire.validate(v, f"vectors[{j}]")

@@ -25,6 +25,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any, NoReturn, Protocol
 
+from rpsagg.schemes import WireProfile
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.events import Publish, SubmissionCommitted, SubmissionDuplicate
 from rpsagg_server.live import (
@@ -141,11 +142,14 @@ class Intake:
         live = self.progress.current
         queued: list[tuple[Submission, float, asyncio.Future[SubmitReply]]] = []
         in_pass: set[str] = set()  # clients with a write queued by this pass
+        # what the round's messages carry, built once for the pass (a property that builds
+        # a new profile each time it is read)
+        wire = None if live is None or live.estimator is None else live.estimator.wire
         for item, arrived, bound, fut in batch:
             try:
                 sub = item if isinstance(item, Submission) else self._parse(item)
                 check_bound(bound, sub.client_id)
-                if self._admit_now(sub, live, fut, in_pass):
+                if self._admit_now(sub, live, wire, fut, in_pass):
                     queued.append((sub, arrived, fut))
                     in_pass.add(sub.client_id)
             except Exception as exc:  # Rejected: the answer; anything else: a bug, logged
@@ -172,7 +176,7 @@ class Intake:
             raise Rejected("INVALID_ARGUMENT", str(exc)) from None
         return sub
 
-    def _admit_now(self, sub: Submission, live: LiveRound | None,
+    def _admit_now(self, sub: Submission, live: LiveRound | None, wire: WireProfile | None,
                    fut: asyncio.Future[SubmitReply], in_pass: set[str]) -> bool:
         """Decide what can be decided now: True to queue the write; False when ``fut`` is
         answered (a duplicate) or a task will answer it (the cases that wait). Raises
@@ -201,8 +205,8 @@ class Intake:
             raise self._different(sub)
         spec_version, projection, _ = self.progress.encoding
         check_submission_spec(sub, spec_version, projection)
-        assert live.estimator is not None  # set when the round opened or resumed
-        validate_submission(sub, self.cfg, self.m, live.estimator)
+        assert wire is not None  # the estimator is set when the round opened or resumed
+        validate_submission(sub, self.cfg, self.m, wire)
         return True
 
     def _answer_later(self, work: Coroutine[Any, Any, SubmitReply],
