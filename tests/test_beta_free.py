@@ -110,14 +110,23 @@ def test_free_limit_holds_for_the_randomized_dct(
     # the random signs and shift. Same check as above, against the DCT's own exact spectra
     # (fixed seeds): |free - mean| <= bound * free + 4 se. These are cases where the rule
     # takes the free path, so this is the check that rps_beta(..., "dct") is right there.
+    _check_free_path_projection(n, k, d, c, samples, "dct")
+
+
+def _check_free_path_projection(n: int, k: int, d: int, c: float, samples: int,
+                                projection: str) -> None:
+    """A case the rule sends to the free path: the limit within its bound of the
+    projection's exact spectra (|free - mean| <= bound * free + 4 se, as above), and
+    rps_beta takes that path for the projection."""
     assert _beta.beta_path(n, k, d, c) == "free"
-    vals = np.array([_beta.spectral_sample(n, k, d, c, s, "dct")[0] for s in range(samples)])
+    vals = np.array([_beta.spectral_sample(n, k, d, c, s, projection)[0]
+                     for s in range(samples)])
     se = vals.std(ddof=1) / math.sqrt(samples)
     free = free_spectral_sum(n, k, d, c)
     bound = free_error_bound(n, k, d, c) * free
     assert abs(free - vals.mean()) <= bound + 4 * se
     assert bound + 4 * se < 0.01 * free
-    est = _beta.rps_beta(n, k, d, c, "dct")
+    est = _beta.rps_beta(n, k, d, c, projection)
     assert est.method == "free" and est.beta == pytest.approx(d / free, rel=1e-15)
 
 
@@ -137,16 +146,7 @@ def test_free_limit_holds_for_hblocks(n: int, k: int, d: int, c: float, samples:
     # check is of the higher ones, on cases where the rule takes the free path, including
     # the two extremes of the blocks' overlap. Same tolerance as above:
     # |free - mean| <= bound * free + 4 se.
-    assert _beta.beta_path(n, k, d, c) == "free"
-    vals = np.array([_beta.spectral_sample(n, k, d, c, s, "hblocks")[0]
-                     for s in range(samples)])
-    se = vals.std(ddof=1) / math.sqrt(samples)
-    free = free_spectral_sum(n, k, d, c)
-    bound = free_error_bound(n, k, d, c) * free
-    assert abs(free - vals.mean()) <= bound + 4 * se
-    assert bound + 4 * se < 0.01 * free
-    est = _beta.rps_beta(n, k, d, c, "hblocks")
-    assert est.method == "free" and est.beta == pytest.approx(d / free, rel=1e-15)
+    _check_free_path_projection(n, k, d, c, samples, "hblocks")
 
 
 def test_a_wrong_limit_fails_the_agreement_check() -> None:

@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 import pytest
+from anyd_util import check_joint_operator
 from test_spec import (
     VECTORS,
     f32_bits,
@@ -26,7 +27,6 @@ from test_spec import (
 import rpsagg
 from rpsagg import spec
 from rpsagg._dct import JointDCT, dct_encode, dct_matrix
-from rpsagg._decode import joint_solve
 from rpsagg._projection import resolve_projection
 
 
@@ -105,21 +105,8 @@ def test_dct_matrix_orthonormal_rows_and_encoding(seed: int, k: int, d: int) -> 
 
 
 def test_joint_operator_matches_dense_matrices() -> None:
-    seeds, k, d = [11, 2**64 - 2, 12345, 7], 9, 300
-    op = JointDCT.from_seeds(seeds, k, d, memory_budget=2 * 8 * d)  # chunks of one client
-    a = np.vstack([dct_matrix(s, k, d) for s in seeds])
-    rng = np.random.default_rng(3)
-    u, z = rng.standard_normal(d), rng.standard_normal((len(seeds), k))
-    np.testing.assert_allclose(op.forward(u), (a @ u).reshape(len(seeds), k), atol=1e-12)
-    np.testing.assert_allclose(op.adjoint(z), a.T @ z.reshape(-1), atol=1e-12)
-    np.testing.assert_allclose(op.gram(), a @ a.T, atol=1e-12)
     # the joint solve through the operator equals the dense formula A^T ((1-c) I + c K)^-1 y
-    c = 0.6
-    y = rng.standard_normal((len(seeds), k))
-    dense = a.T @ np.linalg.solve((1 - c) * np.eye(a.shape[0]) + c * (a @ a.T), y.reshape(-1))
-    for method in ("exact", "cg"):
-        xt, _ = joint_solve(op, y, c, method=method, rtol=1e-12)
-        np.testing.assert_allclose(xt, dense, atol=1e-8)
+    check_joint_operator(JointDCT.from_seeds, dct_matrix)
 
 
 def test_default_projection_and_schemes() -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from anyd_util import check_joint_operator
 from test_spec import (
     VECTORS,
     f32_bits,
@@ -238,20 +239,7 @@ def test_matrix_is_orthogonal_and_matches_the_encoding(seed: int, k: int, d: int
 
 
 def test_joint_operator_matches_dense_matrices() -> None:
-    seeds, k, d = [11, 2**64 - 2, 12345, 7], 9, 300
-    op = JointHBlocks.from_seeds(seeds, k, d, memory_budget=2 * 8 * d)  # chunks of one client
-    a = np.vstack([hblocks_matrix(s, k, d) for s in seeds])
-    rng = np.random.default_rng(3)
-    u, z = rng.standard_normal(d), rng.standard_normal((len(seeds), k))
-    np.testing.assert_allclose(op.forward(u), (a @ u).reshape(len(seeds), k), atol=1e-12)
-    np.testing.assert_allclose(op.adjoint(z), a.T @ z.reshape(-1), atol=1e-12)
-    np.testing.assert_allclose(op.gram(), a @ a.T, atol=1e-12)
-    c = 0.6
-    y = rng.standard_normal((len(seeds), k))
-    dense = a.T @ np.linalg.solve((1 - c) * np.eye(a.shape[0]) + c * (a @ a.T), y.reshape(-1))
-    for method in ("exact", "cg"):
-        xt, _ = joint_solve(op, y, c, method=method, rtol=1e-12)
-        np.testing.assert_allclose(xt, dense, atol=1e-8)
+    op, a, y = check_joint_operator(JointHBlocks.from_seeds, hblocks_matrix)
     # max (c = 1): the minimum-norm solution through LSQR equals the pseudo-inverse's
     xt, _ = joint_solve(op, y, 1.0, method="cg", rtol=1e-12)
     np.testing.assert_allclose(xt, np.linalg.pinv(a) @ y.reshape(-1), atol=1e-7)
