@@ -262,16 +262,12 @@ class Store:
         :class:`WriteError`). A second row for the id or the index is refused."""
         return self._enqueue([_op_client(client_id, index, joined_at)])
 
-    def commit_submission(self, sub: StoredSubmission) -> asyncio.Future[None]:
-        """Queue a submission; the future resolves once it is durable (or raises
-        :class:`WriteError`). The primary key refuses a second one per client and round."""
-        return self._enqueue([_op_submission(sub)])
-
     def commit_submissions(self, subs: Sequence[StoredSubmission],
                            ) -> asyncio.Future[list[WriteError | None]]:
         """Queue several submissions, each its own write (group-committed with whatever else
         is queued); the future resolves with one outcome per submission, in order: None once
-        it is durable, or the :class:`WriteError` that kept it out. It never raises."""
+        it is durable, or the :class:`WriteError` that kept it out (the primary key refuses
+        a second one per client and round). It never raises."""
         return self._enqueue_many([[_op_submission(s)] for s in subs])
 
     async def open_round(self, r: StoredRound) -> None:
