@@ -675,10 +675,11 @@ def test_fwht_backends_agree_with_dense_hadamard(log_n: int) -> None:
         np.testing.assert_allclose(forced, ref2, rtol=0, atol=1e-12 * n)
 
 
-@pytest.mark.parametrize("log_n", [13, 14, 17, 20, 23])
+@pytest.mark.parametrize("log_n", [11, 12, 13, 14, 15, 16, 17, 20, 23])
 def test_native_fwht_equals_numpy_on_large_rows(log_n: int) -> None:
-    # Every blocking regime of fwht_rows: one L1 block (<= 2^11), column tiles (up to
-    # 2^22), and streaming passes beyond; each must give numpy's bits exactly.
+    # Every regime of fwht_rows: one L1 block (<= 2^11), then the stages across blocks,
+    # fused by three, two or one (2^(log_n - 11) = 2, 4, 8, 16 = 4 x 4, 32 = 8 x 4, 64,
+    # 512, 4096 blocks); each must give numpy's bits exactly.
     native = spec.NATIVE
     if native is None:
         pytest.skip("compiled kernels not built (a test in test_spec fails for that)")

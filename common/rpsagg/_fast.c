@@ -174,89 +174,151 @@ static PyObject *last_stage(PyObject *self, PyObject *args) {
 }
 
 
-/* ---- FWHT (unnormalized, Sylvester order) of the rows of a float64 array, without the GIL.
- * The butterflies are numpy's (rpsagg._fwht.fwht_numpy): the same pairs in the same stage
- * order, two stages fused where possible, so the result is bit for bit the numpy one.
- * Cache blocking: stages h < FWHT_BLOCK within blocks of FWHT_BLOCK doubles (16 KiB, L1);
- * the next ones on tiles of up to FWHT_ROWS blocks x as many columns as fit 256 KiB (L2),
- * copied to a buffer; any left (n > 2^22) as streaming passes over the row. */
-#define FWHT_BLOCK 2048
-#define FWHT_TILE_DOUBLES 32768 /* buffer of the column tiles: 256 KiB */
-#define FWHT_ROWS 2048
+/* ---- FWHT (unnormalized, Sylvester order), without the GIL. The butterflies are numpy's
+ * (rpsagg._fwht.fwht_numpy): the same pairs in the same stage order, up to three stages
+ * fused per pass, so the result is bit for bit the numpy one. Stages h < TILE_BLOCK run
+ * within blocks of TILE_BLOCK doubles (16 KiB, L1), the next ones across blocks, three per
+ * pass over memory. */
+#if defined(__x86_64__) && defined(__has_attribute)
+#if __has_attribute(target_clones) && !defined(__clang__)
+/* AVX2 where the CPU has it, chosen at load time (a wheel cannot assume -march=native).
+ * All products here are by +-1 (exact), so contraction into FMA changes no bit. */
+#define TILE_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef TILE_CLONES
+#define TILE_CLONES
+#endif
+#define TILE_INLINE static inline __attribute__((always_inline))
 
-/* stages h = h0, 2 h0, ... < len * h0 on x viewed as len "elements" of w contiguous doubles:
- * element r is x[r * stride .. r * stride + w). */
-static void fwht_strided(double *x, Py_ssize_t len, Py_ssize_t stride, Py_ssize_t w) {
-    Py_ssize_t h = 1;
-    for (; 4 * h <= len; h *= 4) {
-        for (Py_ssize_t i = 0; i < len; i += 4 * h)
-            for (Py_ssize_t r = i; r < i + h; r++) {
-                double *p0 = x + r * stride, *p1 = p0 + h * stride, *p2 = p1 + h * stride,
-                       *p3 = p2 + h * stride;
-                for (Py_ssize_t t = 0; t < w; t++) {
-                    double a = p0[t], b = p1[t], c = p2[t], d = p3[t];
-                    double s0 = a + b, d0 = a - b, s1 = c + d, d1 = c - d;
-                    p0[t] = s0 + s1;
-                    p1[t] = d0 + d1;
-                    p2[t] = s0 - s1;
-                    p3[t] = d0 - d1;
-                }
-            }
-    }
-    if (h < len) { /* one radix-2 stage left */
-        for (Py_ssize_t r = 0; r < h; r++) {
-            double *p0 = x + r * stride, *p1 = p0 + h * stride;
-            for (Py_ssize_t t = 0; t < w; t++) {
-                double a = p0[t], b = p1[t];
-                p0[t] = a + b;
-                p1[t] = a - b;
-            }
+typedef double v4d __attribute__((vector_size(32)));
+/* unaligned loads and stores of 4 doubles (macros: a function passing v4d by value would
+ * make GCC note an ABI change) */
+#define LOAD4(v, p) memcpy(&(v), (p), sizeof(v4d))
+#define STORE4(p, v)                         \
+    do {                                     \
+        v4d tmp_ = (v);                      \
+        memcpy((p), &tmp_, sizeof(v4d));     \
+    } while (0)
+
+/* Butterfly stages with 4-double vectors over x (len doubles), stride h a multiple of 4:
+ * three (radix 8), two (radix 4) or one (radix 2) consecutive stages per pass. Every pair
+ * is computed as a lone stage computes it ((a, b) -> (a + b, a - b), stages in increasing
+ * h), so the result is the same bits as one stage at a time (numpy's butterflies); fusing
+ * stages only saves passes over memory (3 instead of 1 per load and store). */
+TILE_INLINE void tile_radix8(double *restrict x, Py_ssize_t len, Py_ssize_t h) {
+    for (Py_ssize_t i = 0; i < len; i += 8 * h) {
+        double *restrict p = x + i;
+        for (Py_ssize_t j = 0; j < h; j += 4) {
+            v4d a0, a1, a2, a3, a4, a5, a6, a7;
+            LOAD4(a0, p + j);
+            LOAD4(a1, p + j + h);
+            LOAD4(a2, p + j + 2 * h);
+            LOAD4(a3, p + j + 3 * h);
+            LOAD4(a4, p + j + 4 * h);
+            LOAD4(a5, p + j + 5 * h);
+            LOAD4(a6, p + j + 6 * h);
+            LOAD4(a7, p + j + 7 * h);
+            v4d b0 = a0 + a1, b1 = a0 - a1, b2 = a2 + a3, b3 = a2 - a3;
+            v4d b4 = a4 + a5, b5 = a4 - a5, b6 = a6 + a7, b7 = a6 - a7;
+            v4d c0 = b0 + b2, c2 = b0 - b2, c1 = b1 + b3, c3 = b1 - b3;
+            v4d c4 = b4 + b6, c6 = b4 - b6, c5 = b5 + b7, c7 = b5 - b7;
+            STORE4(p + j, c0 + c4);
+            STORE4(p + j + h, c1 + c5);
+            STORE4(p + j + 2 * h, c2 + c6);
+            STORE4(p + j + 3 * h, c3 + c7);
+            STORE4(p + j + 4 * h, c0 - c4);
+            STORE4(p + j + 5 * h, c1 - c5);
+            STORE4(p + j + 6 * h, c2 - c6);
+            STORE4(p + j + 7 * h, c3 - c7);
         }
     }
 }
 
-/* the first stages (h < FWHT_BLOCK) inside one block of len <= FWHT_BLOCK doubles */
-static void fwht_block(double *x, Py_ssize_t len) {
-    Py_ssize_t h = 1;
-    for (; 4 * h <= len; h *= 4)
-        for (Py_ssize_t i = 0; i < len; i += 4 * h)
-            for (Py_ssize_t j = i; j < i + h; j++) {
-                double a = x[j], b = x[j + h], c = x[j + 2 * h], d = x[j + 3 * h];
-                double s0 = a + b, d0 = a - b, s1 = c + d, d1 = c - d;
-                x[j] = s0 + s1;
-                x[j + h] = d0 + d1;
-                x[j + 2 * h] = s0 - s1;
-                x[j + 3 * h] = d0 - d1;
-            }
-    if (h < len)
-        for (Py_ssize_t j = 0; j < h; j++) {
-            double a = x[j], b = x[j + h];
-            x[j] = a + b;
-            x[j + h] = a - b;
+TILE_INLINE void tile_radix4(double *restrict x, Py_ssize_t len, Py_ssize_t h) {
+    for (Py_ssize_t i = 0; i < len; i += 4 * h) {
+        double *restrict p = x + i;
+        for (Py_ssize_t j = 0; j < h; j += 4) {
+            v4d a, b, c, d;
+            LOAD4(a, p + j);
+            LOAD4(b, p + j + h);
+            LOAD4(c, p + j + 2 * h);
+            LOAD4(d, p + j + 3 * h);
+            v4d s0 = a + b, d0 = a - b, s1 = c + d, d1 = c - d;
+            STORE4(p + j, s0 + s1);
+            STORE4(p + j + h, d0 + d1);
+            STORE4(p + j + 2 * h, s0 - s1);
+            STORE4(p + j + 3 * h, d0 - d1);
         }
+    }
 }
 
-static void fwht_row(double *x, Py_ssize_t n, double *buf) {
-    Py_ssize_t block = n < FWHT_BLOCK ? n : FWHT_BLOCK;
-    for (Py_ssize_t i = 0; i < n; i += block) fwht_block(x + i, block);
-    if (n == block) return;
-    Py_ssize_t rows = n / block, tile_rows = rows < FWHT_ROWS ? rows : FWHT_ROWS;
-    Py_ssize_t width = FWHT_TILE_DOUBLES / tile_rows; /* >= 16 columns, a power of two */
-    if (width > block) width = block;
-    /* stages h = block .. block * tile_rows / 2: per super-block of tile_rows blocks,
-     * column tiles copied to buf (tile_rows x width), transformed there, copied back */
-    Py_ssize_t span = block * tile_rows;
-    for (Py_ssize_t s0 = 0; s0 < n; s0 += span)
-        for (Py_ssize_t c0 = 0; c0 < block; c0 += width) {
-            double *base = x + s0 + c0;
-            for (Py_ssize_t r = 0; r < tile_rows; r++)
-                memcpy(buf + r * width, base + r * block, width * sizeof(double));
-            fwht_strided(buf, tile_rows, width, width);
-            for (Py_ssize_t r = 0; r < tile_rows; r++)
-                memcpy(base + r * block, buf + r * width, width * sizeof(double));
+TILE_INLINE void tile_radix2(double *restrict x, Py_ssize_t len, Py_ssize_t h) {
+    for (Py_ssize_t i = 0; i < len; i += 2 * h) {
+        double *restrict p = x + i;
+        for (Py_ssize_t j = 0; j < h; j += 4) {
+            v4d a, b;
+            LOAD4(a, p + j);
+            LOAD4(b, p + j + h);
+            STORE4(p + j, a + b);
+            STORE4(p + j + h, a - b);
         }
-    if (span < n) /* stages h >= span: streaming passes, elements of span doubles */
-        fwht_strided(x, n / span, span, span);
+    }
+}
+
+/* the stages from stride h (a multiple of 4) on: radix 8 while it fits (but 16 = 4 x 4),
+ * then radix 4 or 2 */
+TILE_INLINE void tile_stages_from(double *restrict x, Py_ssize_t len, Py_ssize_t h) {
+    while (h < len) {
+        Py_ssize_t left = len / h;
+        if (left >= 8 && left != 16) {
+            tile_radix8(x, len, h);
+            h *= 8;
+        } else if (left >= 4) {
+            tile_radix4(x, len, h);
+            h *= 4;
+        } else {
+            tile_radix2(x, len, h);
+            h *= 2;
+        }
+    }
+}
+
+/* every stage within a block of len >= 4 doubles: h = 1 and 2 on 4-double vectors (the
+ * four elements of a group are adjacent; a + (-b) is a - b exactly), then the vector
+ * stages from h = 4 */
+TILE_INLINE void tile_fwht_block(double *restrict x, Py_ssize_t len) {
+    const v4d alt = {1.0, -1.0, 1.0, -1.0}, half = {1.0, 1.0, -1.0, -1.0};
+    for (Py_ssize_t j = 0; j < len; j += 4) {
+        v4d v;
+        LOAD4(v, x + j);
+        v4d t = (v4d){v[0], v[0], v[2], v[2]} + (v4d){v[1], v[1], v[3], v[3]} * alt;
+        v4d y = (v4d){t[0], t[1], t[0], t[1]} + (v4d){t[2], t[3], t[2], t[3]} * half;
+        STORE4(x + j, y);
+    }
+    tile_stages_from(x, len, 4);
+}
+
+#define TILE_BLOCK 2048 /* doubles: 16 KiB, L1 */
+
+/* in-place FWHT of len = 2^m doubles: blocks in L1, then the stages across blocks */
+TILE_INLINE void tile_fwht(double *restrict x, Py_ssize_t len) {
+    if (len < 4) { /* d' = 1 or 2 */
+        if (len == 2) {
+            double a = x[0], b = x[1];
+            x[0] = a + b;
+            x[1] = a - b;
+        }
+        return;
+    }
+    Py_ssize_t block = len < TILE_BLOCK ? len : TILE_BLOCK;
+    for (Py_ssize_t i = 0; i < len; i += block) tile_fwht_block(x + i, block);
+    tile_stages_from(x, len, block);
+}
+
+/* in-place FWHT of every consecutive run of n doubles of x[0:total] */
+TILE_CLONES static void fwht_runs(double *x, Py_ssize_t total, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < total; i += n) tile_fwht(x + i, n);
 }
 
 /* fwht_rows(a, n): in-place FWHT of each consecutive run of n doubles of a (n a power of
@@ -273,16 +335,10 @@ static PyObject *fwht_rows(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "fwht_rows: n must be a power of two dividing len(a)");
         return NULL;
     }
-    double *buf = malloc(FWHT_TILE_DOUBLES * sizeof(double));
-    if (buf == NULL) {
-        PyBuffer_Release(&a);
-        return PyErr_NoMemory();
-    }
     double *x = (double *)a.buf;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < total; i += n) fwht_row(x + i, n, buf);
+    fwht_runs(x, total, n);
     Py_END_ALLOW_THREADS
-    free(buf);
     PyBuffer_Release(&a);
     Py_RETURN_NONE;
 }
@@ -536,27 +592,24 @@ static PyObject *hb_encode(PyObject *self, PyObject *args) {
     }
     Py_ssize_t d = x.len / 8;
     int ok = d >= 1 && w.len == x.len && !buffers_overlap(&x, &w) && hb_rows_ok(&rows, d, &out);
-    double *buf = ok ? malloc(FWHT_TILE_DOUBLES * sizeof(double)) : NULL;
-    if (ok && buf != NULL) {
+    if (ok) {
         Py_ssize_t b = hb_block(d);
         double *ws = (double *)w.buf;
         Py_BEGIN_ALLOW_THREADS
         hb_sign_shift((const double *)x.buf, mix64((uint64_t)seed ^ TAG_SIGNS),
                       hb_shift((uint64_t)seed, d), ws, d, b);
-        fwht_row(ws, b, buf);
+        fwht_runs(ws, b, b);
         hb_middle(ws, d, b, (uint64_t)seed);
-        fwht_row(ws + (d - b), b, buf);
+        fwht_runs(ws + (d - b), b, b);
         hb_gather(ws, d, b, (const int64_t *)rows.buf, rows.len / 8, (double *)out.buf);
         Py_END_ALLOW_THREADS
     }
-    free(buf);
     PyBuffer_Release(&x);
     release_w_rows_out(&w, &rows, &out);
     if (!ok) {
         PyErr_SetString(PyExc_ValueError, "hb_encode: bad shapes, overlap or a row out of range");
         return NULL;
     }
-    if (buf == NULL) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
 
@@ -677,97 +730,6 @@ static PyObject *hb_last(PyObject *self, PyObject *args) {
  * (client, group of tiles), each sum their group's tiles in order and the caller adds the
  * groups in order), so the results do not depend on how callers split the work among
  * threads. */
-
-#if defined(__x86_64__) && defined(__has_attribute)
-#if __has_attribute(target_clones) && !defined(__clang__)
-/* AVX2 where the CPU has it, chosen at load time (a wheel cannot assume -march=native).
- * All products here are by +-1 (exact), so contraction into FMA changes no bit. */
-#define TILE_CLONES __attribute__((target_clones("avx2", "default")))
-#endif
-#endif
-#ifndef TILE_CLONES
-#define TILE_CLONES
-#endif
-#define TILE_INLINE static inline __attribute__((always_inline))
-
-typedef double v4d __attribute__((vector_size(32)));
-/* unaligned loads and stores of 4 doubles (macros: a function passing v4d by value would
- * make GCC note an ABI change) */
-#define LOAD4(v, p) memcpy(&(v), (p), sizeof(v4d))
-#define STORE4(p, v)                         \
-    do {                                     \
-        v4d tmp_ = (v);                      \
-        memcpy((p), &tmp_, sizeof(v4d));     \
-    } while (0)
-
-/* the stages of an in-place FWHT of len doubles from stride h on: radix 4 while it fits,
- * then one radix-2 stage if log2(len / h) is odd */
-TILE_INLINE void tile_stages_from(double *restrict x, Py_ssize_t len, Py_ssize_t h) {
-    for (; 4 * h <= len; h *= 4)
-        for (Py_ssize_t i = 0; i < len; i += 4 * h) {
-            double *restrict p0 = x + i, *restrict p1 = p0 + h, *restrict p2 = p1 + h,
-                            *restrict p3 = p2 + h;
-            for (Py_ssize_t j = 0; j < h; j++) {
-                double a = p0[j], b = p1[j], c = p2[j], d = p3[j];
-                double s0 = a + b, d0 = a - b, s1 = c + d, d1 = c - d;
-                p0[j] = s0 + s1;
-                p1[j] = d0 + d1;
-                p2[j] = s0 - s1;
-                p3[j] = d0 - d1;
-            }
-        }
-    if (h < len)
-        for (Py_ssize_t j = 0; j < h; j++) {
-            double a = x[j], b = x[j + h];
-            x[j] = a + b;
-            x[j + h] = a - b;
-        }
-}
-
-/* radix-4 stages h = 1, 4, 16, ... then radix-2, within a block of len doubles. The
- * stages h = 1 and h = 4 are written with 4-double vectors (a loop of 1 or 4 iterations
- * does not vectorize well); they compute the same sums and differences as the scalar
- * butterfly (a + (-b) is a - b exactly). */
-TILE_INLINE void tile_fwht_block(double *restrict x, Py_ssize_t len) {
-    Py_ssize_t h = 1;
-    if (len >= 4) { /* h = 1: the four elements of each group are adjacent */
-        const v4d alt = {1.0, -1.0, 1.0, -1.0}, half = {1.0, 1.0, -1.0, -1.0};
-        for (Py_ssize_t j = 0; j < len; j += 4) {
-            v4d v;
-            LOAD4(v, x + j);
-            v4d t = (v4d){v[0], v[0], v[2], v[2]} + (v4d){v[1], v[1], v[3], v[3]} * alt;
-            v4d y = (v4d){t[0], t[1], t[0], t[1]} + (v4d){t[2], t[3], t[2], t[3]} * half;
-            STORE4(x + j, y);
-        }
-        h = 4;
-    }
-    if (len >= 16) { /* h = 4: each quarter of a group of 16 is one vector */
-        for (Py_ssize_t j = 0; j < len; j += 16) {
-            v4d a, b, c, d;
-            LOAD4(a, x + j);
-            LOAD4(b, x + j + 4);
-            LOAD4(c, x + j + 8);
-            LOAD4(d, x + j + 12);
-            v4d s0 = a + b, d0 = a - b, s1 = c + d, d1 = c - d;
-            STORE4(x + j, s0 + s1);
-            STORE4(x + j + 4, d0 + d1);
-            STORE4(x + j + 8, s0 - s1);
-            STORE4(x + j + 12, d0 - d1);
-        }
-        h = 16;
-    }
-    tile_stages_from(x, len, h);
-}
-
-#define TILE_BLOCK 2048 /* doubles: 16 KiB, L1 */
-
-/* in-place FWHT of len = 2^m doubles: blocks in L1, then the stages across blocks */
-TILE_INLINE void tile_fwht(double *restrict x, Py_ssize_t len) {
-    Py_ssize_t block = len < TILE_BLOCK ? len : TILE_BLOCK;
-    for (Py_ssize_t i = 0; i < len; i += block) tile_fwht_block(x + i, block);
-    Py_ssize_t h = block;
-    tile_stages_from(x, len, h);
-}
 
 /* v * (-1)^parity(bits), without a branch (the parities are random: a branch on them would
  * be mispredicted half the time): the sign bit flipped, exact */
@@ -980,14 +942,14 @@ static PyMethodDef methods[] = {
      "fwht_rows(a, n): in-place FWHT of every run of n doubles of a (GIL released)."},
     {"hb_first", hb_first, METH_VARARGS,
      "hb_first(x, seed, w): hblocks' signs and cyclic shift, x into w."},
-    {"hb_split_mid", hb_split_mid_py, METH_VARARGS,
-     "hb_split_mid(w, seed, rows, out): hblocks' first-block last stage where needed."},
-    {"hb_last", hb_last, METH_VARARGS,
-     "hb_last(w, rows, out): hblocks' kept rows from the second block's FWHT'd halves."},
     {"hb_middle", hb_middle_py, METH_VARARGS,
      "hb_middle(w, seed): hblocks' second signs and scaling, in place."},
     {"hb_gather", hb_gather_py, METH_VARARGS,
      "hb_gather(w, rows, out): hblocks' kept rows with their last scale."},
+    {"hb_split_mid", hb_split_mid_py, METH_VARARGS,
+     "hb_split_mid(w, seed, rows, out): hblocks' first-block last stage where needed."},
+    {"hb_last", hb_last, METH_VARARGS,
+     "hb_last(w, rows, out): hblocks' kept rows from the second block's FWHT'd halves."},
     {"hb_encode", hb_encode, METH_VARARGS,
      "hb_encode(x, seed, rows, w, out): the whole hblocks encode in C."},
     {"tile_adjoint", tile_adjoint, METH_VARARGS,
