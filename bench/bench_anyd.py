@@ -28,6 +28,7 @@ eigendecomposition 40x slower)::
     OPENBLAS_NUM_THREADS=1 python bench/bench_anyd.py          # MSE at the targets, encode
     OPENBLAS_NUM_THREADS=1 python bench/bench_anyd.py --quick  # fewer trials and sizes
     python bench/bench_anyd.py --sections encode-proc  # encodes, one projection per process
+    python bench/bench_anyd.py --sections encode-proc --gap-ms 5  # ... one encode per round
 """
 
 from __future__ import annotations
@@ -198,10 +199,13 @@ def interleaved_ms(fns: dict[str, Callable[[], object]], reps: int) -> dict[str,
     return {name: 1e3 * float(np.median(t)) for name, t in times.items()}
 
 
-def median_ms(fn: Callable[[], object], reps: int) -> float:
+def median_ms(fn: Callable[[], object], reps: int, gap_s: float = 0.0) -> float:
+    """Median ms of ``fn`` over ``reps`` calls, each ``gap_s`` seconds after the last."""
     fn()
     times = []
     for _ in range(reps):
+        if gap_s:
+            time.sleep(gap_s)
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
@@ -259,9 +263,11 @@ _ENCODE_DIMS = (30_000, 50_000, 70_000, 100_000, 140_000, 200_000, 300_000, 400_
                 800_000, 1_000_000, 999_983)
 
 
-def _encode_one_process(name: str) -> None:
-    """Child of ``--sections encode-proc``: median ms of ``name``'s encode at every d, back
-    to back in this process (as a client runs one projection), printed as JSON."""
+def _encode_one_process(name: str, gap_ms: float) -> None:
+    """Child of ``--sections encode-proc``: median ms of ``name``'s encode at every d in this
+    process (as a client runs one projection), back to back or each ``gap_ms`` after the
+    last (a client encodes once per round: threads that waited for work have gone to sleep
+    by then), printed as JSON."""
     import json
 
     out = {}
@@ -271,11 +277,12 @@ def _encode_one_process(name: str) -> None:
         fn = {"srht-pad": lambda: srht_encode(x, 1, kk, dp),  # noqa: B023
               "hblocks": lambda: hblocks_encode(x, 1, kk),  # noqa: B023
               "hblocks-1c": lambda: hblocks_encode(x, 1, kk, threads=1)}[name]  # noqa: B023
-        out[dim] = median_ms(fn, _encode_reps(dim))
+        out[dim] = (median_ms(fn, _gap_reps(gap_ms), gap_ms / 1e3) if gap_ms
+                    else median_ms(fn, _encode_reps(dim)))
     print(json.dumps(out))
 
 
-def encode_per_process(rounds: int) -> None:
+def encode_per_process(rounds: int, gap_ms: float) -> None:
     """Each projection's encodes in a process of its own, the processes alternated over
     ``rounds`` rounds (no projection's threads or caches fall on another's timing)."""
     import json
@@ -285,11 +292,14 @@ def encode_per_process(rounds: int) -> None:
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in ENCODERS}
     for r in range(rounds):
         for name in ENCODERS if r % 2 == 0 else ENCODERS[::-1]:
-            text = subprocess.run([sys.executable, __file__, "--encode-child", name],
+            text = subprocess.run([sys.executable, __file__, "--encode-child", name,
+                                   "--gap-ms", str(gap_ms)],
                                   check=True, capture_output=True, text=True).stdout
             runs[name].append({int(k): v for k, v in json.loads(text).items()})
+    spacing = (f"{_gap_reps(gap_ms)} encodes each {gap_ms:g} ms after the last" if gap_ms
+               else "back-to-back encodes")
     print(f"\nencode, one projection per process ({rounds} processes each, alternated; "
-          "median ms of back-to-back encodes in each; k = d/100): the range over the "
+          f"median ms of {spacing} in each; k = d/100): the range over the "
           "processes, and hblocks / srht-pad of their medians")
     print(f"{'d':>9s} {'srht-pad':>15s} {'hblocks':>15s} {'hblocks-1c':>15s} {'ratio':>6s}")
     for dim in _ENCODE_DIMS:
@@ -305,6 +315,9 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=None, help="trials per MSE (400)")
     parser.add_argument("--beta-samples", type=int, default=None, help="beta samples (300)")
     parser.add_argument("--encode-child", choices=ENCODERS, help=argparse.SUPPRESS)
+    parser.add_argument("--gap-ms", type=float, default=0.0,
+                        help="--sections encode-proc: time encodes spaced this far apart "
+                             "(one per round, as a client) instead of back to back")
     parser.add_argument("--rounds", type=int, default=3,
                         help="processes per projection for --sections encode-proc")
     parser.add_argument("--sections", default="mse,encode,decode,max",
@@ -312,7 +325,7 @@ def main() -> None:
                              "(not in the default)")
     args = parser.parse_args()
     if args.encode_child:
-        _encode_one_process(args.encode_child)
+        _encode_one_process(args.encode_child, args.gap_ms)
         return
     trials = args.trials or (100 if args.quick else 400)
     beta_samples = args.beta_samples or (50 if args.quick else 300)
@@ -347,19 +360,19 @@ def main() -> None:
     if "max" in sections:
         max_near_full_rank()
     if "encode-proc" in sections:
-        encode_per_process(args.rounds)
+        encode_per_process(args.rounds, args.gap_ms)
     if "encode" not in sections:
         return
     print("\nencode, median ms (k = d/100). srht-pad (the library's SRHT at d', as it runs: "
           "from d' = 2^18 on the two halves on two cores), srht-1c (the SRHT on one core) "
-          "hblocks (from b = 2^16 on, its FWHTs as halves on two cores) and hblocks-1c (its "
-          "one-core passes) interleaved over `reps` repetitions; then the DCTs and blocks "
+          "hblocks (from b = 2^15 on, the halves of its FWHTs on two threads) and hblocks-1c "
+          "(threads=1) interleaved over `reps` repetitions; then the DCTs and blocks "
           "interleaved over fewer; ratio = hblocks / srht-pad")
     print(f"{'d':>9s} {'d_pad':>9s} {'reps':>5s} {'srht-pad':>9s} {'srht-1c':>9s} "
           f"{'hblocks':>9s} {'ratio':>6s} {'hblocks-1c':>10s} {'dct':>9s} {'dct5':>9s} "
           f"{'dct32':>9s} {'blocks':>9s}")
     dims = (300, 3000, 100_000) if args.quick else (
-        300, 3000, 30_000, 70_000, 100_000, 140_000, 200_000, 300_000, 400_000, 600_000,
+        300, 3000, 30_000, 50_000, 70_000, 100_000, 140_000, 200_000, 300_000, 400_000, 600_000,
         800_000, 1_000_000, 999_983)
     # Two passes over the dims, so that the DCT variants (scipy's Bluestein DCT at a prime d
     # allocates and frees hundreds of MiB) do not disturb the SRHTs and hblocks.
@@ -389,6 +402,11 @@ def main() -> None:
               f"{t['srht1']:9.4f} {t['hblocks']:9.4f} {t['hblocks'] / t['srht']:6.2f} "
               f"{t['hblocks1']:10.4f} {t['dct']:9.4f} {t['dct5']:9.4f} {t['dct32']:9.4f} "
               f"{t['blocks']:9.4f}", flush=True)
+
+
+def _gap_reps(gap_ms: float) -> int:
+    """Encodes per d with ``--gap-ms`` (about 2 s of gaps per d, 21 to 101)."""
+    return max(21, min(101, int(2000 / gap_ms)))
 
 
 def _encode_reps(dim: int) -> int:

@@ -11,6 +11,8 @@ from setuptools import Extension, setup
 
 if __name__ == "__main__":  # how setuptools runs it; an editable install puts common/ on sys.path
     setup(ext_modules=[
-        Extension("rpsagg._fast", sources=["rpsagg/_fast.c"], extra_compile_args=["-O3"],
+        # -pthread: the hblocks encode's helper thread (glibc before 2.34 keeps pthreads apart)
+        Extension("rpsagg._fast", sources=["rpsagg/_fast.c"],
+                  extra_compile_args=["-O3", "-pthread"], extra_link_args=["-pthread"],
                   optional=True),
     ])

@@ -91,14 +91,12 @@ def test_golden_hblocks_vectors(case: dict[str, Any], monkeypatch: pytest.Monkey
     expected = [float(v) for v in case["y_f64"]]
     assert np.allclose(ref["y"], expected, rtol=0, atol=1e-12)
     assert [hex(f32_bits(v)) for v in expected] == case["y_f32"]
-    # the library: compiled kernels in one call, compiled kernels around the FWHT backend,
-    # and numpy, each within the stated tolerance of the reference
-    # (and above it, on two cores, the split passes: halves, the last stage apart)
-    for native, one_call, split in ((spec.NATIVE, 1 << 30, False), (spec.NATIVE, 0, False),
-                                    (spec.NATIVE, 0, True), (None, 0, False)):
-        monkeypatch.setattr(spec, "NATIVE", native)
-        monkeypatch.setattr(_hblocks, "_ONE_CALL_MAX", one_call)
-        _force_split(monkeypatch, split)
+    # the library on every path (the old one-call kernel, the fused pipeline on two threads
+    # and on one, the compiled passes around the FWHT backend, numpy), each within the
+    # stated tolerance of the reference
+    for path in PATHS:
+        if not _force_path(monkeypatch, path):
+            continue
         est = rpsagg.make_estimator("rand-proj-spatial", n=2, k=k, d=d, projection="hblocks")
         msg = est.encode(np.array(x, dtype=np.float64), seed=seed)
         assert msg.scheme == "rand-proj-spatial:hblocks"
@@ -114,8 +112,9 @@ def test_golden_hblocks_vectors(case: dict[str, Any], monkeypatch: pytest.Monkey
 def test_golden_vectors_with_each_fwht_backend(
     backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Above _ONE_CALL_MAX the two FWHTs go through rpsagg._fwht: each backend reproduces the
-    # golden values (bit for bit where b is a power of 4, every operation then being exact)
+    # On the compiled passes' path the two FWHTs go through rpsagg._fwht: each backend
+    # reproduces the golden values (bit for bit where b is a power of 4, every operation
+    # then being exact)
     from rpsagg import _fwht
 
     if backend == "fht-cpu" and _fwht._FAST is None:
@@ -126,7 +125,8 @@ def test_golden_vectors_with_each_fwht_backend(
         monkeypatch.setattr(_fwht, "_FAST", None)
     if backend == "numpy":
         monkeypatch.setattr(_fwht, "_NATIVE", None)
-    monkeypatch.setattr(_hblocks, "_ONE_CALL_MAX", 0)
+    # (without the compiled kernels the numpy path wraps the backend too)
+    assert _force_path(monkeypatch, "passes") or _force_path(monkeypatch, "numpy")
     for case in CASES:
         seed, k, d = int(case["seed"], 16), int(case["k"]), int(case["d"])
         x = np.array(golden_x(d))
@@ -167,32 +167,50 @@ def test_a_compiled_module_without_the_kernels_falls_back_to_numpy(
     np.testing.assert_allclose(hblocks_encode(x, 8, 50), want, rtol=0, atol=1e-12)
 
 
-def _force_split(monkeypatch: pytest.MonkeyPatch, split: bool) -> None:
-    """Make the encode take (or not) its two-core path whatever this machine has."""
-    monkeypatch.setattr(_hblocks, "_SPLIT_MIN", 4 if split else 1 << 62)
+# The encode's paths: "one-call" (hb_encode, small b), "pipe-2" and "pipe-1" (hb_pipe on two
+# threads and on one), "passes" (hb_first / hb_middle / hb_gather around rpsagg._fwht),
+# "numpy" (no compiled module)
+PATHS = ("one-call", "pipe-2", "pipe-1", "passes", "numpy")
+
+
+def _force_path(monkeypatch: pytest.MonkeyPatch, path: str) -> bool:
+    """Make the encode take ``path`` whatever this machine has and whatever d is; False
+    (and nothing changed) for a compiled path without the compiled kernels."""
+    huge = 1 << 62
+    if path != "numpy" and spec.NATIVE is None:
+        return False
+    if path == "numpy":
+        monkeypatch.setattr(spec, "NATIVE", None)
     monkeypatch.setattr(_hblocks, "_CORES", 2)
-    monkeypatch.setattr(_hblocks, "BATCH_THREADS", True)
+    monkeypatch.setattr(_hblocks, "_PIPE_MIN", huge if path == "one-call" else 8)
+    monkeypatch.setattr(_hblocks, "_TWO_THREADS_MIN", 8 if path == "pipe-2" else huge)
+    monkeypatch.setattr(_hblocks, "_FHT_ONE_THREAD_MIN", 8 if path == "passes" else huge)
+    monkeypatch.setattr(_hblocks, "BATCH_THREADS", path == "passes")
+    return True
 
 
 @pytest.mark.parametrize("d", [2**17 + 5, 200_003, 300_001, 2**19 - 1, 2**19 + 2**18 + 3,
-                               2**19 + 2**18 + 64, 2**19 + 2**18 - 65, 10**6])
-def test_two_core_encode_matches_the_one_core_passes(d: int,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    # the two-core path (each FWHT as its halves; the first block's last stage at its kept
-    # rows and on the overlap only, with the second signs; the second's at its kept rows)
-    # against the one-core passes and numpy
+                               2**19 + 2**18 + 64, 2**19 + 2**18 - 65, 10**6, 20_001, 4099])
+def test_every_encode_path_agrees(d: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the fused pipeline on two threads (the halves of each FWHT on the caller and the helper
+    # thread) gives the bits of the pipeline on one thread and of the one-call kernel (the
+    # same butterflies in the same order); the passes around the FWHT backend and numpy
+    # agree to rounding (the backend may order its sums otherwise)
     if spec.NATIVE is None:
         pytest.skip("the compiled kernels are not built")
     x = np.random.default_rng(d).standard_normal(d)
     k = d // 100
-    _force_split(monkeypatch, True)
-    split = hblocks_encode(x, 5, k)
-    serial = hblocks_encode(x, 5, k, threads=1)  # the public switch to the one-core passes
-    np.testing.assert_allclose(split, serial, rtol=0, atol=1e-11)
-    _force_split(monkeypatch, False)
-    assert np.array_equal(hblocks_encode(x, 5, k), serial)
-    monkeypatch.setattr(spec, "NATIVE", None)
-    np.testing.assert_allclose(split, hblocks_encode(x, 5, k), rtol=0, atol=1e-11)
+    got = {}
+    for path in PATHS:
+        with monkeypatch.context() as m:
+            _force_path(m, path)
+            got[path] = hblocks_encode(x, 5, k)
+    assert np.array_equal(got["pipe-2"], got["pipe-1"])
+    assert np.array_equal(got["pipe-2"], got["one-call"])
+    for path in ("passes", "numpy"):
+        np.testing.assert_allclose(got[path], got["pipe-2"], rtol=0, atol=1e-11)
+    assert np.array_equal(hblocks_encode(x, 5, k, threads=1), got["passes"])  # the default here
+    assert np.array_equal(hblocks_encode(x, 5, k), got["pipe-2"])
 
 
 def test_threads_argument() -> None:
@@ -203,15 +221,73 @@ def test_threads_argument() -> None:
                                hblocks_encode(x, 1, 700, threads=1), rtol=0, atol=1e-11)
 
 
-def test_split_kernels_refuse_bad_arguments() -> None:
+def test_two_thread_encodes_from_many_threads_at_once() -> None:
+    # one caller at a time owns the helper thread; the others run their encodes alone: every
+    # result is the same bits as the encode alone, whoever ran which half
     if spec.NATIVE is None:
         pytest.skip("the compiled kernels are not built")
-    one = np.array([100], dtype=np.int64)
-    for fn in (spec.NATIVE.hb_last, lambda w, r, o: spec.NATIVE.hb_split_mid(w, 1, r, o)):
-        with pytest.raises(ValueError, match="out of range"):
-            fn(np.zeros(100), one, np.empty(1))
-        with pytest.raises(ValueError, match="out of range"):
-            fn(np.zeros(100), np.array([0, 1], dtype=np.int64), np.empty(1))
+    import concurrent.futures
+
+    d, k = 70_001, 700
+    xs = np.random.default_rng(3).standard_normal((8, d))
+    want = [hblocks_encode(x, 10 + i, k, threads=2) for i, x in enumerate(xs)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        for _ in range(5):
+            got = list(pool.map(lambda i: hblocks_encode(xs[i], 10 + i, k, threads=2), range(8)))
+            for g, w in zip(got, want, strict=True):
+                assert np.array_equal(g, w)
+
+
+def test_two_thread_encode_in_a_forked_child() -> None:
+    # the helper thread does not survive fork(): a child starts its own (a child that waited
+    # for the parent's helper would hang; the join is bounded)
+    if spec.NATIVE is None:
+        pytest.skip("the compiled kernels are not built")
+    import multiprocessing
+
+    d, k = 70_001, 700
+    x = np.random.default_rng(4).standard_normal(d)
+    want = hblocks_encode(x, 3, k, threads=2)  # the parent's helper exists now
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_encode_into, args=(queue, x, 3, k))
+    child.start()
+    try:
+        got = queue.get(timeout=60)
+    finally:
+        child.join(timeout=60)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0
+    assert np.array_equal(got, want)
+
+
+def _encode_into(queue: Any, x: np.ndarray, seed: int, k: int) -> None:
+    queue.put(hblocks_encode(x, seed, k, threads=2))
+
+
+def test_pipeline_kernel_refuses_bad_arguments() -> None:
+    if spec.NATIVE is None:
+        pytest.skip("the compiled kernels are not built")
+    native = spec.NATIVE
+    d, b, k = 100, 64, 3
+    x, rows = np.zeros(d), np.array([0, 50, 99], dtype=np.int64)
+    native.hb_pipe(x, 1, rows, np.empty(2 * b), np.empty(k), 2)  # well-formed
+    bad = [
+        (x, np.array([0, 50, 100], dtype=np.int64), np.empty(2 * b), np.empty(k)),  # row >= d
+        (x, np.array([0, -1, 5], dtype=np.int64), np.empty(2 * b), np.empty(k)),  # row < 0
+        (x, rows, np.empty(2 * b), np.empty(k + 1)),  # rows and out differ
+        (x, rows, np.empty(2 * b - 1), np.empty(k)),  # work too short
+        (np.zeros(7), np.array([0], dtype=np.int64), np.empty(8), np.empty(1)),  # b < 8
+    ]
+    for args in bad:
+        with pytest.raises(ValueError, match="hb_pipe"):
+            native.hb_pipe(args[0], 1, args[1], args[2], args[3], 2)
+    work = np.zeros(2 * b + d)
+    with pytest.raises(ValueError, match="overlap"):  # x inside the work buffer
+        native.hb_pipe(work[b:b + d], 1, rows, work[:2 * b], np.empty(k), 1)
+    with pytest.raises(ValueError, match="overlap"):  # out inside the work buffer
+        native.hb_pipe(x, 1, rows, work[:2 * b], work[:k], 1)
 
 
 def test_compiled_and_numpy_paths_agree_at_large_d(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -613,111 +613,6 @@ static PyObject *hb_encode(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* flip the sign of w[p] by bit p - e of the stream key, for p in [p0, p1) (p0 >= e) */
-static void hb_flip_range(double *w, Py_ssize_t e, uint64_t key, Py_ssize_t p0, Py_ssize_t p1) {
-    uint64_t *bits = (uint64_t *)w;
-    Py_ssize_t p = p0;
-    while (p < p1) {
-        Py_ssize_t j = p - e; /* bit j of the stream */
-        uint64_t word = word_at(key, (uint64_t)(j >> 6));
-        Py_ssize_t stop = p + (64 - (j & 63));
-        if (stop > p1) stop = p1;
-        if ((j & 63) == 0 && stop == p + 64) {
-            hb_flip64(bits + p, bits + p, word);
-        } else {
-            word >>= (j & 63);
-            for (Py_ssize_t q = p; q < stop; q++, word >>= 1) bits[q] ^= (word & 1ULL) << 63;
-        }
-        p = stop;
-    }
-}
-
-#define HB_CHUNK 2048
-
-/* the first block's last butterfly stage where it is needed, on w holding its two halves'
- * FWHTs (A = w[0:h], B = w[h:b]): the kept rows below e (untouched by the second block)
- * into out, then the combined values on the overlap [e, b) only, with the second signs
- * (bit p - e of the rpsSIGN2 stream at position p), chunk by chunk while in cache */
-static void hb_split_mid(double *w, Py_ssize_t d, Py_ssize_t b, uint64_t seed,
-                         const int64_t *rows, Py_ssize_t k, double *out) {
-    Py_ssize_t e = d - b, h = b / 2;
-    for (Py_ssize_t i = 0; i < k; i++) {
-        Py_ssize_t r = (Py_ssize_t)rows[i];
-        if (r < e) out[i] = r < h ? w[r] + w[r + h] : w[r - h] - w[r];
-    }
-    uint64_t key = mix64(seed ^ TAG_SIGN2);
-    Py_ssize_t i0 = e > h ? e - h : 0; /* below it neither output is in the overlap */
-    for (Py_ssize_t c0 = i0; c0 < h; c0 += HB_CHUNK) {
-        Py_ssize_t c1 = c0 + HB_CHUNK < h ? c0 + HB_CHUNK : h;
-        Py_ssize_t lo = c0 > e ? c0 : e; /* i >= lo: the lower output is in the overlap too */
-        if (lo > c1) lo = c1;
-        for (Py_ssize_t i = c0; i < lo; i++) w[i + h] = w[i] - w[i + h];
-        for (Py_ssize_t i = lo; i < c1; i++) {
-            double a = w[i], c = w[i + h];
-            w[i] = a + c;
-            w[i + h] = a - c;
-        }
-        if (lo < c1) hb_flip_range(w, e, key, lo, c1);
-        hb_flip_range(w, e, key, c0 + h, c1 + h);
-    }
-}
-
-/* hb_split_mid(w, seed, rows, out): see hb_split_mid above (len(w) = d) */
-static PyObject *hb_split_mid_py(PyObject *self, PyObject *args) {
-    PyObject *wo, *ro, *oo;
-    unsigned long long seed;
-    if (!PyArg_ParseTuple(args, "OKOO", &wo, &seed, &ro, &oo)) return NULL;
-    Py_buffer w, rows, out;
-    if (get_w_rows_out(wo, ro, oo, 1, &w, &rows, &out) < 0) return NULL;
-    Py_ssize_t d = w.len / 8;
-    Py_ssize_t b = d >= 1 ? hb_block(d) : 0;
-    int ok = b >= 4 && hb_rows_ok(&rows, d, &out);
-    if (ok) {
-        Py_BEGIN_ALLOW_THREADS
-        hb_split_mid((double *)w.buf, d, b, (uint64_t)seed, (const int64_t *)rows.buf,
-                     rows.len / 8, (double *)out.buf);
-        Py_END_ALLOW_THREADS
-    }
-    release_w_rows_out(&w, &rows, &out);
-    if (!ok) {
-        PyErr_SetString(PyExc_ValueError, "hb_split_mid: bad shapes or a row out of range");
-        return NULL;
-    }
-    Py_RETURN_NONE;
-}
-
-/* hb_last(w, rows, out): the kept rows >= e of hblocks' output from w holding, on [e, d),
- * the FWHTs of the two halves of the second block (its last butterfly stage evaluated at the
- * kept rows only, then the scale 1/sqrt(b)); rows below e are left as they are in out
- * (hb_split_mid wrote them) */
-static PyObject *hb_last(PyObject *self, PyObject *args) {
-    PyObject *wo, *ro, *oo;
-    if (!PyArg_ParseTuple(args, "OOO", &wo, &ro, &oo)) return NULL;
-    Py_buffer w, rows, out;
-    if (get_w_rows_out(wo, ro, oo, 0, &w, &rows, &out) < 0) return NULL;
-    Py_ssize_t d = w.len / 8;
-    Py_ssize_t b = d >= 1 ? hb_block(d) : 0;
-    int ok = d >= 4 && b >= 4 && hb_rows_ok(&rows, d, &out);
-    if (ok) {
-        Py_ssize_t e = d - b, h = b / 2, k = rows.len / 8;
-        const double *ws = (const double *)w.buf, *z = ws + e;
-        const int64_t *r = (const int64_t *)rows.buf;
-        double *o = (double *)out.buf, inv = 1.0 / sqrt((double)b);
-        Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < k; i++) {
-            Py_ssize_t t = (Py_ssize_t)r[i] - e;
-            if (t >= 0) o[i] = (t < h ? z[t] + z[t + h] : z[t - h] - z[t]) * inv;
-        }
-        Py_END_ALLOW_THREADS
-    }
-    release_w_rows_out(&w, &rows, &out);
-    if (!ok) {
-        PyErr_SetString(PyExc_ValueError, "hb_last: bad shapes or a row out of range");
-        return NULL;
-    }
-    Py_RETURN_NONE;
-}
-
 /* ---- the joint SRHT products by tiles (rpsagg._srht.JointSRHT with the compiled kernels).
  *
  * G_i = d'^-1/2 E_i H D_i. Output coordinate j = c0 * T + t (T = 2^m, tile c0); in Sylvester
@@ -931,6 +826,379 @@ static PyObject *tile_forward(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---- hblocks' encode as one pipeline (hb_pipe), on the calling thread and, for two-thread
+ * encodes, one helper thread of this module. The same operations as hb_encode (the same bits:
+ * the FWHT stages in the same order, every butterfly computed alike), fused so that each
+ * value is written about once per block of TILE_BLOCK positions, in L1, instead of once per
+ * pass. w (b doubles) holds the first block, z (b doubles, z[q] is position e + q) the
+ * second; h = b / 2.
+ *
+ *   phase 1, half t = 0 or 1 (positions [t h, t h + h) of the first block): for each block
+ *     of TILE_BLOCK positions, the first pass (signs, cyclic shift, 1/sqrt(b)) and the
+ *     block's FWHT stages; then the stages across blocks: w[t h : t h + h] holds the FWHT of
+ *     its half.
+ *   phase 2, half t (z[t h : t h + h)), once both halves of phase 1 are done: block by
+ *     block, at overlap positions (q < b - e) the first block's last butterfly stage and the
+ *     second signs (bit q of rpsSIGN2), at the tail (positions >= b) the first pass with
+ *     scale 1; the block's FWHT stages; then the stages across blocks. Half 1 also writes the
+ *     kept rows below e (the first block's last stage at them).
+ *   phase 3 (the caller): the kept rows >= e, the second block's last stage at them times
+ *     1/sqrt(b).
+ *
+ * Each half of a phase has h positions to fill and one FWHT of h, so the halves balance.
+ * Phase 2 reads w and writes z only: the halves of a phase never race. */
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <time.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#else
+#define CPU_RELAX() ((void)0)
+#endif
+
+typedef struct {
+    const double *x;
+    const int64_t *rows;
+    double *w, *z, *out;
+    Py_ssize_t d, b, e, h, k, shift;
+    uint64_t key1, key2;
+    double inv;
+} hb_pipe_job;
+
+/* spin until *flag reaches value; yield the CPU after a while (a loaded machine) */
+static void spin_until(atomic_int *flag, int value) {
+    for (unsigned n = 0; atomic_load_explicit(flag, memory_order_acquire) < value; n++) {
+        if (n < 64)
+            CPU_RELAX();
+        else
+            sched_yield();
+    }
+}
+
+/* the sign masks of 64 consecutive elements from one stream word, four at a time: lane i
+ * of group g gets bit 4 g + i of the word in its sign bit (GCC's vector shifts: vpsllvq with
+ * AVX2) */
+typedef uint64_t v4u __attribute__((vector_size(32)));
+#define SIGN_BIT 0x8000000000000000ULL
+
+/* out[j] = (xs[j] * scale, or xs[j] if scale is 1) with its sign flipped by bit j of the
+ * stream key, for j in [j0, j1): hb_segment's values (the same bits), whole words four
+ * elements per vector */
+TILE_INLINE void hb_segment_v(const double *xs, uint64_t key, Py_ssize_t j0, Py_ssize_t j1,
+                              double *out, double scale) {
+    const v4u shifts = {63, 62, 61, 60}, sign = {SIGN_BIT, SIGN_BIT, SIGN_BIT, SIGN_BIT};
+    const v4d sc = {scale, scale, scale, scale};
+    Py_ssize_t j = j0;
+    while (j < j1) {
+        uint64_t w = word_at(key, (uint64_t)(j >> 6));
+        Py_ssize_t stop = (j | 63) + 1 < j1 ? (j | 63) + 1 : j1;
+        if ((j & 63) == 0 && stop == j + 64) {
+            for (int g = 0; g < 16; g++, w >>= 4) {
+                v4u m = ((v4u){w, w, w, w} << shifts) & sign, u;
+                v4d v;
+                LOAD4(v, xs + j + 4 * g);
+                if (scale != 1.0) v = v * sc;
+                memcpy(&u, &v, sizeof u);
+                u ^= m;
+                memcpy(out + j + 4 * g, &u, sizeof u);
+            }
+            j = stop;
+            continue;
+        }
+        w >>= (j & 63);
+        for (; j < stop; j++, w >>= 1) {
+            double v = scale == 1.0 ? xs[j] : xs[j] * scale;
+            uint64_t u;
+            memcpy(&u, &v, 8);
+            u ^= (w & 1ULL) << 63;
+            memcpy(out + j, &u, 8);
+        }
+    }
+}
+
+/* flip the sign of z[q] by bit q of the stream key, q in [q0, q1) (an exact operation),
+ * whole words four elements per vector */
+TILE_INLINE void hb_flip_v(double *z, uint64_t key, Py_ssize_t q0, Py_ssize_t q1) {
+    const v4u shifts = {63, 62, 61, 60}, sign = {SIGN_BIT, SIGN_BIT, SIGN_BIT, SIGN_BIT};
+    Py_ssize_t q = q0;
+    while (q < q1) {
+        uint64_t w = word_at(key, (uint64_t)(q >> 6));
+        Py_ssize_t stop = (q | 63) + 1 < q1 ? (q | 63) + 1 : q1;
+        if ((q & 63) == 0 && stop == q + 64) {
+            for (int g = 0; g < 16; g++, w >>= 4) {
+                v4u u;
+                memcpy(&u, z + q + 4 * g, sizeof u);
+                u ^= ((v4u){w, w, w, w} << shifts) & sign;
+                memcpy(z + q + 4 * g, &u, sizeof u);
+            }
+            q = stop;
+            continue;
+        }
+        w >>= (q & 63);
+        for (; q < stop; q++, w >>= 1) {
+            uint64_t u;
+            memcpy(&u, z + q, 8);
+            u ^= (w & 1ULL) << 63;
+            memcpy(z + q, &u, 8);
+        }
+    }
+}
+
+/* the first pass at positions [p0, p1) (all below b or all from b on) into dst[0, p1 - p0):
+ * the inputs j = (p - shift) mod d, one or two runs */
+TILE_INLINE void hb_first_positions(const hb_pipe_job *J, Py_ssize_t p0, Py_ssize_t p1,
+                                    double scale, double *dst) {
+    Py_ssize_t j0 = p0 - J->shift;
+    if (j0 < 0) j0 += J->d;
+    Py_ssize_t len = p1 - p0, first = J->d - j0 < len ? J->d - j0 : len;
+    hb_segment_v(J->x, J->key1, j0, j0 + first, dst - j0, scale);
+    if (first < len) hb_segment_v(J->x, J->key1, 0, len - first, dst + first, scale);
+}
+
+TILE_CLONES static void hb_pipe_phase1(const hb_pipe_job *J, int t) {
+    Py_ssize_t h = J->h, lo = t * h, block = h < TILE_BLOCK ? h : TILE_BLOCK;
+    for (Py_ssize_t p = lo; p < lo + h; p += block) {
+        hb_first_positions(J, p, p + block, J->inv, J->w + p);
+        tile_fwht_block(J->w + p, block);
+    }
+    tile_stages_from(J->w + lo, h, block);
+}
+
+TILE_CLONES static void hb_pipe_phase2(const hb_pipe_job *J, int t) {
+    Py_ssize_t h = J->h, e = J->e, lo = t * h, over = J->b - e;
+    Py_ssize_t block = h < TILE_BLOCK ? h : TILE_BLOCK;
+    const double *w = J->w;
+    double *z = J->z;
+    for (Py_ssize_t q0 = lo; q0 < lo + h; q0 += block) {
+        Py_ssize_t q1 = q0 + block < over ? q0 + block : over; /* the overlap part */
+        /* positions e + q below h pair with e + q + h, the others with e + q - h */
+        Py_ssize_t q = q0, qh = h - e < q0 ? q0 : h - e < q1 ? h - e : q1;
+        const double *restrict lo_in = w + e, *restrict hi_in = w + e + h;
+        for (; q < qh; q++) z[q] = lo_in[q] + hi_in[q];
+        const double *restrict below = w + e - h;
+        for (; q < q1; q++) z[q] = below[q] - lo_in[q];
+        if (q0 < q1) hb_flip_v(z, J->key2, q0, q1);
+        if (q < q0 + block) /* the tail part: positions e + q >= b, from x */
+            hb_first_positions(J, e + q, e + q0 + block, 1.0, z + q);
+        tile_fwht_block(z + q0, block);
+    }
+    tile_stages_from(z + lo, h, block);
+    if (t == 1) /* the kept rows below e: the first block's last stage */
+        for (Py_ssize_t i = 0; i < J->k; i++) {
+            Py_ssize_t r = (Py_ssize_t)J->rows[i];
+            if (r < e) J->out[i] = r < h ? w[r] + w[r + h] : w[r - h] - w[r];
+        }
+}
+
+/* phase 3: the kept rows >= e, the second block's last stage at them, times 1/sqrt(b) */
+static void hb_pipe_finish(const hb_pipe_job *J) {
+    const double *z = J->z;
+    Py_ssize_t h = J->h;
+    for (Py_ssize_t i = 0; i < J->k; i++) {
+        Py_ssize_t q = (Py_ssize_t)J->rows[i] - J->e;
+        if (q >= 0) J->out[i] = (q < h ? z[q] + z[q + h] : z[q - h] - z[q]) * J->inv;
+    }
+}
+
+/* ---- Two threads: the caller and one helper thread per process, started at the first
+ * two-core encode. An encode is four units (phase 1 of halves 0 and 1, then phase 2 of
+ * halves 0 and 1) that the caller and the helper claim in order; a phase-2 unit waits until
+ * both phase-1 units are done. The caller claims too, so a helper that is slow to wake (or
+ * whose core is busy) costs at most the units it has claimed: with no helper the caller
+ * runs all four. The job lives in static storage, owned by one caller at a time
+ * (helper_owner; a caller that finds it taken runs its encode alone), and a claim names
+ * the job's generation, so a helper that wakes late finds its job gone and claims nothing.
+ * After each job the helper spins for HELPER_SPIN_NS, yielding the core every few
+ * microseconds (a caller that shares its core then runs first), so that encodes a few
+ * milliseconds apart (a client's vectors of one round) hand over at once; then it sleeps on
+ * a condition variable (hb_wake wakes it early). fht-cpu's OpenMP threads, which the padded
+ * SRHT's encode uses, spin as long (3.3-6.7 ms of CPU after each transform, measured here)
+ * and do not yield. fork(): the child has no helper and starts its own (helper_after_fork). */
+#define HELPER_SPIN_NS 5000000 /* how long the helper spins for the next job before sleeping */
+
+static pthread_mutex_t helper_owner = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t helper_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t helper_cv = PTHREAD_COND_INITIALIZER;
+static int helper_state; /* 0: not started, 1: running, -1: could not start */
+static atomic_ulong helper_posted;   /* the generation of the latest job */
+static atomic_int helper_sleeping;
+static int helper_woken; /* under helper_mu: hb_wake asked a sleeping helper to spin */
+static hb_pipe_job helper_job;       /* written by its owner before the generation is posted */
+static atomic_ulong job_claim;       /* generation * 8 + the next unit to claim (0-4) */
+static atomic_int job_phase1_done, job_phase2_done;
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* claim and run units of job generation gen until none is left (or the job is gone) */
+static void hb_pipe_units(unsigned long gen) {
+    for (;;) {
+        unsigned long c = atomic_load(&job_claim);
+        if (c >> 3 != gen || (c & 7) >= 4) return;
+        if (!atomic_compare_exchange_weak(&job_claim, &c, c + 1)) continue;
+        int unit = (int)(c & 7);
+        if (unit < 2) {
+            hb_pipe_phase1(&helper_job, unit);
+            atomic_fetch_add_explicit(&job_phase1_done, 1, memory_order_release);
+        } else {
+            spin_until(&job_phase1_done, 2);
+            hb_pipe_phase2(&helper_job, unit - 2);
+            atomic_fetch_add_explicit(&job_phase2_done, 1, memory_order_release);
+        }
+    }
+}
+
+/* arg: the value of helper_posted when the thread was created (its first job comes after) */
+static void *helper_main(void *arg) {
+    unsigned long seen = (unsigned long)(uintptr_t)arg;
+    for (;;) {
+        unsigned long g = atomic_load(&helper_posted);
+        int64_t until = g == seen ? now_ns() + HELPER_SPIN_NS : 0;
+        for (int n = 1; g == seen; n++) {
+            CPU_RELAX();
+            g = atomic_load(&helper_posted);
+            if (g == seen && (n & 63) == 0) {
+                if (now_ns() > until) break;
+                sched_yield(); /* a caller on this same core runs first */
+            }
+        }
+        if (g == seen) { /* sleep until a job or a wake-up (hb_wake: spin again) */
+            pthread_mutex_lock(&helper_mu);
+            atomic_store(&helper_sleeping, 1);
+            while ((g = atomic_load(&helper_posted)) == seen && !helper_woken)
+                pthread_cond_wait(&helper_cv, &helper_mu);
+            helper_woken = 0;
+            atomic_store(&helper_sleeping, 0);
+            pthread_mutex_unlock(&helper_mu);
+            if (g == seen) continue;
+        }
+        seen = g;
+        hb_pipe_units(g);
+    }
+    return NULL;
+}
+
+/* wake a sleeping helper (it then spins for a job); nothing if it spins or does not exist */
+static void helper_wake(void) {
+    if (!atomic_load(&helper_sleeping)) return;
+    pthread_mutex_lock(&helper_mu);
+    helper_woken = 1;
+    pthread_cond_signal(&helper_cv);
+    pthread_mutex_unlock(&helper_mu);
+}
+
+/* in a child after fork() the helper does not exist: start afresh */
+static void helper_after_fork(void) {
+    pthread_mutex_init(&helper_owner, NULL);
+    pthread_mutex_init(&helper_mu, NULL);
+    pthread_cond_init(&helper_cv, NULL);
+    helper_state = 0;
+    helper_woken = 0;
+    atomic_store(&helper_sleeping, 0);
+}
+
+/* 1 with the helper owned by the caller (release with pthread_mutex_unlock(&helper_owner)),
+ * 0 when another caller has it or it cannot start */
+static int helper_acquire(void) {
+    if (pthread_mutex_trylock(&helper_owner) != 0) return 0;
+    if (helper_state == 0) {
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, &old); /* signals stay with the Python threads */
+        pthread_attr_t attr;
+        pthread_t tid;
+        int ok = pthread_attr_init(&attr) == 0;
+        ok = ok && pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0;
+        void *posted = (void *)(uintptr_t)atomic_load(&helper_posted);
+        ok = ok && pthread_create(&tid, &attr, helper_main, posted) == 0;
+        pthread_attr_destroy(&attr);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        helper_state = ok ? 1 : -1;
+    }
+    if (helper_state != 1) {
+        pthread_mutex_unlock(&helper_owner);
+        return 0;
+    }
+    return 1;
+}
+
+static void hb_pipe_run(const hb_pipe_job *J, int threads) {
+    if (threads >= 2 && helper_acquire()) {
+        helper_job = *J;
+        atomic_store(&job_phase1_done, 0);
+        atomic_store(&job_phase2_done, 0);
+        unsigned long gen = atomic_load(&helper_posted) + 1;
+        atomic_store(&job_claim, gen << 3);
+        atomic_store(&helper_posted, gen);
+        helper_wake();
+        hb_pipe_units(gen);
+        spin_until(&job_phase2_done, 2); /* the units the helper claimed */
+        pthread_mutex_unlock(&helper_owner);
+    } else {
+        hb_pipe_phase1(J, 0);
+        hb_pipe_phase1(J, 1);
+        hb_pipe_phase2(J, 0);
+        hb_pipe_phase2(J, 1);
+    }
+    hb_pipe_finish(J);
+}
+
+/* hb_wake(): wake the helper thread if it sleeps, so that it spins by the time a two-thread
+ * encode posts its job (a caller makes this call before the work that precedes hb_pipe, such
+ * as sampling the rows: a sleeping thread takes tens of microseconds to wake) */
+static PyObject *hb_wake(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    helper_wake();
+    Py_RETURN_NONE;
+}
+
+/* hb_pipe(x, seed, rows, work, out, threads): the whole hblocks encode (b = 2^floor(log2 d)
+ * >= 8); work: 2 b doubles (w, then z); threads >= 2 runs the halves on two threads */
+static PyObject *hb_pipe(PyObject *self, PyObject *args) {
+    PyObject *xo, *ro, *wo, *oo;
+    unsigned long long seed;
+    int threads;
+    if (!PyArg_ParseTuple(args, "OKOOOi", &xo, &seed, &ro, &wo, &oo, &threads)) return NULL;
+    Py_buffer x, rows, w, out;
+    if (get_buffer(xo, &x, 0, "d", 8, "x") < 0) return NULL;
+    if (get_w_rows_out(wo, ro, oo, 1, &w, &rows, &out) < 0) {
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    Py_ssize_t d = x.len / 8, b = d >= 1 ? hb_block(d) : 0;
+    int ok = b >= 8 && w.len == 2 * b * 8 && !buffers_overlap(&x, &w) &&
+             !buffers_overlap(&out, &w) && hb_rows_ok(&rows, d, &out);
+    if (ok) {
+        hb_pipe_job J = {
+            .x = (const double *)x.buf, .rows = (const int64_t *)rows.buf,
+            .w = (double *)w.buf, .z = (double *)w.buf + b, .out = (double *)out.buf,
+            .d = d, .b = b, .e = d - b, .h = b / 2, .k = rows.len / 8,
+            .shift = hb_shift((uint64_t)seed, d), .key1 = mix64((uint64_t)seed ^ TAG_SIGNS),
+            .key2 = mix64((uint64_t)seed ^ TAG_SIGN2), .inv = 1.0 / sqrt((double)b),
+        };
+        Py_BEGIN_ALLOW_THREADS
+        hb_pipe_run(&J, threads);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&x);
+    release_w_rows_out(&w, &rows, &out);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError,
+                        "hb_pipe: bad shapes (d >= 8, len(work) = 2 b), overlap or a row out "
+                        "of range");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"sign_multiply", sign_multiply, METH_VARARGS,
      "sign_multiply(x, key, out): out = D x (zero-padded), D from the stream key."},
@@ -946,12 +1214,13 @@ static PyMethodDef methods[] = {
      "hb_middle(w, seed): hblocks' second signs and scaling, in place."},
     {"hb_gather", hb_gather_py, METH_VARARGS,
      "hb_gather(w, rows, out): hblocks' kept rows with their last scale."},
-    {"hb_split_mid", hb_split_mid_py, METH_VARARGS,
-     "hb_split_mid(w, seed, rows, out): hblocks' first-block last stage where needed."},
-    {"hb_last", hb_last, METH_VARARGS,
-     "hb_last(w, rows, out): hblocks' kept rows from the second block's FWHT'd halves."},
     {"hb_encode", hb_encode, METH_VARARGS,
      "hb_encode(x, seed, rows, w, out): the whole hblocks encode in C."},
+    {"hb_wake", hb_wake, METH_NOARGS,
+     "hb_wake(): wake hb_pipe's helper thread if it sleeps (before a two-thread encode)."},
+    {"hb_pipe", hb_pipe, METH_VARARGS,
+     "hb_pipe(x, seed, rows, work, out, threads): the whole hblocks encode as one fused "
+     "pipeline, on two threads when threads >= 2 (GIL released)."},
     {"tile_adjoint", tile_adjoint, METH_VARARGS,
      "tile_adjoint(z, rows, signs, k, m, t_lo, t_hi, scale, out): tiles [t_lo, t_hi) of "
      "the joint SRHT adjoint, by tiles of 2^m coordinates (GIL released)."},
@@ -966,5 +1235,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fast", NULL, -1, me
 
 PyMODINIT_FUNC PyInit__fast(void) {
     hb_masks_init();
+    static int atfork_done;
+    if (!atfork_done && pthread_atfork(NULL, NULL, helper_after_fork) == 0) atfork_done = 1;
     return PyModule_Create(&module);
 }

@@ -61,15 +61,18 @@ from rpsagg.spec import (
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 
-# Up to this d the whole encode is one call of the compiled kernel (its FWHT is numpy's
-# butterflies in C); above it the two FWHTs go through rpsagg._fwht (fht-cpu's SIMD where
-# installed), which is faster once the transform costs more than a few calls.
-_ONE_CALL_MAX = 1 << 11
-# From this block length on (and with two cores and fht-cpu's threads), an encode splits its
-# FWHTs over two cores, as the SRHT's does from d' = 2^18 on; below it the split was slower
-# than one core (docs/performance.md, "Any d").
-_SPLIT_MIN = 1 << 16
-_CORES = os.cpu_count() or 1
+# The compiled encode (``hb_pipe`` in ``_fast.c``) fuses the passes and runs its own FWHT;
+# below this block length the older one-call kernel (``hb_encode``) does the whole encode.
+_PIPE_MIN = 16
+# From this block length on, with two cores, an encode runs the halves of each FWHT on two
+# threads (the caller and the compiled module's helper thread); below it one thread was
+# faster (docs/performance.md, "Any d").
+_TWO_THREADS_MIN = 1 << 15
+# On one thread, from this block length on, fht-cpu's FWHT (where installed) beats the fused
+# pipeline's, so the one-thread encode runs the compiled passes around it instead.
+_FHT_ONE_THREAD_MIN = 1 << 16
+# the cores this process may run on (a process pinned to one core gets no helper thread)
+_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def block_split(d: int) -> tuple[int, int]:
@@ -114,8 +117,8 @@ def hblocks_encode(x: FloatArray, seed: int, k: int, threads: int | None = None)
         Rows kept, ``1 <= k <= d``.
     threads : int, optional
         1: every pass on the calling thread. None (default) or 2 or more: from a block
-        length of ``2^16`` on, with two or more cores and fht-cpu installed, each FWHT runs
-        as its two halves on two cores (the same values to rounding).
+        length of ``2^14`` on, with two or more cores, the halves of each FWHT run on two
+        threads (the caller and the compiled module's helper thread; the same bits).
 
     Returns
     -------
@@ -126,33 +129,31 @@ def hblocks_encode(x: FloatArray, seed: int, k: int, threads: int | None = None)
     x = np.ascontiguousarray(x, dtype=np.float64)
     d = x.shape[0]
     b, e = block_split(d)
-    rows = hblocks_rows(seed, k, d)
-    w = _work(d)
-    out = np.empty(k)
     native = spec.NATIVE
     # a compiled module built before these kernels existed lacks them: numpy then
-    if native is not None and hasattr(native, "hb_encode"):
-        if d <= _ONE_CALL_MAX:
-            native.hb_encode(x, seed, rows, w, out)
-            return out
-        two_cores = threads != 1 and _CORES >= 2 and BATCH_THREADS
-        if b >= _SPLIT_MIN and two_cores and hasattr(native, "hb_last"):
-            # two cores: each FWHT as its two halves (fht-cpu's threads), and the last
-            # butterfly stage only where it is needed: of the first block at its kept rows
-            # and on the overlap (with the second signs), of the second at its kept rows
-            h = b // 2
+    if native is None or not hasattr(native, "hb_pipe"):
+        native = None
+    two = threads != 1 and _CORES >= 2 and b >= _TWO_THREADS_MIN
+    if native is not None and two:
+        native.hb_wake()  # a sleeping helper wakes while the rows are sampled
+    rows = hblocks_rows(seed, k, d)
+    out = np.empty(k)
+    if native is not None:
+        if b < _PIPE_MIN:
+            native.hb_encode(x, seed, rows, _work(d), out)
+        elif two:
+            native.hb_pipe(x, seed, rows, _work(2 * b), out, 2)
+        elif b >= _FHT_ONE_THREAD_MIN and BATCH_THREADS:
+            w = _work(d)
             native.hb_first(x, seed, w)
-            fwht(w[:b].reshape(2, h), inplace=True, threads=2, min_parallel=0)
-            native.hb_split_mid(w, seed, rows, out)
-            fwht(w[e:].reshape(2, h), inplace=True, threads=2, min_parallel=0)
-            native.hb_last(w, rows, out)
-            return out
-        native.hb_first(x, seed, w)
-        fwht(w[:b], inplace=True)
-        native.hb_middle(w, seed)
-        fwht(w[e:], inplace=True)
-        native.hb_gather(w, rows, out)
+            fwht(w[:b], inplace=True)
+            native.hb_middle(w, seed)
+            fwht(w[e:], inplace=True)
+            native.hb_gather(w, rows, out)
+        else:
+            native.hb_pipe(x, seed, rows, _work(2 * b), out, 1)
         return out
+    w = _work(d)
     inv = 1.0 / math.sqrt(b)
     _shift_into(x * sign_factors(seed, d), dct_shift(seed, d), w)
     w[:b] *= inv

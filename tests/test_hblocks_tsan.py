@@ -1,0 +1,45 @@
+"""hblocks' two-thread encode under ThreadSanitizer (the C harness ``tsan_hb_pipe.c``).
+
+The helper thread, the job claims and the barrier between the phases are C atomics and
+pthreads; the Python tests check results, this one checks the memory accesses: gcc's
+ThreadSanitizer reports any data race between the callers, the helper and a helper that
+wakes late. Skipped where gcc cannot build with ``-fsanitize=thread`` against this Python.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+FAST_C = HERE.parent / "common" / "rpsagg" / "_fast.c"
+
+
+def test_two_thread_encode_has_no_data_race(tmp_path: Path) -> None:
+    gcc = shutil.which("gcc")
+    libdir, version = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("VERSION")
+    if gcc is None or not sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        pytest.skip("needs gcc and a shared libpython")
+    source = FAST_C.read_text()
+    clones = "__has_attribute(target_clones) && !defined(__clang__)"
+    assert clones in source  # the switch this harness turns off
+    (tmp_path / "_fast_noclones.c").write_text(source.replace(clones, "0"))
+    shutil.copy(HERE / "tsan_hb_pipe.c", tmp_path)
+    exe = tmp_path / "tsan_hb_pipe"
+    build = subprocess.run(
+        [gcc, "-O1", "-g", "-mavx2", "-fsanitize=thread", "-I", sysconfig.get_paths()["include"],
+         str(tmp_path / "tsan_hb_pipe.c"), "-L", str(libdir), f"-lpython{version}", "-lm",
+         "-lpthread", "-o", str(exe)],
+        capture_output=True, text=True, timeout=120)
+    if build.returncode != 0:
+        if "tsan" in build.stderr.lower() or "sanitize" in build.stderr.lower():
+            pytest.skip(f"gcc cannot build with ThreadSanitizer here: {build.stderr[-300:]}")
+        raise AssertionError(build.stderr)
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300,
+                         env={"LD_LIBRARY_PATH": str(libdir), "TSAN_OPTIONS": "halt_on_error=1"})
+    assert "WARNING: ThreadSanitizer" not in run.stderr, run.stderr[-4000:]
+    assert run.returncode == 0 and run.stdout.strip() == "ok", (run.stdout, run.stderr[-2000:])
