@@ -469,6 +469,31 @@ def test_sign_factors_equal_one_minus_twice_the_bits() -> None:
         spec.sign_factors(1, 64, out=np.empty(8, dtype=np.int8))
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_write_sign_factors_matches_the_reference(native: bool,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # the compiled loop (whole words by a byte table, then the last bits one at a time) and
+    # the numpy one write the reference's factors, on either stream, for every length
+    if native and spec.NATIVE is None:
+        pytest.skip("compiled kernels not built (a test in test_spec fails for that)")
+    if not native:
+        monkeypatch.setattr(spec, "NATIVE", None)
+    for seed, d in zip(_random_seeds(9, 17), [1, 7, 63, 64, 65, 127, 1000, 4096, 70_001],
+                       strict=True):
+        for tag, name in ((spec.TAG_SIGNS, "rpsSIGNS"), (spec.TAG_SIGN2, "rpsSIGN2")):
+            out = np.full(d, 5, dtype=np.int8)
+            spec.write_sign_factors(seed, out, tag)
+            bits = ref_sign_bits(seed, d) if name == "rpsSIGNS" else None
+            want = spec.sign_factors(seed, d, tag=tag)
+            assert out.tolist() == want.tolist()
+            if bits is not None:
+                assert out.tolist() == [1 - 2 * b for b in bits]
+    with pytest.raises(ValueError, match="int8"):
+        spec.write_sign_factors(1, np.empty(8))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="int8"):
+        spec.write_sign_factors(1, np.empty((2, 8), dtype=np.int8))
+
+
 def test_uniforms_match_reference() -> None:
     for seed in _random_seeds(10, 5):
         u = spec.uniforms(seed, spec.TAG_WANGNI, 40)

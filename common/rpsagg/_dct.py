@@ -45,6 +45,7 @@ from rpsagg.spec import (
     sign_bits,
     sign_factors,
     stream_key,
+    write_sign_factors,
 )
 
 FloatArray = NDArray[np.float64]
@@ -185,8 +186,7 @@ class JointDCT(JointShape):
         sh = np.empty(len(seeds), dtype=np.int64)
         r = np.empty((len(seeds), k), dtype=np.int64)
         for i, seed in enumerate(seeds):
-            np.multiply(sign_bits(seed, d).view(np.int8), np.int8(-2), out=s[i])
-            s[i] += np.int8(1)
+            write_sign_factors(seed, s[i])
             sh[i] = dct_shift(seed, d)
             r[i] = dct_rows(seed, k, d)
         return cls(s, sh, r, memory_budget)

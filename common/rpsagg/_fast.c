@@ -85,6 +85,46 @@ static PyObject *sign_multiply(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* BYTE_FACTORS[v]: the 8 int8 factors 1 - 2 bit_t (t = 0..7, least significant first) of the
+ * byte v, as one 8-byte word (filled at import) */
+static uint64_t BYTE_FACTORS[256];
+
+static void byte_factors_init(void) {
+    for (int v = 0; v < 256; v++) {
+        int8_t f[8];
+        for (int t = 0; t < 8; t++) f[t] = (int8_t)(1 - 2 * ((v >> t) & 1));
+        memcpy(&BYTE_FACTORS[v], f, 8);
+    }
+}
+
+/* sign_factors(key, out): out[j] = 1 - 2 b_j (int8) for j < len(out), b_j as in
+ * sign_multiply; spec.sign_factors' values, without the GIL (threads derive clients' signs
+ * in parallel) */
+static PyObject *sign_factors_py(PyObject *self, PyObject *args) {
+    unsigned long long key;
+    PyObject *outo;
+    if (!PyArg_ParseTuple(args, "KO", &key, &outo)) return NULL;
+    Py_buffer out;
+    if (get_buffer(outo, &out, 1, "b", 1, "out") < 0) return NULL;
+    int8_t *o = (int8_t *)out.buf;
+    Py_ssize_t n = out.len;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t j = 0;
+    for (uint64_t t = 0; j < n; t++) {
+        uint64_t w = word_at((uint64_t)key, t);
+        if (j + 64 <= n) {
+            for (int byte = 0; byte < 8; byte++, w >>= 8)
+                memcpy(o + j + 8 * byte, &BYTE_FACTORS[w & 255], 8);
+            j += 64;
+            continue;
+        }
+        for (; j < n; j++, w >>= 1) o[j] = (int8_t)(1 - 2 * (int)(w & 1));
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+}
+
 /* sample_distinct(key, k, bound, out): the first k distinct candidates < bound, in order of
  * acceptance; candidate t is the top m bits of word t, m = bit length of bound - 1. */
 static PyObject *sample_distinct(PyObject *self, PyObject *args) {
@@ -1202,6 +1242,8 @@ static PyObject *hb_pipe(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"sign_multiply", sign_multiply, METH_VARARGS,
      "sign_multiply(x, key, out): out = D x (zero-padded), D from the stream key."},
+    {"sign_factors", sign_factors_py, METH_VARARGS,
+     "sign_factors(key, out): out = the int8 diagonal of D from the stream key (GIL released)."},
     {"sample_distinct", sample_distinct, METH_VARARGS,
      "sample_distinct(key, k, bound, out): k distinct rows in order of acceptance."},
     {"last_stage", last_stage, METH_VARARGS,
@@ -1235,6 +1277,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fast", NULL, -1, me
 
 PyMODINIT_FUNC PyInit__fast(void) {
     hb_masks_init();
+    byte_factors_init();
     static int atfork_done;
     if (!atfork_done && pthread_atfork(NULL, NULL, helper_after_fork) == 0) atfork_done = 1;
     return PyModule_Create(&module);

@@ -23,11 +23,11 @@ from rpsagg._fwht import fwht
 from rpsagg.spec import (
     TAG_SIGNS,
     padded_dim,
-    sign_bits,
     sign_factors,
     signs,
     srht_rows,
     stream_key,
+    write_sign_factors,
 )
 
 FloatArray = NDArray[np.float64]
@@ -378,8 +378,7 @@ class JointSRHT(JointShape):
         r = np.empty((len(seeds), k), dtype=np.int64)
 
         def one(i: int) -> None:
-            np.multiply(sign_bits(seeds[i], d_pad).view(np.int8), np.int8(-2), out=s[i])
-            s[i] += np.int8(1)
+            write_sign_factors(seeds[i], s[i])  # without the GIL where compiled
             r[i] = srht_rows(seeds[i], k, d_pad)
 
         if threads == 1 or len(seeds) < 2:

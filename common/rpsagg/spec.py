@@ -251,6 +251,30 @@ def sign_factors(
     return out[:d_pad]
 
 
+def write_sign_factors(seed: int, out: NDArray[np.int8], tag: int = TAG_SIGNS) -> None:
+    """Write the diagonal of D as int8 ``1 - 2 b_j`` into ``out`` (``d = len(out)``).
+
+    With the compiled kernels the loop runs without the GIL (threads regenerating clients'
+    transforms then run in parallel); the values are :func:`sign_factors`' in any case.
+
+    Parameters
+    ----------
+    seed : int
+        Transform seed.
+    out : ndarray of int8, shape (d,)
+        C-contiguous; every entry is written.
+    tag : int, optional
+        The stream (default ``TAG_SIGNS``; ``TAG_SIGN2`` for hblocks' second signs).
+    """
+    if out.dtype != np.int8 or out.ndim != 1 or not out.flags.c_contiguous:
+        raise ValueError("out must be a 1-D C-contiguous int8 array")
+    if NATIVE is not None and hasattr(NATIVE, "sign_factors"):
+        NATIVE.sign_factors(stream_key(seed, tag), out)
+        return
+    np.multiply(sign_bits(seed, out.shape[0], tag).view(np.int8), np.int8(-2), out=out)
+    out += np.int8(1)
+
+
 def signs(seed: int, d_pad: int) -> NDArray[np.float64]:
     """The diagonal of D as float64 +-1."""
     out = sign_bits(seed, d_pad).astype(np.float64)
