@@ -927,7 +927,7 @@ typedef uint64_t v4u __attribute__((vector_size(32)));
 
 /* out[j] = (xs[j] * scale, or xs[j] if scale is 1) with its sign flipped by bit j of the
  * stream key, for j in [j0, j1): hb_segment's values (the same bits), whole words four
- * elements per vector */
+ * elements per vector; out may be xs (each element is read before it is written) */
 TILE_INLINE void hb_segment_v(const double *xs, uint64_t key, Py_ssize_t j0, Py_ssize_t j1,
                               double *out, double scale) {
     const v4u shifts = {63, 62, 61, 60}, sign = {SIGN_BIT, SIGN_BIT, SIGN_BIT, SIGN_BIT};
@@ -956,34 +956,6 @@ TILE_INLINE void hb_segment_v(const double *xs, uint64_t key, Py_ssize_t j0, Py_
             memcpy(&u, &v, 8);
             u ^= (w & 1ULL) << 63;
             memcpy(out + j, &u, 8);
-        }
-    }
-}
-
-/* flip the sign of z[q] by bit q of the stream key, q in [q0, q1) (an exact operation),
- * whole words four elements per vector */
-TILE_INLINE void hb_flip_v(double *z, uint64_t key, Py_ssize_t q0, Py_ssize_t q1) {
-    const v4u shifts = {63, 62, 61, 60}, sign = {SIGN_BIT, SIGN_BIT, SIGN_BIT, SIGN_BIT};
-    Py_ssize_t q = q0;
-    while (q < q1) {
-        uint64_t w = word_at(key, (uint64_t)(q >> 6));
-        Py_ssize_t stop = (q | 63) + 1 < q1 ? (q | 63) + 1 : q1;
-        if ((q & 63) == 0 && stop == q + 64) {
-            for (int g = 0; g < 16; g++, w >>= 4) {
-                v4u u;
-                memcpy(&u, z + q + 4 * g, sizeof u);
-                u ^= ((v4u){w, w, w, w} << shifts) & sign;
-                memcpy(z + q + 4 * g, &u, sizeof u);
-            }
-            q = stop;
-            continue;
-        }
-        w >>= (q & 63);
-        for (; q < stop; q++, w >>= 1) {
-            uint64_t u;
-            memcpy(&u, z + q, 8);
-            u ^= (w & 1ULL) << 63;
-            memcpy(z + q, &u, 8);
         }
     }
 }
@@ -1021,7 +993,7 @@ TILE_CLONES static void hb_pipe_phase2(const hb_pipe_job *J, int t) {
         for (; q < qh; q++) z[q] = lo_in[q] + hi_in[q];
         const double *restrict below = w + e - h;
         for (; q < q1; q++) z[q] = below[q] - lo_in[q];
-        if (q0 < q1) hb_flip_v(z, J->key2, q0, q1);
+        if (q0 < q1) hb_segment_v(z, J->key2, q0, q1, z, 1.0); /* signs flipped in place */
         if (q < q0 + block) /* the tail part: positions e + q >= b, from x */
             hb_first_positions(J, e + q, e + q0 + block, 1.0, z + q);
         tile_fwht_block(z + q0, block);
