@@ -117,8 +117,11 @@ def hblocks_encode(x: FloatArray, seed: int, k: int, threads: int | None = None)
         Rows kept, ``1 <= k <= d``.
     threads : int, optional
         1: every pass on the calling thread. None (default) or 2 or more: from a block
-        length of ``2^14`` on, with two or more cores, the halves of each FWHT run on two
-        threads (the caller and the compiled module's helper thread; the same bits).
+        length of ``2^15`` on, with two or more cores, the halves of each FWHT run on two
+        threads (the caller and the compiled module's helper thread). Every path gives the
+        same values to rounding; the compiled pipeline gives the same bits on one thread or
+        two, and on one thread it runs up to a block of ``2^15`` (from ``2^16`` on, with
+        fht-cpu installed, the compiled passes around fht-cpu's FWHT do).
 
     Returns
     -------
