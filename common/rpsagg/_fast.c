@@ -408,42 +408,34 @@ static Py_ssize_t hb_shift(uint64_t seed, Py_ssize_t d) {
     }
 }
 
-/* ws[j + off] = (xs[j] * scale) with its sign flipped by bit j of the stream key, j0 <= j < j1 */
-/* HB_MASKS[v][t]: the sign-bit mask of bit t of the byte v (filled at import) */
-static uint64_t HB_MASKS[256][8];
+/* the sign masks of 64 consecutive elements from one stream word, four at a time: lane i
+ * of group g gets bit 4 g + i of the word in its sign bit (GCC's vector shifts: vpsllvq with
+ * AVX2) */
+typedef uint64_t v4u __attribute__((vector_size(32)));
+#define SIGN_BIT 0x8000000000000000ULL
 
-static void hb_masks_init(void) {
-    for (int v = 0; v < 256; v++)
-        for (int t = 0; t < 8; t++) HB_MASKS[v][t] = (uint64_t)((v >> t) & 1) << 63;
-}
-
-/* out[j] = src[j] ^ sign mask of bit (j - j0) of w, for 64 consecutive j from j0 */
-static inline void hb_flip64(const uint64_t *src, uint64_t *out, uint64_t w) {
-    for (int byte = 0; byte < 8; byte++, w >>= 8) {
-        const uint64_t *m = HB_MASKS[w & 255];
-        for (int t = 0; t < 8; t++) out[8 * byte + t] = src[8 * byte + t] ^ m[t];
-    }
-}
-
-static void hb_segment(const double *xs, uint64_t key, Py_ssize_t j0, Py_ssize_t j1,
-                       Py_ssize_t off, double scale, double *ws) {
-    uint64_t *out = (uint64_t *)(ws + off);
-    const uint64_t *src = (const uint64_t *)xs;
-    uint64_t tmp[64];
+/* out[j] = (xs[j] * scale, or xs[j] if scale is 1) with its sign flipped by bit j of the
+ * stream key, for j in [j0, j1): whole words four elements per vector, the rest one at a
+ * time; out may be xs (each element is read before it is written). Multiplying by -1 flips
+ * the sign bit: exact, as the numpy path. */
+TILE_INLINE void hb_segment_v(const double *xs, uint64_t key, Py_ssize_t j0, Py_ssize_t j1,
+                              double *out, double scale) {
+    const v4u shifts = {63, 62, 61, 60}, sign = {SIGN_BIT, SIGN_BIT, SIGN_BIT, SIGN_BIT};
+    const v4d sc = {scale, scale, scale, scale};
     Py_ssize_t j = j0;
     while (j < j1) {
         uint64_t w = word_at(key, (uint64_t)(j >> 6));
         Py_ssize_t stop = (j | 63) + 1 < j1 ? (j | 63) + 1 : j1;
-        if ((j & 63) == 0 && stop == j + 64) { /* a whole word: table masks, 8 at a time */
-            const uint64_t *in = src + j;
-            if (scale != 1.0) {
-                for (int t = 0; t < 64; t++) {
-                    double v = xs[j + t] * scale;
-                    memcpy(tmp + t, &v, 8);
-                }
-                in = tmp;
+        if ((j & 63) == 0 && stop == j + 64) {
+            for (int g = 0; g < 16; g++, w >>= 4) {
+                v4u m = ((v4u){w, w, w, w} << shifts) & sign, u;
+                v4d v;
+                LOAD4(v, xs + j + 4 * g);
+                if (scale != 1.0) v = v * sc;
+                memcpy(&u, &v, sizeof u);
+                u ^= m;
+                memcpy(out + j + 4 * g, &u, sizeof u);
             }
-            hb_flip64(in, out + j, w);
             j = stop;
             continue;
         }
@@ -452,7 +444,8 @@ static void hb_segment(const double *xs, uint64_t key, Py_ssize_t j0, Py_ssize_t
             double v = scale == 1.0 ? xs[j] : xs[j] * scale;
             uint64_t u;
             memcpy(&u, &v, 8);
-            out[j] = u ^ ((w & 1ULL) << 63);
+            u ^= (w & 1ULL) << 63;
+            memcpy(out + j, &u, 8);
         }
     }
 }
@@ -460,8 +453,9 @@ static void hb_segment(const double *xs, uint64_t key, Py_ssize_t j0, Py_ssize_t
 /* The first pass: ws[(j + shift) mod d] = (1 - 2 b_j) x_j, times 1/sqrt(b) where the position
  * is < b (so that the unnormalized FWHT of ws[0:b] is H_lo's) */
 /* hb_sign_shift for the inputs j in [jlo, jhi) only (disjoint ranges write disjoint w) */
-static void hb_sign_shift_range(const double *xs, uint64_t key, Py_ssize_t shift, double *ws,
-                                Py_ssize_t d, Py_ssize_t b, Py_ssize_t jlo, Py_ssize_t jhi) {
+TILE_CLONES static void hb_sign_shift_range(const double *xs, uint64_t key, Py_ssize_t shift,
+                                            double *ws, Py_ssize_t d, Py_ssize_t b,
+                                            Py_ssize_t jlo, Py_ssize_t jhi) {
     double inv = 1.0 / sqrt((double)b);
     /* j in [0, d - shift) lands on j + shift; j in [d - shift, d) on j + shift - d */
     Py_ssize_t wrap = d - shift;
@@ -475,7 +469,7 @@ static void hb_sign_shift_range(const double *xs, uint64_t key, Py_ssize_t shift
     const double scale[4] = {inv, 1.0, inv, 1.0};
     for (int s = 0; s < 4; s++) {
         Py_ssize_t a = lo[s] > jlo ? lo[s] : jlo, c = hi[s] < jhi ? hi[s] : jhi;
-        if (a < c) hb_segment(xs, key, a, c, off[s], scale[s], ws);
+        if (a < c) hb_segment_v(xs, key, a, c, ws + off[s], scale[s]);
     }
 }
 
@@ -485,18 +479,10 @@ static void hb_sign_shift(const double *xs, uint64_t key, Py_ssize_t shift, doub
     hb_sign_shift_range(xs, key, shift, ws, d, b, 0, d);
 }
 
-/* the second signs, on the overlap w[e:b] */
-static void hb_middle(double *w, Py_ssize_t d, Py_ssize_t b, uint64_t seed) {
-    Py_ssize_t e = d - b, over = b - e;
-    uint64_t *bits = (uint64_t *)(w + e), key = mix64(seed ^ TAG_SIGN2);
-    for (Py_ssize_t j0 = 0; j0 < over; j0 += 64) {
-        uint64_t word = word_at(key, (uint64_t)(j0 >> 6));
-        if (j0 + 64 <= over) {
-            hb_flip64(bits + j0, bits + j0, word);
-            continue;
-        }
-        for (Py_ssize_t j = j0; j < over; j++, word >>= 1) bits[j] ^= (word & 1ULL) << 63;
-    }
+/* the second signs, on the overlap w[e:b] (bit p - e at position p) */
+TILE_CLONES static void hb_middle(double *w, Py_ssize_t d, Py_ssize_t b, uint64_t seed) {
+    Py_ssize_t e = d - b;
+    hb_segment_v(w + e, mix64(seed ^ TAG_SIGN2), 0, b - e, w + e, 1.0);
 }
 
 /* rows >= e went through the unnormalized second FWHT: times 1/sqrt(b) */
@@ -919,47 +905,6 @@ static void spin_until(atomic_int *flag, int value) {
     }
 }
 
-/* the sign masks of 64 consecutive elements from one stream word, four at a time: lane i
- * of group g gets bit 4 g + i of the word in its sign bit (GCC's vector shifts: vpsllvq with
- * AVX2) */
-typedef uint64_t v4u __attribute__((vector_size(32)));
-#define SIGN_BIT 0x8000000000000000ULL
-
-/* out[j] = (xs[j] * scale, or xs[j] if scale is 1) with its sign flipped by bit j of the
- * stream key, for j in [j0, j1): hb_segment's values (the same bits), whole words four
- * elements per vector; out may be xs (each element is read before it is written) */
-TILE_INLINE void hb_segment_v(const double *xs, uint64_t key, Py_ssize_t j0, Py_ssize_t j1,
-                              double *out, double scale) {
-    const v4u shifts = {63, 62, 61, 60}, sign = {SIGN_BIT, SIGN_BIT, SIGN_BIT, SIGN_BIT};
-    const v4d sc = {scale, scale, scale, scale};
-    Py_ssize_t j = j0;
-    while (j < j1) {
-        uint64_t w = word_at(key, (uint64_t)(j >> 6));
-        Py_ssize_t stop = (j | 63) + 1 < j1 ? (j | 63) + 1 : j1;
-        if ((j & 63) == 0 && stop == j + 64) {
-            for (int g = 0; g < 16; g++, w >>= 4) {
-                v4u m = ((v4u){w, w, w, w} << shifts) & sign, u;
-                v4d v;
-                LOAD4(v, xs + j + 4 * g);
-                if (scale != 1.0) v = v * sc;
-                memcpy(&u, &v, sizeof u);
-                u ^= m;
-                memcpy(out + j + 4 * g, &u, sizeof u);
-            }
-            j = stop;
-            continue;
-        }
-        w >>= (j & 63);
-        for (; j < stop; j++, w >>= 1) {
-            double v = scale == 1.0 ? xs[j] : xs[j] * scale;
-            uint64_t u;
-            memcpy(&u, &v, 8);
-            u ^= (w & 1ULL) << 63;
-            memcpy(out + j, &u, 8);
-        }
-    }
-}
-
 /* the first pass at positions [p0, p1) (all below b or all from b on) into dst[0, p1 - p0):
  * the inputs j = (p - shift) mod d, one or two runs */
 TILE_INLINE void hb_first_positions(const hb_pipe_job *J, Py_ssize_t p0, Py_ssize_t p1,
@@ -1248,7 +1193,6 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fast", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__fast(void) {
-    hb_masks_init();
     byte_factors_init();
     static int atfork_done;
     if (!atfork_done && pthread_atfork(NULL, NULL, helper_after_fork) == 0) atfork_done = 1;
