@@ -209,6 +209,9 @@ def sign_factors(
 ) -> NDArray[np.int8]:
     """The diagonal of D as int8 ``1 - 2 b_j``, optionally written into ``out``.
 
+    A compiled loop where the kernels are built (:func:`write_sign_factors`), numpy
+    otherwise; the same values.
+
     Parameters
     ----------
     seed : int
@@ -231,9 +234,6 @@ def sign_factors(
     if d_pad < 1:
         raise ValueError(f"d_pad must be >= 1; got {d_pad}")
     nbytes = (d_pad + 7) // 8
-    nwords = (d_pad + 63) // 64
-    words = _stream_words_into(stream_key(seed, tag), 0, _scratch("words", np.uint64, nwords))
-    as_bytes = words.astype("<u8", copy=False).view(np.uint8)[:nbytes]
     if out is None:
         out = np.empty(8 * nbytes, dtype=np.int8)
     elif (
@@ -243,6 +243,12 @@ def sign_factors(
         or out.ctypes.data % 8
     ):
         raise ValueError(f"out must be an aligned C-contiguous int8 array of >= {8 * nbytes}")
+    if NATIVE is not None and hasattr(NATIVE, "sign_factors"):
+        NATIVE.sign_factors(stream_key(seed, tag), out[:d_pad])
+        return out[:d_pad]
+    nwords = (d_pad + 63) // 64
+    words = _stream_words_into(stream_key(seed, tag), 0, _scratch("words", np.uint64, nwords))
+    as_bytes = words.astype("<u8", copy=False).view(np.uint8)[:nbytes]
     if index_buffer is None or index_buffer.size < nbytes or index_buffer.dtype != np.intp:
         index_buffer = np.empty(nbytes, dtype=np.intp)
     idx = index_buffer[:nbytes]
@@ -271,8 +277,7 @@ def write_sign_factors(seed: int, out: NDArray[np.int8], tag: int = TAG_SIGNS) -
     if NATIVE is not None and hasattr(NATIVE, "sign_factors"):
         NATIVE.sign_factors(stream_key(seed, tag), out)
         return
-    np.multiply(sign_bits(seed, out.shape[0], tag).view(np.int8), np.int8(-2), out=out)
-    out += np.int8(1)
+    out[:] = sign_factors(seed, out.shape[0], tag=tag)
 
 
 def signs(seed: int, d_pad: int) -> NDArray[np.float64]:
