@@ -38,7 +38,6 @@ static void *worker(void *arg) {
 }
 
 int main(void) {
-    hb_masks_init();
     for (int i = 0; i < D; i++) X[i] = sin(i * 0.37);
     for (int i = 0; i < K; i++) ROWS[i] = (i * 97) % D;
     double *work = malloc(2 * hb_block(D) * sizeof(double));
