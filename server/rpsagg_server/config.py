@@ -84,6 +84,7 @@ class ServerConfig:
     decode_backend: str = "local"
     ray_address: str | None = None
     event_loop: str = "auto"
+    on_finished_job: str = "keep"
     task_params: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -120,6 +121,8 @@ class ServerConfig:
                              f"got {self.max_failed_rounds}")
         if not (math.isfinite(self.drain) and self.drain >= 0):
             raise ValueError(f"--drain must be a finite number >= 0; got {self.drain}")
+        if self.on_finished_job not in ("keep", "new"):
+            raise ValueError(f"--on-finished-job must be keep or new; got {self.on_finished_job!r}")
         if not self.http_host.strip(","):
             raise ValueError("--http-host needs at least one address")
         for name in ("grpc_port", "http_port"):
@@ -260,6 +263,9 @@ def _parser() -> argparse.ArgumentParser:
         "(needs rpsagg-server[ray])",
         "event_loop": "auto (default: uvloop where installed, else asyncio's), uvloop or "
         "asyncio: the loop that runs gRPC, the round engine and the dashboard",
+        "on_finished_job": "started on the database of a finished job: keep (serve that job "
+        "again) or new (move it to <db>.jobs/, where the dashboard lists it, and start a new "
+        "job); an unfinished job is resumed either way",
         "ray_address": "Ray cluster to join with --decode-backend ray (e.g. 10.0.0.5:6379); "
         "default: start a local one",
     }

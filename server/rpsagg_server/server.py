@@ -26,7 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from rpsagg.schemes import WireProfile
-from rpsagg_server import eventloop
+from rpsagg_server import eventloop, jobs
 from rpsagg_server.auth import TokenBook, TokenInterceptor
 from rpsagg_server.config import ServerConfig, load_config
 from rpsagg_server.events import EventBus, SubmissionRefused
@@ -124,6 +124,12 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
     tokens = TokenBook.from_file(cfg.tokens) if cfg.tokens else None
     creds = _credentials(cfg)
     monitor: TaskMonitor | None = None
+    if cfg.on_finished_job == "new":
+        try:
+            jobs.archive_finished_job(cfg.db)
+        except (OSError, sqlite3.Error) as exc:
+            raise StartupError(f"--db {cfg.db}: cannot move its finished job to "
+                               f"{jobs.jobs_dir(cfg.db)} ({exc})") from None
     try:
         store = Store(cfg.db)
     except sqlite3.Error as exc:
@@ -133,6 +139,7 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
         # monitor subscribe to the engine's domain events
         bus = EventBus()
         state = ServerState(cfg.public_dict())
+        state.past_jobs = [j.as_dict() for j in jobs.past_jobs(cfg.db)]
         bus.subscribe(state.apply)
         bus.subscribe(state.ledger.observe)
         engine = RoundEngine(cfg, store, bus)

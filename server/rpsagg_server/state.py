@@ -88,6 +88,9 @@ class ServerState:
     _checks: dict[str, Callable[[], bool]] = field(default_factory=dict)
     _task_metrics: dict[int, TaskMetrics] = field(default_factory=dict)
     _task_note: str = "evaluation mode is off: the server measures the task only with --eval"
+    #: finished jobs moved aside by earlier starts (``--on-finished-job new``), newest first,
+    #: as :meth:`rpsagg_server.jobs.PastJob.as_dict` gives them; set once at start-up
+    past_jobs: list[dict[str, Any]] = field(default_factory=list)
 
     # -- read API --------------------------------------------------------------------------
     def config(self) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from rpsagg_server.http import (
     routes_clients,
     routes_export,
     routes_health,
+    routes_jobs,
     routes_rounds,
     routes_status,
 )
@@ -55,7 +56,8 @@ def create_app(state: ServerState, registry: CollectorRegistry | None = None) ->
     FastAPI
         Routes: ``/`` (dashboard page), ``/static/*``, ``/api/status``, ``/api/clients``,
         ``/api/rounds``, ``/api/rounds/{id}``, ``/api/rounds/export.csv``,
-        ``/api/rounds/export.json``, ``/healthz``, ``/readyz``, ``/metrics``, ``/docs``.
+        ``/api/rounds/export.json``, ``/api/jobs``, ``/healthz``, ``/readyz``, ``/metrics``,
+        ``/docs``.
         ``/metrics`` reads the server's metrics ledger and read model at scrape time.
     """
     registry = CollectorRegistry() if registry is None else registry
@@ -83,6 +85,7 @@ def create_app(state: ServerState, registry: CollectorRegistry | None = None) ->
     app.include_router(routes_export.router)  # before /api/rounds/{round_id}
     app.include_router(routes_rounds.router)
     app.include_router(routes_health.router)
+    app.include_router(routes_jobs.router)
     app.router.routes.append(
         Route("/metrics", _Mounted(make_asgi_app(registry)), include_in_schema=False))
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
