@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 import subprocess
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from service_util import base_config, client_command, in_process_server, kill_all
@@ -41,3 +43,33 @@ def test_one_line_per_round_unless_quiet() -> None:
             assert int(m.group(2)) == mine[0].wire_bytes  # the server's count
             assert int(m.group(3)) == cfg.k
         assert outs[1][0] == ""  # --quiet
+
+
+@pytest.mark.timeout(180)
+def test_refusals_for_good_exit_3_or_4_with_one_line(tmp_path: Path) -> None:
+    """A client that cannot take part (the job is full; a wrong token) exits at once with a
+    status that says so (3 or 4; a restart policy bounded by count stops there) and one
+    line naming the client and the reason; no retries."""
+    from service_util import make_certs
+
+    certs = make_certs(tmp_path)
+    tokens = tmp_path / "tokens"
+    tokens.write_text("right-token\n")
+    cfg = replace(base_config(n=1, rounds=50), insecure=False, tls_cert=certs.server_cert,
+                  tls_key=certs.server_key, tokens=str(tokens))
+    with in_process_server(cfg) as srv:
+        from rpsagg_client import AggregationClient
+
+        with AggregationClient(f"localhost:{srv.port}", "first", token="right-token",
+                               tls_ca=certs.ca) as first:
+            first.join()  # the only slot
+            for cid, token, status, code in (("second", "right-token", 3, "RESOURCE_EXHAUSTED"),
+                                             ("first", "wrong-token", 4, "UNAUTHENTICATED")):
+                out = subprocess.run(client_command([
+                    "--server", f"localhost:{srv.port}", "--client-id", cid, "--token", token,
+                    "--tls-ca", certs.ca]), capture_output=True, text=True, timeout=60)
+                assert out.returncode == status, out.stderr[-2000:]
+                lines = out.stderr.strip().splitlines()
+                assert len(lines) == 1, lines
+                assert lines[0].startswith(f"rpsagg-client: {cid}: {code}: ")
+                assert lines[0].endswith("(refused for good: not retrying)")

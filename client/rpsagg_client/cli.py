@@ -2,6 +2,12 @@
 
 Prints one line per round once the round is over (bytes this client sent, whether its
 submission was acknowledged, how the round ended); ``--quiet`` turns the lines off.
+
+Exit status: 0 when the job is over (done, or failed on the server: a restart cannot help);
+3 when the server refuses this client for good (every client slot of the job is taken by
+other ids, or the request is invalid); 4 when it refuses the credentials (a wrong or missing
+token, a token for another client id); 1 for anything else (e.g. the server stayed
+unreachable for the whole retry budget), which a restart may mend; 130 on Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -10,7 +16,6 @@ import argparse
 import logging
 import os
 import signal
-import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,19 +24,29 @@ import grpc
 
 from rpsagg.tasks import DATA_SOURCES, DataUnavailable, load_shard, make_task
 from rpsagg_client.client import AggregationClient
+from rpsagg_client.identity import default_client_id
 from rpsagg_wire.v1 import serde
 from rpsagg_wire.v1.serde import RoundResult, Submission
 
 log = logging.getLogger("rpsagg.client")
+
+#: exit statuses (the module docstring): refusals that no restart can change
+EXIT_REFUSED = 3
+EXIT_CREDENTIALS = 4
+_REFUSED = {grpc.StatusCode.RESOURCE_EXHAUSTED: EXIT_REFUSED,
+            grpc.StatusCode.INVALID_ARGUMENT: EXIT_REFUSED,
+            grpc.StatusCode.UNAUTHENTICATED: EXIT_CREDENTIALS,
+            grpc.StatusCode.PERMISSION_DENIED: EXIT_CREDENTIALS}
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rpsagg-client", description=__doc__)
     env = os.environ.get
     p.add_argument("--server", default=env("RPSAGG_SERVER", "127.0.0.1:50051"), help="HOST:PORT")
-    p.add_argument("--client-id", default=env("RPSAGG_CLIENT_ID") or env("HOSTNAME")
-                   or socket.gethostname(),
-                   help="default: $RPSAGG_CLIENT_ID, else the host name (a container's id)")
+    p.add_argument("--client-id", default=None,
+                   help="default: $RPSAGG_CLIENT_ID; in a compose replica its container name "
+                   "(project-service-N, stable when the container is re-created); else the "
+                   "host name")
     p.add_argument("--token", default=env("RPSAGG_TOKEN"))
     p.add_argument("--token-file", default=env("RPSAGG_TOKEN_FILE"),
                    help="read the token from this file (e.g. a mounted secret)")
@@ -161,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("RPSAGG_LOG_LEVEL", "WARNING").upper(),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     args = _parser().parse_args(argv)
+    if args.client_id is None:
+        args.client_id = default_client_id()
     if args.token_file and not args.token:
         args.token = Path(args.token_file).read_text().strip()
     # Ctrl-C (or SIGTERM) ends the client at once: everything acked is durable on the server,
@@ -170,9 +187,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(args)
     except grpc.RpcError as exc:
-        print(f"rpsagg-client: {exc.code().name}: {exc.details()}",
+        code = _REFUSED.get(exc.code(), 1)
+        why = " (refused for good: not retrying)" if code != 1 else ""
+        print(f"rpsagg-client: {args.client_id}: {exc.code().name}: {exc.details()}{why}",
               file=sys.stderr)
-        return 1
+        return code
     except KeyboardInterrupt:
         return 130
 
