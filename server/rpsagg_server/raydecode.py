@@ -20,6 +20,7 @@ decode failure (the server keeps running; its submissions stay durable).
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import threading
 from collections.abc import Sequence
@@ -39,6 +40,7 @@ os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 from rpsagg import DecodeResult, Encoded, Estimator, RandProjSpatial
 
 FloatArray = NDArray[np.float64]
+log = logging.getLogger("rpsagg.server")
 
 # Ray's own default is 3; a decode task is pure (a function of the object-store payload), so
 # re-running it is always safe.
@@ -77,21 +79,39 @@ def connect(address: str | None) -> None:
                  configure_logging=False)
 
 
+def _where() -> str:
+    """The node a task runs on: its address and host name (a container's id)."""
+    import socket
+
+    import ray
+
+    return f"{ray.util.get_node_ip_address()} ({socket.gethostname()})"
+
+
 def _task(
     payload: Payload, estimator: Estimator, j: int, first: int, stop: int,
     betas: dict[int, float] | float,
-) -> tuple[FloatArray, Any, float]:
-    """Body of a Ray task: blocks ``first .. stop-1`` of vector ``j`` (or the whole vector)."""
+) -> tuple[FloatArray, Any, float, str]:
+    """Body of a Ray task: blocks ``first .. stop-1`` of vector ``j`` (or the whole vector);
+    the last item says on which node it ran."""
     from rpsagg import BlockwiseRandProjSpatial
 
     batch = payload.batch(j)
     if isinstance(estimator, BlockwiseRandProjSpatial):
         assert isinstance(betas, dict)
         out, infos, c = estimator.decode_blocks(batch, first, stop, betas)
-        return out, infos, c
+        return out, infos, c, _where()
     assert isinstance(estimator, RandProjSpatial) and isinstance(betas, float)
     result = estimator._decode(batch, betas)
-    return result.estimate, result.solve, 0.0 if result.c is None else result.c
+    return result.estimate, result.solve, 0.0 if result.c is None else result.c, _where()
+
+
+def _log_nodes(nodes: Sequence[str]) -> None:
+    counts: dict[str, int] = {}
+    for node in nodes:
+        counts[node] = counts.get(node, 0) + 1
+    log.info("[Ray] %d decode tasks ran on %s", len(nodes),
+             ", ".join(f"{node} x{c}" for node, c in sorted(counts.items())))
 
 
 def _remote_task() -> Any:
@@ -151,13 +171,18 @@ def decode_vectors(estimators: Estimator | Sequence[Estimator],
         futures = [[task.remote(ref, e, j, a, b, e.block_betas(n_prime)) for a, b in groups]
                    for j, e in enumerate(blockwise)]
         results = []
+        nodes: list[str] = []
         for e, row in zip(blockwise, futures, strict=True):
             parts = ray.get(row)
-            infos = [i for _, part_infos, _ in parts for i in part_infos]
-            results.append(e.assemble([p for p, _, _ in parts], infos, parts[-1][2], n_prime))
+            infos = [i for _, part_infos, _, _ in parts for i in part_infos]
+            nodes.extend(where for _, _, _, where in parts)
+            results.append(e.assemble([p for p, _, _, _ in parts], infos, parts[-1][2],
+                                      n_prime))
+        _log_nodes(nodes)
         return results
     betas = [e.beta_for(n_prime) for e in estimators]
     outs = ray.get([task.remote(ref, e, j, 0, 1, beta)
                     for j, (e, beta) in enumerate(zip(estimators, betas, strict=True))])
+    _log_nodes([where for _, _, _, where in outs])
     return [DecodeResult(est, n_prime, beta, c, info, 0.0)
-            for (est, info, c), beta in zip(outs, betas, strict=True)]
+            for (est, info, c, _), beta in zip(outs, betas, strict=True)]
