@@ -2,6 +2,8 @@
 
     rpsagg-healthcheck http   # server: GET /readyz on 127.0.0.1:$RPSAGG_HTTP_PORT (default 8000)
     rpsagg-healthcheck tcp    # client: the server at $RPSAGG_SERVER accepts TCP connections
+    rpsagg-healthcheck ray    # Ray worker: its raylet runs, and the head at $RAY_ADDRESS
+                              # (host:port of the GCS) accepts TCP connections
 
 Exit status 0 when healthy, 1 otherwise (what Docker's HEALTHCHECK expects).
 """
@@ -29,9 +31,33 @@ def check_tcp() -> str:
         return f"{target} reachable"
 
 
+def _raylet_running() -> bool:
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                argv0 = fh.read().split(b"\0", 1)[0]
+        except OSError:
+            continue  # the process ended while we looked
+        if os.path.basename(argv0) == b"raylet":
+            return True
+    return False
+
+
+def check_ray() -> str:
+    """A Ray worker node's view: its raylet runs and the cluster's head answers."""
+    if not _raylet_running():
+        raise OSError("no raylet process in this container")
+    target = os.environ.get("RAY_ADDRESS", "ray-head:6379")
+    host, _, port = target.rpartition(":")
+    with socket.create_connection((host.strip("[]"), int(port)), timeout=4):
+        return f"raylet running; head {target} reachable"
+
+
 def main(argv: list[str]) -> int:
     """Run the check named by ``argv[0]``."""
-    checks = {"http": check_http, "tcp": check_tcp}
+    checks = {"http": check_http, "tcp": check_tcp, "ray": check_ray}
     if len(argv) != 1 or argv[0] not in checks:
         print(f"usage: rpsagg-healthcheck {'|'.join(checks)}", file=sys.stderr)
         return 2

@@ -15,11 +15,14 @@ case "$role" in
   test) deb_packages+=(chromium chromium-driver) ;;  # the dashboard's real-browser test
   *) echo "usage: $0 run|test" >&2; exit 2 ;;
 esac
-# the service tests: Fashion-MNIST data, iproute2 for the network-namespace tests,
-# docker-compose (Debian's v1 CLI) to validate and resolve docker-compose*.yml (no engine)
-# and prometheus (a real Prometheus scrapes a live server; promtool checks the monitoring
+# the service tests: Fashion-MNIST data, iproute2 for the network-namespace tests, a real
+# Docker engine for the compose tests (docker.io; debootstrap builds the images' base when
+# Docker Hub cannot be reached; scripts/engine.sh starts the daemon and adds Compose v2) and
+# prometheus (a real Prometheus scrapes a live server; promtool checks the monitoring
 # profile's configuration and queries)
-if [ "$role" = test ]; then deb_packages+=(dataset-fashion-mnist iproute2 docker-compose prometheus); fi
+if [ "$role" = test ]; then
+  deb_packages+=(dataset-fashion-mnist iproute2 docker.io debootstrap prometheus)
+fi
 
 missing=()
 for pkg in "${deb_packages[@]}"; do

@@ -19,6 +19,18 @@ import pytest
 collect_ignore = [] if os.environ.get("RPSAGG_FLOWER_TESTS") == "1" else ["flower"]
 
 
+@pytest.fixture(scope="session")
+def docker_engine() -> Iterator[dict[str, str]]:
+    """The real Docker engine (``scripts/engine.sh up``); stopped at the end of the session
+    when the session started it (tests/engine_util.py)."""
+    import engine_util
+
+    try:
+        yield engine_util.engine()
+    finally:
+        engine_util.engine_down()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_beta_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     path = tmp_path_factory.mktemp("beta-cache")

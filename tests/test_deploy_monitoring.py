@@ -1,6 +1,7 @@
 """docker-compose.yml's ``monitoring`` profile: Prometheus and Grafana as users run them.
 
-1. The profile validates (``docker-compose --profile monitoring config -q``, alone and with
+1. The profile validates (``docker compose --profile monitoring config -q``, Compose v2 as
+   ``scripts/engine.sh`` provides it, alone and with
    the TLS override); Prometheus and Grafana are in the profile only; every file they mount
    is in the repository.
 2. ``promtool check config`` accepts docker/monitoring/prometheus.yml and it scrapes the
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deploy_util import COMPOSE, COMPOSE_TLS, ROOT, resolve_compose
+from engine_util import COMPOSE, COMPOSE_TLS, ROOT, engine, resolve_compose
 from service_util import client_command, kill_all, server_command, wait_port_file
 
 MONITORING = ROOT / "docker" / "monitoring"
@@ -47,14 +48,10 @@ def monitoring_config(tmp_path: Path, files: list[Path]) -> dict[str, Any]:
 
 
 def binds(service: dict[str, Any]) -> dict[str, Path]:
-    """Bind mounts of a resolved service: container path -> host path (compose v1 form
-    ``/host:/container:mode``; named volumes are left out)."""
-    out = {}
-    for vol in service.get("volumes", []):
-        source, target = str(vol).split(":")[:2]
-        if source.startswith("/"):
-            out[target] = Path(source)
-    return out
+    """Bind mounts of a resolved service: container path -> host path (named volumes are
+    left out)."""
+    return {vol["target"]: Path(vol["source"]) for vol in service.get("volumes", [])
+            if vol["type"] == "bind"}
 
 
 def dashboard_exprs() -> list[str]:
@@ -67,6 +64,7 @@ def yaml_load(path: Path) -> Any:
     return yaml.safe_load(path.read_text())
 
 
+@pytest.mark.usefixtures("docker_engine")
 # -- 1. the compose profile ------------------------------------------------------------------
 @pytest.mark.parametrize("files", [[COMPOSE], [COMPOSE, COMPOSE_TLS]], ids=["plain", "tls"])
 def test_monitoring_profile_is_valid_and_optional(files: list[Path], tmp_path: Path) -> None:
@@ -75,11 +73,12 @@ def test_monitoring_profile_is_valid_and_optional(files: list[Path], tmp_path: P
     assert services["prometheus"]["profiles"] == ["monitoring"]
     assert services["grafana"]["profiles"] == ["monitoring"]
     assert "profiles" not in services["server"] and "profiles" not in services["client"]
-    args = ["docker-compose", "--env-file", str(tmp_path / ".env"), "--profile", "monitoring"]
+    args = ["docker", "compose", "--project-directory", str(ROOT), "--env-file",
+            str(tmp_path / ".env"), "--profile", "monitoring"]
     for f in files:
         args += ["-f", str(f)]
     out = subprocess.run([*args, "config", "-q"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=60, env={"PATH": "/usr/bin:/bin"})
+                         timeout=60, env=engine())
     assert out.returncode == 0 and out.stdout == "", out.stderr
     # what they mount is in the repository (compose resolves bind sources to paths)
     assert binds(services["prometheus"]) == {"/etc/prometheus/prometheus.yml": PROMETHEUS_YML}
@@ -88,9 +87,12 @@ def test_monitoring_profile_is_valid_and_optional(files: list[Path], tmp_path: P
         "/var/lib/grafana/dashboards": DASHBOARD.parent}
     # published on loopback only by default
     for name, port in (("prometheus", 9090), ("grafana", 3000)):
-        assert services[name]["ports"] == [f"127.0.0.1:{port}:{port}/tcp"]
+        (published,) = services[name]["ports"]
+        assert (published["host_ip"], published["published"], published["target"]) == (
+            "127.0.0.1", str(port), port), published
 
 
+@pytest.mark.usefixtures("docker_engine")
 # -- 2. Prometheus's configuration -----------------------------------------------------------
 @needs_prometheus
 def test_prometheus_config_scrapes_the_servers_metrics(tmp_path: Path) -> None:
@@ -108,6 +110,7 @@ def test_prometheus_config_scrapes_the_servers_metrics(tmp_path: Path) -> None:
     assert services[host]["environment"]["RPSAGG_HOST"] == "0.0.0.0"  # reachable by name
 
 
+@pytest.mark.usefixtures("docker_engine")
 # -- 3. Grafana's provisioning and dashboard -------------------------------------------------
 @needs_prometheus
 def test_grafana_dashboard_queries_parse_and_use_the_provisioned_source(

@@ -1,0 +1,242 @@
+"""docker-compose.yml on a real Docker engine (``scripts/engine.sh``), as users run it.
+
+Every test builds with the real images (Compose v2, BuildKit; built once per session, the
+engine's build cache reusing layers whose inputs did not change), runs its own compose
+project, talks to it only through ports published on 127.0.0.1, waits on states with a
+bound, and ends with ``down -v``. No skips: where no engine can be had, the tests fail.
+
+1. plain: the server turns healthy, the job's rounds are all done, every client container
+   exits 0, the API and /metrics answer from the host; then ``down`` and ``up`` again run a
+   new job to its end while the first one is kept (``/api/jobs``).
+2. the TLS override with the certificates of ``scripts/make-test-ca.sh``: the job ends, the
+   published gRPC port speaks TLS under the test CA and refuses a plain-text client.
+3. the ray profile: every round decoded by Ray tasks on the worker containers (the server's
+   log names the nodes), no round failed, every long-running container healthy.
+4. faults mid-job: ``docker kill`` of the server, then ``docker start``: the job resumes;
+   ``up --build --force-recreate`` (every container new, as a changed image makes them) lets
+   the job go on, the clients rejoining under the same ids (their container names); a killed
+   client rejoins as the same client; a client beyond n is refused for good with exit
+   status 3 and one line; at the end every submission a client saw acknowledged is in its
+   decoded round.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import socket
+import ssl
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from engine_util import (
+    COMPOSE,
+    COMPOSE_TLS,
+    ROOT,
+    Project,
+    build_images,
+    docker,
+    get_json,
+    get_text,
+    project,
+    wait_for,
+)
+
+pytestmark = pytest.mark.usefixtures("docker_engine")
+
+ACK = re.compile(r"^\[(?P<cid>[^\]]+)\] round (?P<rid>\d+): sent .*, acked as \d+ of \d+",
+                 re.MULTILINE)
+
+
+@pytest.fixture
+def plain(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Project]:
+    build_images("server", "client")
+    yield from project(request, tmp_path, RPSAGG_N="3", RPSAGG_ROUNDS="4",
+                       RPSAGG_ROUND_TIMEOUT="20")
+
+
+def _check_job(p: Project, rounds: int, n: int) -> None:
+    """Every round of the job is done with all n clients, and every client exited 0."""
+    job = p.wait_job_over(timeout=180)
+    assert job["state"] == "done" and job["steps_done"] == rounds, job
+    items = get_json(p.url() + f"/api/rounds?limit={rounds + 5}")["rounds"]
+    assert len(items) == rounds and all(r["state"] == "done" for r in items), items
+    clients = p.wait_exited("client", timeout=90)
+    assert len(clients) == n
+    assert all(c["ExitCode"] == 0 for c in clients), clients
+
+
+@pytest.mark.timeout(600)
+def test_plain_job_then_down_and_up_runs_a_second(plain: Project) -> None:
+    p = plain
+    p.compose("up", "-d")
+    p.wait_healthy("server", timeout=120)
+    base = p.url()
+    assert get_text(base + "/readyz")
+    _check_job(p, rounds=4, n=3)
+    status = p.status()
+    assert status["config"]["n"] == 3 and status["clients_joined"] == 3
+    # the clients' ids are their compose names, not container ids
+    assert sorted(c["client_id"] for c in status["clients"]) == [
+        f"{p.name}-client-{i}" for i in (1, 2, 3)]
+    metrics = get_text(base + "/metrics")
+    assert re.search(r'^rpsagg_rounds_total\{state="done"\} 4\.0$', metrics, re.MULTILINE)
+    assert re.search(r'^rpsagg_submissions_total\{status="ok"\} 12\.0$', metrics, re.MULTILINE)
+    assert get_json(base + "/api/jobs") == {"past_jobs": []}
+
+    # a second `up` after `down` (the volume keeps the finished job): a new job, to its end
+    p.compose("down", "--timeout", "10")
+    p.compose("up", "-d")
+    p.wait_healthy("server", timeout=120)
+    _check_job(p, rounds=4, n=3)
+    past = get_json(p.url() + "/api/jobs")["past_jobs"]
+    assert len(past) == 1 and past[0]["state"] == "done" and past[0]["rounds_done"] == 4, past
+    assert "Exited (0)" not in p.logs("server")  # the server itself never restarted
+
+
+@pytest.mark.timeout(600)
+def test_tls_override(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    build_images("server", "client")
+    certs = tmp_path / "certs"
+    subprocess.run([str(ROOT / "scripts" / "make-test-ca.sh"), "-o", str(certs)], check=True,
+                   capture_output=True, timeout=60)
+    gen = project(request, tmp_path, RPSAGG_N="2", RPSAGG_ROUNDS="3",
+                  RPSAGG_CERTS=str(certs))
+    p = next(gen)
+    try:
+        p.files = [COMPOSE, COMPOSE_TLS]
+        p.compose("up", "-d")
+        p.wait_healthy("server", timeout=120)
+        _check_job(p, rounds=3, n=2)
+        assert p.status()["config"]["settings"]["tls"] is True
+        grpc_port = int(p.compose("port", "server", "50051").strip().rpartition(":")[2])
+        # TLS under the test CA, for the name the certificate carries
+        ctx = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+        ctx.set_alpn_protocols(["h2"])
+        with socket.create_connection(("127.0.0.1", grpc_port), timeout=10) as raw, \
+                ctx.wrap_socket(raw, server_hostname="localhost") as tls:
+            assert tls.version() in ("TLSv1.2", "TLSv1.3")
+            assert tls.selected_alpn_protocol() == "h2"
+        # a plain-text HTTP/2 client gets no gRPC answer from a TLS port
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as ch:
+            with pytest.raises(grpc.RpcError) as err:
+                health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        creds = grpc.ssl_channel_credentials((certs / "ca.pem").read_bytes())
+        with grpc.secure_channel(f"127.0.0.1:{grpc_port}", creds,
+                                 options=[("grpc.ssl_target_name_override", "localhost")]) as ch:
+            reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
+                                                         timeout=10)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        next(gen, None)
+
+
+@pytest.mark.timeout(900)
+def test_ray_profile_decodes_every_round_on_the_workers(
+        request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    settings = {"RPSAGG_SERVER_IMAGE": "rpsagg-ray:latest", "RPSAGG_SERVER_EXTRAS": "[ray]",
+                "RPSAGG_DECODE_BACKEND": "ray", "RPSAGG_RAY_TOKEN": secrets.token_hex(32),
+                "RPSAGG_RAY_WORKERS": "2", "RPSAGG_N": "3", "RPSAGG_ROUNDS": "4",
+                "RPSAGG_ROUND_TIMEOUT": "60"}
+    build_images("ray-head", "client", profile="ray")
+    gen = project(request, tmp_path, **settings)
+    p = next(gen)
+    try:
+        p.profiles = ["ray"]
+        p.compose("up", "-d")
+        p.wait_healthy("server", timeout=240)
+        _check_job(p, rounds=4, n=3)
+        # which nodes decoded: the worker containers (by host name = container id), never the
+        # server or the head (both have no CPUs for tasks)
+        log = p.logs("server")
+        assert "decode error" not in log.lower()
+        nodes = re.findall(r"\[Ray\] (\d+) decode tasks ran on (.+)$", log, re.MULTILINE)
+        assert len(nodes) == 4, log[-3000:]
+        hosts = {h for _, line in nodes for h in re.findall(r"\(([0-9a-f]{12})\)", line)}
+        ids = {c["Service"]: [] for c in p.containers()}
+        for c in p.containers():
+            ids[c["Service"]].append(docker("inspect", "-f", "{{.Config.Hostname}}",
+                                            c["Name"]).strip())
+        assert hosts and hosts <= set(ids["ray-worker"]), (hosts, ids)
+        # every long-running container is healthy, the clients are done
+        for service in ("server", "ray-head", "ray-worker"):
+            p.wait_healthy(service, timeout=120)
+    finally:
+        next(gen, None)
+
+
+def _acked(log: str) -> set[tuple[str, int]]:
+    return {(m["cid"], int(m["rid"])) for m in ACK.finditer(log)}
+
+
+@pytest.mark.timeout(900)
+def test_server_killed_and_clients_recreated_mid_job(plain: Project) -> None:
+    p = plain
+    rounds = 150
+    p.configure(RPSAGG_ROUNDS=str(rounds), RPSAGG_ROUND_TIMEOUT="8")
+    p.compose("up", "-d")
+    p.wait_healthy("server", timeout=120)
+
+    def steps() -> int:
+        return int((p.status().get("job") or {}).get("steps_done", 0))
+
+    def at_least(k: int) -> bool:
+        return steps() >= k
+
+    # 1. kill -9 of the server mid-job, then start it again: the job resumes
+    wait_for("round 5", lambda: at_least(5), timeout=120, every=0.2)
+    server = next(c["Name"] for c in p.containers() if c["Service"] == "server")
+    docker("kill", server)
+    docker("start", server)
+    p.wait_healthy("server", timeout=120)
+    before = steps()
+    assert before < rounds, "the job ended before the kill: make it longer"
+
+    # 2. `up --build` mid-job re-creating every container (as a changed image would): the
+    # server resumes the job from the volume, the new client containers rejoin as the same
+    # clients (their ids are their names)
+    wait_for("more rounds after the restart", lambda: at_least(before + 5), timeout=180)
+    assert steps() < rounds - 20, "the job is nearly over before the re-creation"
+    old = {c["Name"]: c["ID"] for c in p.containers()}
+    logs_before = p.logs("client")
+    p.compose("up", "-d", "--build", "--force-recreate")
+    new = {c["Name"]: c["ID"] for c in p.containers()}
+    assert new.keys() == old.keys() and not set(new.values()) & set(old.values())
+    new = {name: cid for name, cid in new.items() if "-client-" in name}
+    p.wait_healthy("server", timeout=120)
+
+    # 3. a client beyond n is refused for good: exit 3, one line, no retries
+    run = p.compose_run("run", "--rm", "--no-deps", "-T", "client", timeout=120)
+    assert run.returncode == 3, (run.returncode, run.stderr[-2000:])
+    refusal = [ln for ln in run.stderr.splitlines() if ln.startswith("rpsagg-client:")]
+    assert len(refusal) == 1 and "RESOURCE_EXHAUSTED" in refusal[0], run.stderr[-2000:]
+
+    # 4. a killed client container, started again, rejoins as the same client
+    victim = sorted(new)[0]
+    mark = steps() + 3
+    wait_for("more rounds", lambda: at_least(mark), timeout=180)
+    assert steps() < rounds - 5, "the job is nearly over before the client's kill"
+    docker("kill", victim)
+    docker("start", victim)
+
+    _check_job(p, rounds=rounds, n=3)
+    status = p.status()
+    assert sorted(c["client_id"] for c in status["clients"]) == sorted(new)
+    # nothing acknowledged is lost: every ack a client printed is in its decoded round
+    acked = _acked(logs_before) | _acked(p.logs("client"))
+    assert len(acked) >= rounds  # the clients did see acks throughout
+    arrived: dict[int, set[str]] = {}
+    for rid in sorted({r for _, r in acked}):
+        view = get_json(p.url() + f"/api/rounds/{rid}")
+        assert view["state"] == "done", view
+        arrived[rid] = set(view["clients"]["arrived"])
+    lost = sorted((c, r) for c, r in acked if c not in arrived[r])
+    assert not lost, f"acknowledged but not decoded: {lost}"
+    joins = re.findall(rf"\[Client\] {re.escape(victim)} joined as index (\d+)", p.logs("client"))
+    assert len(joins) >= 2 and len(set(joins)) == 1, joins
