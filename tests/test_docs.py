@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,3 +82,192 @@ def test_every_local_link_and_image_in_the_docs_exists() -> None:
             if not path.exists():
                 missing.append(f"{page.relative_to(ROOT)}: {target}")
     assert not missing, missing
+
+
+# -- the examples of docs/wire-format.md and docs/protocol.md ---------------------------------
+WIRE_DOC = (ROOT / "docs" / "wire-format.md").read_text(encoding="utf-8")
+PROTOCOL_DOC = (ROOT / "docs" / "protocol.md").read_text(encoding="utf-8")
+
+
+def _section(doc: str, heading: str) -> str:
+    start = doc.index(heading)
+    end = doc.find("\n## ", start + 1)
+    return doc[start : end if end > 0 else len(doc)]
+
+
+def test_wire_format_splitmix64_and_tag_examples() -> None:
+    from rpsagg import spec
+
+    # section 1: the three published outputs for key 0
+    check = re.search(r"first three words are `(0x\w+)`, `(0x\w+)`,\s*`(0x\w+)`", WIRE_DOC)
+    assert check is not None
+    assert [int(w) for w in spec.stream_words(0, 0, 3)] == [int(g, 16) for g in check.groups()]
+    # section 2: every tag row's integer is its ASCII name read big-endian
+    rows = re.findall(r"\| `(rps\w{5})`\s*\| `(0x[0-9A-F]{16})`",
+                      _section(WIRE_DOC, "## 2. Seeds, tags and stream keys"))
+    assert len(rows) == 12
+    for name, value in rows:
+        assert int.from_bytes(name.encode(), "big") == int(value, 16), name
+
+
+def test_wire_format_worked_example_of_section_9() -> None:
+    from rpsagg import spec
+
+    sec = _section(WIRE_DOC, "## 9. Worked example")
+    tags = {"rpsSIGNS": spec.TAG_SIGNS, "rpsROWS_": spec.TAG_ROWS, "rpsRANDK": spec.TAG_RANDK,
+            "rpsWNGNI": spec.TAG_WANGNI, "rpsINDCD": spec.TAG_INDUCED}
+    table = re.findall(r"\| `(rps\w{5})` \| `(0x\w+)` \| `(0x\w+)` \| `(0x\w+)` \|", sec)
+    assert {t for t, *_ in table} == set(tags)
+    for tag, key, w0, w1 in table:
+        assert spec.stream_key(1, tags[tag]) == int(key, 16)
+        assert [int(w) for w in spec.stream_words(int(key, 16), 0, 2)] == [int(w0, 16),
+                                                                         int(w1, 16)]
+    assert "`rows = [5, 7, 1]`" in sec and spec.srht_rows(1, 3, 8).tolist() == [5, 7, 1]
+    assert "the indices are `[3, 0, 2]`" in sec
+    assert spec.randk_indices(1, 3, 5).tolist() == [3, 0, 2]
+    assert spec.sample_distinct(1, spec.TAG_INDUCED, 2, 5).tolist() == [1, 2]
+    u = [float(v) for v in spec.uniforms(1, spec.TAG_WANGNI, 3)]
+    assert f"= {u[0]!r}`, then\n`{u[1]!r}`, `{u[2]!r}`" in sec
+    bits = re.search(r"bits 0x(\w+), 0x(\w+), 0x(\w+)", sec)
+    assert bits is not None
+    est = __import__("rpsagg").make_estimator("rand-proj-spatial", n=2, k=3, d=5,
+                                               projection="srht")
+    y = est.encode(np.array([1.0, 2, 3, 4, 5]), seed=1).values
+    assert [int(v) for v in y.view(np.uint32)] == [int(b, 16) for b in bits.groups()]
+    seeds = re.findall(r"`seed = (0x\w+)`. With `vector_index = 1`: `(0x\w+)`", sec)
+    assert seeds == [(hex(spec.derive_round_seed(1, 2, "client-0", 0)).upper().replace("0X", "0x"),
+                      hex(spec.derive_round_seed(1, 2, "client-0", 1)).upper().replace("0X", "0x"))]
+
+
+def _pseudo_to_python(code: str) -> str:
+    """Section 10's pseudo-code as Python: wrapping u64 operators, fn/const, ranges."""
+    mask = "0xFFFFFFFFFFFFFFFF"
+    out = ["import math", "import numpy as np", f"MASK = {mask}",
+           "def bit_length(v): return int(v).bit_length()",
+           "def sqrt_f64(v): return math.sqrt(v)",
+           "def f32(v): return float(np.float32(v))"]
+    for line in code.splitlines():
+        line = line.split("#")[0].rstrip().replace("step 2h", "step 2*h")
+        if not line.strip():
+            continue
+        if line.startswith("const "):  # const A = 1, B = 2 -> one statement each
+            out.extend(part.strip() for part in line[len("const "):].split(","))
+            continue
+        line = re.sub(r"^fn (\w+)\((.*)\) -> .*:$", lambda m: "def {}({}):".format(
+            m.group(1), re.sub(r": [\w\[\]]+", "", m.group(2))), line)
+        line = re.sub(r"(\S.*?) \*wrap (.+)$", r"\1 * \2", line)  # then masked below
+        line = line.replace("+wrap", "+").replace("*wrap", "*")
+        line = re.sub(r"\(m == 0\) \? 0 : (.+?); t", r"0 if m == 0 else (\1); t", line)
+        line = re.sub(r"for (\w+) in (\w+)\.\.(\S+) step (\S+):",
+                      r"for \1 in range(\2, \3, \4):", line)
+        line = re.sub(r"for (\w+) in (\w+)\.\.(\S+):", r"for \1 in range(\2, \3):", line)
+        line = re.sub(r"v = f64\[dp\] filled with 0;  v\[0\.\.d\] = x",
+                      "v = [0.0] * dp; v[0:d] = x", line)
+        line = line.replace("seen = {}", "seen = set()").replace("j / 64", "j // 64")
+        out.append(line)
+    src = "\n".join(out)
+    # every u64 result is reduced modulo 2^64 where the pseudo-code says "wrap"
+    src = src.replace("z = (z ^ (z >> 30)) * MUL1", "z = ((z ^ (z >> 30)) * MUL1) & MASK")
+    src = src.replace("z = (z ^ (z >> 27)) * MUL2", "z = ((z ^ (z >> 27)) * MUL2) & MASK")
+    src = src.replace("return mix64(key + (t + 1) * GAMMA)",
+                      "return mix64((key + (t + 1) * GAMMA) & MASK)")
+    src = src.replace("def encode(x, seed, k):", "def encode(x, seed, k):\n    d = len(x)")
+    src = src.replace("c = 0 if m == 0 else (word(key, t) >> (64 - m)); t += 1",
+                      "c = 0 if m == 0 else (word(key, t) >> (64 - m))\n        t += 1")
+    return src
+
+
+def test_wire_format_section_10_client_runs_and_matches_the_library() -> None:
+    # The pseudo-code of "a complete client", translated mechanically (wrapping u64
+    # arithmetic made explicit), encodes like the library: the golden SRHT vectors of
+    # docs/wire-vectors.json, bit for bit.
+    import json
+
+    sec = _section(WIRE_DOC, "## 10. Pseudo-code of a complete client")
+    block = re.search(r"```\n(.*?)```", sec, re.S)
+    assert block is not None
+    namespace: dict[str, object] = {}
+    exec(compile(_pseudo_to_python(block.group(1)), "wire-format.md section 10", "exec"),
+         namespace)
+    encode = namespace["encode"]
+    vectors = json.loads((ROOT / "docs" / "wire-vectors.json").read_text(encoding="utf-8"))
+    for case in vectors["srht_cases"]:
+        x = [float((j % 7) - 3) for j in range(case["d"])]
+        y = encode(x, int(case["seed"], 16), case["k"])  # type: ignore[operator]
+        bits = [hex(int(v)) for v in np.array(y, dtype=np.float32).view(np.uint32)]
+        assert bits == case["y"], case
+
+
+def test_wire_format_section_12_and_14_worked_examples() -> None:
+    import rpsagg
+    from rpsagg import spec
+
+    x = np.array([(j % 7) - 3 for j in range(300)], dtype=np.float64)
+    sec12 = _section(WIRE_DOC, "## 12. The randomized DCT sketch")
+    sec14 = _section(WIRE_DOC, "## 14. Two overlapping Hadamard blocks")
+    rows = spec.sample_distinct(1, spec.TAG_ROWS, 9, 300).tolist()
+    for sec in (sec12, sec14):
+        assert f"`shift = {spec.dct_shift(1, 300)}`" in sec
+        assert f"rows = {rows}" in sec
+    assert f"stream_key(1, rpsSHIFT) = 0x{spec.stream_key(1, spec.TAG_SHIFT):X}" in sec12
+    assert f"stream_key(1, rpsSIGN2) = 0x{spec.stream_key(1, spec.TAG_SIGN2):X}" in sec14
+    import json
+
+    vectors = json.loads((ROOT / "docs" / "wire-vectors.json").read_text(encoding="utf-8"))
+    (case,) = [c for c in vectors["dct_cases"] if c["d"] == 300 and c["seed"] == "0x1"]
+    shown = re.search(r"`y = \[([-\d., ]+), \.\.\.\]`", sec12)
+    assert shown is not None  # the binary64 reference, to the 10 digits shown
+    assert [float(v) for v in shown.group(1).split(", ")] == pytest.approx(
+        [float(v) for v in case["y_f64"][:3]], abs=1e-9)
+    hb = rpsagg.make_estimator("rand-proj-spatial", n=2, k=9, d=300, projection="hblocks")
+    shown = re.search(r"`y = \[([-\d., ]+)\]`", sec14)
+    assert shown is not None
+    assert [float(v) for v in shown.group(1).split(", ")] == hb.encode(x, 1).values.tolist()
+
+
+def test_wire_format_section_13_examples() -> None:
+    import json
+
+    from rpsagg.quantize import centroids, pack_codes
+
+    sec = _section(WIRE_DOC, "## 13. Quantized values")
+    assert "codes 1, 2, 3 at b = 2 pack to the single byte `0x39`" in sec
+    assert pack_codes(np.array([1, 2, 3]), 2) == bytes([0x39])
+    for b in (1, 2):
+        table = "[" + ", ".join(float(c).hex() for c in centroids(b)) + "]"
+        assert f"b = {b} is\n`{table}`" in sec or f"b = {b} is `{table}`" in sec.replace(
+            "\n", " ")
+    vectors = json.loads((ROOT / "docs" / "wire-vectors.json").read_text(encoding="utf-8"))
+    by_label: dict[tuple[str, str], tuple[str, str, int]] = {}
+    for c in vectors["quantized_cases"]:
+        if "d" not in c:  # the d = 20 golden-x cases the table shows
+            key = (c["message_scheme"], json.dumps(c["options"], sort_keys=True))
+            by_label[key] = (c["packed_hex"], c["scale_bits"].lower(), c["bits"])
+    row = r"^\| `([\w:-]+)`(?: \(SRHT\))?, ([^|]+) \| `(\w+)` \| `(0x\w+)` \| (\d+) \|$"
+    rows = re.findall(row, sec, re.M)
+    assert len(rows) == 7
+    for scheme, opts, packed, scale, size in rows:
+        found = [v for (s, o), v in by_label.items() if s == scheme and all(
+            f'"{n.strip("` ")}": {val.strip()}' in o for n, val in
+            (part.split("=") for part in opts.split(",")))]
+        assert found == [(packed, scale.lower(), int(size))], (scheme, opts)
+
+
+def test_protocol_spec_version_refusals_are_the_servers_messages() -> None:
+    # The two example messages of the status-code table are what the server says.
+    import rpsagg
+    from rpsagg_server.live import Rejected, check_submission_spec
+    from rpsagg_wire.v1.serde import Submission
+
+    def refusal(sent: str, required: str, projection: str, wire: object) -> str:
+        sub = Submission(round_id=1, client_id="c0", client_seed=1, vectors=(),
+                         spec_version=sent)
+        with pytest.raises(Rejected) as info:
+            check_submission_spec(sub, required, projection, wire)  # type: ignore[arg-type]
+        return info.value.message
+
+    hb = rpsagg.make_estimator("rand-proj-spatial", n=2, k=8, d=300)
+    quant = rpsagg.make_estimator("rand-proj-spatial", n=2, k=8, d=128, value_bits=4)
+    for msg in (refusal("", "rpsagg-seed-v4", "hblocks", hb.wire),
+                refusal("rpsagg-seed-v2", "rpsagg-seed-v3", "srht", quant.wire)):
+        assert f"`{msg}`" in PROTOCOL_DOC, msg

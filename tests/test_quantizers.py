@@ -243,19 +243,22 @@ def test_mixed_value_bits_do_not_decode_together() -> None:
 # binary32 bit pattern, and Encoded.bits. A change here changes the wire format.
 _VECTORS = json.loads(
     (Path(__file__).resolve().parents[1] / "docs" / "wire-vectors.json").read_text())
+# Cases after the first six name their d (default 20) and x ("golden" or "zero").
 GOLDEN = [
-    (c["scheme"], c["options"], c["packed_hex"], int(c["scale_bits"], 16), c["bits"])
+    (c["scheme"], c["options"], c.get("d", 20), c.get("x", "golden"), c["packed_hex"],
+     int(c["scale_bits"], 16), c["bits"])
     for c in _VECTORS["quantized_cases"]
 ]
 GOLDEN_SEED = int(_VECTORS["quantized_seed"], 16)
 
 
-@pytest.mark.parametrize(("name", "kwargs", "packed", "scale_bits", "size"), GOLDEN)
+@pytest.mark.parametrize(("name", "kwargs", "d", "xkind", "packed", "scale_bits", "size"),
+                         GOLDEN)
 def test_golden_quantized_messages(
-    name: str, kwargs: dict, packed: str, scale_bits: int, size: int
+    name: str, kwargs: dict, d: int, xkind: str, packed: str, scale_bits: int, size: int
 ) -> None:
-    x = np.array([(j % 7) - 3 for j in range(20)], dtype=np.float64)
-    msg = rpsagg.make_estimator(name, n=2, d=20, **kwargs).encode(x, GOLDEN_SEED)
+    x = np.array([(j % 7) - 3 if xkind == "golden" else 0 for j in range(d)], dtype=np.float64)
+    msg = rpsagg.make_estimator(name, n=2, d=d, **kwargs).encode(x, GOLDEN_SEED)
     assert msg.codes is not None and msg.scales is not None
     assert pack_codes(msg.codes, msg.value_bits).hex() == packed
     assert int(msg.scales.view(np.uint32)[0]) == scale_bits
@@ -282,4 +285,4 @@ def test_golden_rand_k_codes_from_the_documented_rule() -> None:
     stream += [0] * (-len(stream) % 8)
     packed = bytes(sum(bit << i for i, bit in enumerate(stream[p : p + 8]))
                    for p in range(0, len(stream), 8))
-    assert packed.hex() == GOLDEN[0][2]
+    assert packed.hex() == GOLDEN[0][4]

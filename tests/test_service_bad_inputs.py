@@ -141,6 +141,11 @@ CASES: list[Case] = [
     ("second different submission",
      lambda e: _submit(e, replace(e.acked, client_seed=e.acked.client_seed ^ 1)),
      grpc.StatusCode.ALREADY_EXISTS, "client 'c0' already submitted a different submission"),
+    # the round's state is decided before the content (docs/protocol.md, "Order of the
+    # checks"): a second submission that is also malformed is still ALREADY_EXISTS
+    ("second submission, also with a wrong value count",
+     lambda e: _submit(e, replace(e.acked, vectors=(_vec(np.zeros(K - 1)),))),
+     grpc.StatusCode.ALREADY_EXISTS, "client 'c0' already submitted a different submission"),
     ("oversized message", lambda e: _submit(e, _sub(e, vectors=(_vec(np.zeros(5000)),))),
      grpc.StatusCode.RESOURCE_EXHAUSTED, "larger than max"),
     ("wrong m", lambda e: _submit(e, _sub(e, vectors=(_vec(), _vec()))),

@@ -50,7 +50,11 @@ def test_quantized_rounds(changes: dict, bits_per_value: int, count: int) -> Non
             with pytest.raises(grpc.RpcError) as info:
                 clients[0].submit_encoded(replace(subs[0], spec_version=old))
             assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            # the reason is the quantization, not the projection (srht is defined from v1)
             assert "needs rpsagg-seed-v3" in (info.value.details() or "")
+            assert (f"quantized values ({bits_per_value}-bit codes of {cfg.estimator}) are "
+                    "defined from rpsagg-seed-v3 on") in (info.value.details() or "")
+            assert "projection" not in (info.value.details() or "")
         assert srv.running.store.submissions(rnd.round_id) == []
         for c, sub in zip(clients, subs, strict=True):
             assert sub.vectors[0].codes is not None and sub.vectors[0].values.size == 0

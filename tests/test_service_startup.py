@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from service_util import Certs, kill_all, make_certs, server_command, wait_port_file
@@ -297,3 +298,39 @@ def test_dashboard_answers_on_the_loopbacks_it_was_given(http_host: str | None,
                 assert _refused(f"http://[::1]:{port}/healthz")
     finally:
         kill_all([proc])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("startup", ["fails", "hangs"])
+def test_no_port_file_when_the_dashboard_does_not_start(
+    tmp_path: Path, startup: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The port file promises that gRPC and the dashboard both accept connections: a
+    # dashboard whose start-up fails (uvicorn exits) or does not finish within the bound is
+    # a start-up error (rpsagg-server: one line, exit 2), no port file appears, and the
+    # dashboard's port is released.
+    import asyncio
+
+    from service_util import base_config
+
+    from rpsagg_server import server
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        assert scope["type"] == "lifespan"
+        await receive()
+        if startup == "fails":
+            await send({"type": "lifespan.startup.failed", "message": "no dashboard today"})
+        else:
+            await asyncio.Event().wait()  # never ready
+
+    monkeypatch.setattr(server, "DASHBOARD_START_S", 1.0)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        http_port = s.getsockname()[1]
+    port_file = tmp_path / "port"
+    cfg = base_config(http_port=http_port, http_host="127.0.0.1", port_file=str(port_file))
+    with pytest.raises(StartupError, match=r"the dashboard did not start on http://127\.0\.0"):
+        asyncio.run(server.serve(cfg, http_app_factory=lambda state: app))
+    assert not port_file.exists()
+    with socket.socket() as s:  # the dashboard's socket was closed
+        s.bind(("127.0.0.1", http_port))

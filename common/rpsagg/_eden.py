@@ -47,6 +47,45 @@ def unrotate_sum(z: FloatArray, seeds: list[int]) -> FloatArray:
     return np.asarray(work.sum(axis=0) / np.sqrt(d_pad))
 
 
+def eden_quantize(z: FloatArray, bits: int) -> tuple[NDArray[np.uint32], np.float32]:
+    """EDEN's codes and scale for the rotated vector ``z`` (``docs/wire-format.md`` section 13).
+
+    The norm comes from ``z`` (in binary64, ``sq = <z, z>``, equal to ``||x||^2`` up to
+    rounding: the rotation is orthogonal); ``u = z (sqrt(d') / sqrt(sq))`` is rounded to the
+    nearest centroid (a tie to the lower one) and the scale ``sq / <z, q>`` to the nearest
+    binary32. ``z = 0`` gives codes 0 and scale 0 (every value decodes to zero).
+
+    Parameters
+    ----------
+    z : ndarray of float64, shape (d',)
+        ``H D x / sqrt(d')``.
+    bits : int
+        1, 2, 4 or 8.
+
+    Returns
+    -------
+    codes : ndarray of uint32, shape (d',)
+    scale : numpy.float32
+
+    Raises
+    ------
+    ValueError
+        When the scale overflows binary32.
+    """
+    with np.errstate(over="ignore"):  # an overflow is reported below
+        sq = float(np.dot(z, z))  # = ||x||^2 (the rotation is orthogonal)
+    if sq == 0.0:
+        return np.zeros(z.size, dtype=np.uint32), np.float32(0.0)
+    u = z * (np.sqrt(z.size) / np.sqrt(sq))
+    codes = np.searchsorted(boundaries(bits), u).astype(np.uint32)
+    # every q_j has the sign of z_j (or z_j = 0), so <z, q> > 0
+    inner = float(np.dot(z, centroids(bits)[codes]))
+    scale = sq / inner
+    if not scale <= float(np.finfo(np.float32).max):  # also catches sq = inf
+        raise ValueError("x is too large: its quantization scale overflows float32")
+    return codes, np.float32(scale)
+
+
 class Eden(Estimator):
     """EDEN with ``bits`` in {1, 2, 4, 8} per coordinate of the padded rotated vector.
 
@@ -77,18 +116,7 @@ class Eden(Estimator):
         return rotate(x, seed, self.d_pad), None
 
     def _quantize(self, values: FloatArray, seed: int) -> tuple[NDArray[np.uint32], np.float32]:
-        with np.errstate(over="ignore"):  # an overflow is reported below
-            sq = float(np.dot(values, values))  # = ||x||^2 (the rotation is orthogonal)
-        if sq == 0.0:
-            return np.zeros(values.size, dtype=np.uint32), np.float32(0.0)
-        u = values * (np.sqrt(values.size) / np.sqrt(sq))
-        codes = np.searchsorted(boundaries(self.value_bits), u).astype(np.uint32)
-        # every q_j has the sign of z_j (or z_j = 0), so <z, q> > 0
-        inner = float(np.dot(values, centroids(self.value_bits)[codes]))
-        scale = sq / inner
-        if not scale <= float(np.finfo(np.float32).max):  # also catches sq = inf
-            raise ValueError("x is too large: its quantization scale overflows float32")
-        return codes, np.float32(scale)
+        return eden_quantize(values, self.value_bits)
 
     def _decode(self, batch: list[Encoded]) -> DecodeResult:
         z = np.stack([m.values.astype(np.float64) for m in batch])

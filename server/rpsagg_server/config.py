@@ -255,7 +255,8 @@ def _parser() -> argparse.ArgumentParser:
         "drain": "after the job is done, wait at most this many seconds for every joined "
         "client to be told so",
         "linger": "seconds to keep serving after the drain (negative: until signalled)",
-        "port_file": "write the bound gRPC port to this file once serving (for --grpc-port 0)",
+        "port_file": "write the bound gRPC port to this file once gRPC and the dashboard both "
+                 "accept connections (for --grpc-port 0)",
         "decode_device": "decode rand-proj-spatial rounds on this PyTorch device (cuda, "
         "cuda:N, cpu; needs rpsagg[torch]); default: numpy on the CPU",
         "decode_threads": "CPU threads of a decode (default: every core of the process)",

@@ -12,7 +12,7 @@ from numpy.typing import NDArray
 
 from rpsagg import SPEC_VERSIONS, Estimator, check_spec_version
 from rpsagg.schemes import WireProfile
-from rpsagg.spec import SpecTooOld, UnknownSpecVersion
+from rpsagg.spec import SPEC_V3, SpecTooOld, UnknownSpecVersion
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.decoding import DecodeOutcome
 from rpsagg_server.rows import StoredRound
@@ -51,20 +51,34 @@ def check_bound(bound: str | None, client_id: str) -> None:
                        f"this token belongs to client {bound!r}, not {client_id!r}")
 
 
-def check_submission_spec(sub: Submission, required: str, projection: str) -> None:
+def spec_reason(required: str, projection: str, wire: WireProfile | None) -> str:
+    """What in a round needs wire format ``required``: its quantized values where those
+    set it (``rpsagg-seed-v3``: no projection is defined there, so a quantized SRHT, DCT,
+    EDEN or QSGD round), else its projection (``dct`` v2, ``hblocks`` v4)."""
+    if wire is not None and wire.value_bits < 32 and required == SPEC_V3:
+        return (f"quantized values ({wire.value_bits}-bit codes of {wire.scheme}) are "
+                f"defined from {required} on")
+    if projection:
+        return f"projection {projection!r} is defined from {required} on"
+    return f"this round is defined from {required} on"
+
+
+def check_submission_spec(sub: Submission, required: str, projection: str,
+                          wire: WireProfile | None = None) -> None:
     """Refuse a submission encoded with a wire format that cannot describe this round.
 
     A version the server does not speak is INVALID_ARGUMENT (the message names the versions
     it speaks); a known version older than the round's (e.g. ``rpsagg-seed-v1`` for a round
-    of the randomized DCT) is FAILED_PRECONDITION. No ``spec_version`` (a client from before
-    the field) counts as ``rpsagg-seed-v1``.
+    of the randomized DCT) is FAILED_PRECONDITION, naming what needs the round's version
+    (:func:`spec_reason`; ``wire``: the round's messages, for quantized values). No
+    ``spec_version`` (a client from before the field) counts as ``rpsagg-seed-v1``.
     """
     try:
         check_spec_version(sub.spec_version, required)
     except SpecTooOld as exc:
-        what = f"projection {projection!r}" if projection else "this round"
-        raise Rejected("FAILED_PRECONDITION", f"submission {exc}; {what} is defined from "
-                       f"{required} on (see RoundInfo.spec_version)") from None
+        raise Rejected("FAILED_PRECONDITION", f"submission {exc}; "
+                       f"{spec_reason(required, projection, wire)} "
+                       "(see RoundInfo.spec_version)") from None
     except UnknownSpecVersion:
         raise Rejected("INVALID_ARGUMENT",
                        f"submission encoded with spec version {sub.spec_version!r}, which "

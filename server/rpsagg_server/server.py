@@ -202,6 +202,10 @@ def _count_refusal(bus: EventBus) -> Callable[[str, Rejected], None]:
     return refused
 
 
+#: Seconds the dashboard (uvicorn) gets to accept connections before start-up fails.
+DASHBOARD_START_S = 30.0
+
+
 def start_http(app: Any, sockets: list[socket.socket]) -> tuple[Any, asyncio.Future[None]]:
     """Serve an ASGI app with uvicorn on already-bound ``sockets`` (on the running loop).
 
@@ -210,7 +214,16 @@ def start_http(app: Any, sockets: list[socket.socket]) -> tuple[Any, asyncio.Fut
     import uvicorn  # optional: the dashboard's dependency
 
     uv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    return uv, asyncio.ensure_future(uv.serve(sockets=sockets))
+    return uv, asyncio.ensure_future(_serve_http(uv, sockets))
+
+
+async def _serve_http(uv: Any, sockets: list[socket.socket]) -> None:
+    """``uv.serve``, with uvicorn's ``sys.exit`` on a failed start-up turned into a return
+    (:func:`serve` then reports a start-up error instead of the process dying mid-start)."""
+    try:
+        await uv.serve(sockets=sockets)
+    except SystemExit as exc:
+        log.error("[Server] the dashboard exited (uvicorn status %s)", exc.code)
 
 
 async def serve(
@@ -248,12 +261,20 @@ async def serve(
     if socks and http_app_factory is not None:
         uv, http_task = start_http(http_app_factory(running.state), socks)
         # the port file (and ``ready``) mean "serving": the dashboard must answer by then
-        end = loop.time() + 30.0
+        end = loop.time() + DASHBOARD_START_S
         while not uv.started and not http_task.done() and loop.time() < end:
             await asyncio.sleep(0.01)
-        if not uv.started:
-            log.warning("[Server] the dashboard did not start on %s", ", ".join(
-                _url(s.getsockname()) for s in socks))
+        if not uv.started:  # no port file: it promises that both servers accept
+            where = ", ".join(_url(s.getsockname()) for s in socks)
+            uv.should_exit = True
+            http_task.cancel()
+            with contextlib.suppress(BaseException):
+                await http_task
+            for s in socks:
+                s.close()
+            await running.stop()
+            raise StartupError(f"the dashboard did not start on {where} within "
+                               f"{DASHBOARD_START_S:g} s (see the log above)")
         else:
             log.info("[Server] dashboard on %s", ", ".join(
                 _url(s.getsockname()) for s in socks))

@@ -204,7 +204,7 @@ class Intake:
         if committed is not None:
             raise self._different(sub)
         spec_version, projection, _ = self.progress.encoding
-        check_submission_spec(sub, spec_version, projection)
+        check_submission_spec(sub, spec_version, projection, wire)
         assert wire is not None  # the estimator is set when the round opened or resumed
         validate_submission(sub, self.cfg, self.m, wire)
         return True

@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""The reference adapter: rpsagg itself, answering the conformance runner's requests.
+
+Run with an interpreter that has ``rpsagg`` installed (the project's ``.venv``)::
+
+    python3 conformance/run.py -- .venv/bin/python conformance/adapters/rpsagg_adapter.py
+
+It reads one JSON request per line on stdin and writes one JSON reply per line on stdout
+(conformance/README.md). Only rpsagg's public API is used. :func:`handle` answers one request,
+so a test can wrap it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import numpy as np
+
+import rpsagg
+from rpsagg import spec
+from rpsagg.projections import block_seed
+from rpsagg.quantize import centroids, pack_codes, quantize
+
+
+def _int(value: Any) -> int:
+    """A 64-bit integer sent as a hex string (or a JSON number)."""
+    return int(value, 16) if isinstance(value, str) else int(value)
+
+
+def _tag(name: str) -> int:
+    raw = name.encode("ascii")
+    if len(raw) != 8:
+        raise ValueError(f"a tag is 8 ASCII bytes; got {name!r}")
+    return int.from_bytes(raw, "big")
+
+
+def _estimator(req: dict[str, Any]) -> rpsagg.Estimator:
+    """The estimator whose messages carry ``req["scheme"]``."""
+    scheme, d = str(req["scheme"]), int(req["d"])
+    value_bits = int(req.get("value_bits", 32))
+    if scheme in ("eden", "qsgd"):
+        return rpsagg.make_estimator(scheme, n=2, d=d, bits=int(req["bits"]))
+    base, _, variant = scheme.partition(":")
+    opts: dict[str, Any] = {"n": 2, "k": int(req["k"]), "d": d, "value_bits": value_bits}
+    if base == "rand-proj-spatial":
+        if variant.startswith("block="):
+            opts = {**opts, "block_size": int(variant[len("block="):])}
+        else:
+            opts["projection"] = variant or "srht"
+    elif variant:
+        raise ValueError(f"unknown scheme {scheme!r}")
+    return rpsagg.make_estimator(base, **opts)
+
+
+def _message(codes: Any, scale: Any, bits: int) -> dict[str, Any]:
+    return {
+        "packed_hex": pack_codes(np.asarray(codes), bits).hex(),
+        "value_bits": bits,
+        "value_count": int(np.asarray(codes).size),
+        "scale_bits": hex(int(np.array([scale], dtype=np.float32).view(np.uint32)[0])),
+    }
+
+
+def handle(req: dict[str, Any]) -> dict[str, Any]:
+    """The reply to one request (an ``{"error": ...}`` reply for anything it cannot do)."""
+    op = req.get("op")
+    if op == "stream_key":
+        return {"key": hex(spec.stream_key(_int(req["seed"]), _tag(req["tag"])))}
+    if op == "words":
+        words = spec.stream_words(_int(req["key"]), int(req["start"]), int(req["count"]))
+        return {"words": [hex(int(w)) for w in words]}
+    if op == "bits":
+        bits = spec.sign_bits(_int(req["seed"]), int(req["count"]), _tag(req["tag"]))
+        return {"bits": hex(sum(int(b) << j for j, b in enumerate(bits)))}
+    if op == "sample_distinct":
+        values = spec.sample_distinct(_int(req["seed"]), _tag(req["tag"]), int(req["k"]),
+                                      int(req["bound"]))
+        return {"values": [int(v) for v in values]}
+    if op == "uniforms":
+        u = spec.uniforms(_int(req["seed"]), _tag(req["tag"]), int(req["count"]))
+        return {"values": [float(a).hex() for a in u]}
+    if op == "round_seed":
+        seed = spec.derive_round_seed(_int(req["client_seed"]), _int(req["nonce"]),
+                                      str(req["client_id"]), _int(req["vector_index"]))
+        return {"seed": hex(seed)}
+    if op == "block_seed":
+        return {"seed": hex(block_seed(_int(req["seed"]), int(req["block"])))}
+    if op == "centroids":
+        return {"values": [float(c).hex() for c in centroids(int(req["bits"]))]}
+    if op == "encode":
+        est = _estimator(req)
+        msg = est.encode(np.array(req["x"], dtype=np.float64), _int(req["seed"]))
+        if msg.codes is None:
+            return {"values_f32": [hex(int(b)) for b in msg.values.view(np.uint32)]}
+        assert msg.scales is not None
+        return _message(msg.codes, msg.scales[0], msg.value_bits)
+    if op == "quantize":
+        values = [float.fromhex(v) for v in req["values_f64"]]
+        codebook, bits = str(req["codebook"]), int(req["bits"])
+        codes, scale = quantize(codebook, values, bits, _int(req["seed"]))
+        return _message(codes, scale, bits + 1 if codebook == "qsgd" else bits)
+    return {"error": f"unknown op {op!r}"}
+
+
+def main(answer: Any = handle) -> int:
+    """Answer requests until stdin ends."""
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            reply = answer(json.loads(line))
+        except Exception as exc:
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
