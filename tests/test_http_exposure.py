@@ -1,20 +1,23 @@
 """The dashboard beyond loopback: bounded connections, bearer tokens and HTTPS.
 
-Real sockets against ``rpsagg-server`` subprocesses on loopback:
+Real sockets against ``rpsagg-server`` subprocesses on loopback, on both event loops where
+the code paths differ (uvloop's and asyncio's TLS layers hand data on in another order):
 
 1. Slow-loris: connections that never finish their request (headers cut short, a header
-   trickled a byte at a time, nothing sent at all) are closed once ``--http-header-timeout``
-   passes (1 s here; 408 where the request had begun), while a complete request is answered.
+   trickled a byte at a time, nothing sent at all, half of a second request on a kept-alive
+   connection) are closed once ``--http-header-timeout`` passes (1 s here; 408 where the
+   request had begun), while a complete request is answered; ``/metrics`` counts them.
 2. A flood under a small descriptor limit: the server runs with ``RLIMIT_NOFILE`` 256
    (automatic cap: 64 HTTP connections); 300 connections that never finish their headers
-   hold at most 64 descriptors (the rest are answered 503 and closed at once), the process
-   never holds more than its limit, and 20 gRPC clients Join meanwhile. Without the cap the
-   flood alone would exceed the limit (300 > 256).
+   (or, over HTTPS, their TLS handshake) hold at most 64 descriptors (the rest are answered
+   503, or closed, at once), the process never holds more than its limit, and 20 gRPC
+   clients Join meanwhile. Without the cap the flood alone would exceed the limit.
 3. ``--http-tokens`` and ``--http-tls``: ``/api/*`` and ``/metrics`` need the bearer token
-   (401 without or with a malformed header, 403 with a wrong one, the same body whatever
-   the token), the health probes do not; the TLS handshake verifies against the test CA;
-   a real Prometheus (Debian's ``prometheus``) scrapes ``/metrics`` over HTTPS with its
-   ``authorization`` credentials file, and a second scrape job without it is refused.
+   (401 without or with a malformed or repeated header, 403 with a wrong one, the same body
+   whatever the token), the health probes and the page do not; the TLS handshake verifies
+   against the test CA, a stalled handshake is closed at the deadline; a real Prometheus
+   (Debian's ``prometheus``) scrapes ``/metrics`` over HTTPS with its ``authorization``
+   credentials file, and a second scrape job without it is refused.
 """
 
 from __future__ import annotations
@@ -143,10 +146,19 @@ def http_get(url: str, token: str | None = None, ctx: ssl.SSLContext | None = No
         return err.code, err.read()
 
 
+def metric(text: str, name: str) -> float:
+    """The value of the unlabelled sample ``name`` in a Prometheus text exposition."""
+    values = [float(line.split()[1]) for line in text.splitlines()
+              if line.split(" ", 1)[0] == name]
+    assert len(values) == 1, (name, values)
+    return values[0]
+
+
 @pytest.mark.timeout(120)
-def test_requests_not_complete_within_the_timeout_are_closed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_requests_not_complete_within_the_timeout_are_closed(tmp_path: Path, loop: str) -> None:
     timeout = 1.0
-    with server(tmp_path, "--http-header-timeout", str(timeout)) as srv:
+    with server(tmp_path, "--http-header-timeout", str(timeout), "--event-loop", loop) as srv:
         port = srv.http_port
         started = time.monotonic()
         partial = [connect(port, b"GET /api/status HTTP/1.1\r\nHost: x\r\n") for _ in range(40)]
@@ -177,8 +189,11 @@ def test_requests_not_complete_within_the_timeout_are_closed(tmp_path: Path) -> 
         for s in [*partial, *trickle, kept]:
             assert got[s].startswith(b"HTTP/1.1 408 "), got[s][:80]
         assert all(got[s] == b"" for s in silent)  # nothing asked, nothing answered
-        # a complete request is answered as before
+        # a complete request is answered as before; /metrics counts the closed ones
         assert http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200
+        status, body = http_get(f"http://127.0.0.1:{port}/metrics")
+        assert status == 200
+        assert metric(body.decode(), "rpsagg_http_requests_timed_out_total") == 66
         for s in [*partial, *silent, *trickle, kept]:
             s.close()
 
@@ -188,18 +203,29 @@ def _low_fd_limit() -> None:
 
 
 @pytest.mark.timeout(180)
-def test_a_flood_of_incomplete_requests_leaves_descriptors_for_grpc(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("scheme", "loop"),
+                         [("http", "uvloop"), ("https", "uvloop"), ("https", "asyncio")])
+def test_a_flood_of_incomplete_requests_leaves_descriptors_for_grpc(
+    tmp_path: Path, tls_dir: Path, scheme: str, loop: str
+) -> None:
+    # https: the flood never finishes its TLS handshake (half a ClientHello record); the
+    # handshakes count against the cap, and one over it is closed without an answer
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < FLOOD + 200:  # this process holds the flood's other ends
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, FLOOD + 400), hard))
-    with server(tmp_path, "--http-header-timeout", "120", preexec=_low_fd_limit) as srv:
+    tls = ["--tls-cert", str(tls_dir / "server.pem"), "--tls-key", str(tls_dir / "server.key"),
+           "--http-tls"] if scheme == "https" else []
+    ctx = ssl.create_default_context(cafile=str(tls_dir / "ca.pem"))
+    first = (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" if scheme == "https"
+             else b"GET /api/status HTTP/1.1\r\nHost: x\r\n")
+    with server(tmp_path, "--http-header-timeout", "120", "--event-loop", loop, *tls,
+                preexec=_low_fd_limit) as srv:
         limits = Path(f"/proc/{srv.proc.pid}/limits").read_text()
         assert any(line.startswith("Max open files") and f" {FD_LIMIT} " in line
                    for line in limits.splitlines())
-        flood = [connect(srv.http_port, b"GET /api/status HTTP/1.1\r\nHost: x\r\n")
-                 for _ in range(FLOOD)]
+        flood = [connect(srv.http_port, first) for _ in range(FLOOD)]
         try:
-            # every connection beyond the cap is answered 503 and closed at once ...
+            # every connection beyond the cap is answered 503 (closed, for https) at once ...
             refused: list[socket.socket] = []
             sel = selectors.DefaultSelector()
             for s in flood:
@@ -216,7 +242,10 @@ def test_a_flood_of_incomplete_requests_leaves_descriptors_for_grpc(tmp_path: Pa
                         data = s.recv(65536)
                         while chunk := s.recv(65536):
                             data += chunk
-                    assert data.startswith(b"HTTP/1.1 503 "), data[:80]
+                    if scheme == "http":
+                        assert data.startswith(b"HTTP/1.1 503 "), data[:80]
+                    else:
+                        assert data == b""
                     sel.unregister(s)
                     refused.append(s)
             # ... and the cap's worth stay open, waiting for their deadline (120 s)
@@ -227,7 +256,10 @@ def test_a_flood_of_incomplete_requests_leaves_descriptors_for_grpc(tmp_path: Pa
             clients = []
             try:
                 for i in range(20):
-                    c = AggregationClient(f"127.0.0.1:{srv.grpc_port}", f"c{i}", insecure=True,
+                    # (with --tls-cert gRPC is TLS too: the same certificate)
+                    c = AggregationClient(f"localhost:{srv.grpc_port}", f"c{i}",
+                                          insecure=scheme == "http",
+                                          tls_ca=str(tls_dir / "ca.pem") if tls else None,
                                           timeout=20, retry_budget=0)
                     clients.append(c)
                     assert c.join().client_index == i
@@ -240,10 +272,18 @@ def test_a_flood_of_incomplete_requests_leaves_descriptors_for_grpc(tmp_path: Pa
             for s in flood:
                 s.close()
         # the flood gone, the dashboard answers again
+        base = f"{scheme}://localhost:{srv.http_port}"
         end = time.monotonic() + 30
-        while http_get(f"http://127.0.0.1:{srv.http_port}/healthz")[0] != 200:
+        while True:
+            with contextlib.suppress(OSError):
+                if http_get(base + "/healthz", ctx=ctx)[0] == 200:
+                    break
             assert time.monotonic() < end, "the dashboard did not recover"
             time.sleep(0.1)
+        text = http_get(base + "/metrics", ctx=ctx)[1].decode()
+        assert metric(text, "rpsagg_http_connections_max") == CAP
+        assert metric(text, "rpsagg_http_connections_refused_total") >= FLOOD - CAP
+        assert metric(text, "rpsagg_http_requests_timed_out_total") == 0
         assert srv.proc.poll() is None
 
 
@@ -265,9 +305,12 @@ def _tls_flags(d: Path) -> list[str]:
 
 
 @pytest.mark.timeout(120)
-def test_tokens_and_tls_guard_the_api_and_metrics(tmp_path: Path, tls_dir: Path) -> None:
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_tokens_and_tls_guard_the_api_and_metrics(tmp_path: Path, tls_dir: Path,
+                                                  loop: str) -> None:
     ctx = ssl.create_default_context(cafile=str(tls_dir / "ca.pem"))
-    with server(tmp_path, *_tls_flags(tls_dir)) as srv:
+    with server(tmp_path, *_tls_flags(tls_dir), "--event-loop", loop,
+                "--http-header-timeout", "2") as srv:
         base = f"https://localhost:{srv.http_port}"
         # the handshake verifies against the test CA; a client without it refuses the server
         with socket.create_connection(("127.0.0.1", srv.http_port), timeout=10) as raw, \
@@ -276,6 +319,12 @@ def test_tokens_and_tls_guard_the_api_and_metrics(tmp_path: Path, tls_dir: Path)
             assert tls.getpeercert()["subject"] == ((("commonName", "rpsagg-server"),),)
         with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
             urllib.request.urlopen(base + "/healthz", timeout=10)
+        # a handshake that never completes is closed at the deadline, without an answer
+        stalled = [connect(srv.http_port), connect(srv.http_port, b"\x16\x03\x01\x02\x00")]
+        got = wait_closed(stalled, timeout=15.0)
+        assert all(got[s] == b"" for s in stalled)
+        for s in stalled:
+            s.close()
         # plain HTTP on the HTTPS port gets no answer
         with socket.create_connection(("127.0.0.1", srv.http_port), timeout=10) as plain:
             plain.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")

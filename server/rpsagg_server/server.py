@@ -32,10 +32,12 @@ from rpsagg_server import eventloop
 from rpsagg_server.auth import TokenBook, TokenInterceptor
 from rpsagg_server.config import ServerConfig, load_config
 from rpsagg_server.events import EventBus, SubmissionRefused
-from rpsagg_server.http import create_app
+from rpsagg_server.http import ServerMetrics, create_app
 from rpsagg_server.http.auth import BearerAuth
 from rpsagg_server.http.connections import (
+    ACCEPT_BACKLOG,
     ConnectionLimits,
+    ConnectionsCollector,
     bounded_protocol,
     connection_cap,
     descriptor_limit,
@@ -216,7 +218,8 @@ def start_http(app: Any, sockets: list[socket.socket],
     if limits is None:
         limits = ConnectionLimits(30.0, connection_cap(0, descriptor_limit()))
     uv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
-                                       http=bounded_protocol(limits)))
+                                       http=bounded_protocol(limits),
+                                       backlog=ACCEPT_BACKLOG))
     return uv, asyncio.ensure_future(uv.serve(sockets=sockets))
 
 
@@ -275,6 +278,9 @@ async def serve(
     http_task = None
     if socks and http_app_factory is not None:
         app = http_app_factory(running.state)
+        metrics = getattr(getattr(app, "state", None), "metrics", None)
+        if isinstance(metrics, ServerMetrics) and limits is not None:
+            metrics.registry.register(ConnectionsCollector(limits))
         if http_tokens is not None:
             app = BearerAuth(app, http_tokens)
         uv, http_task = start_http(app, socks, limits)

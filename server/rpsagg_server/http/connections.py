@@ -14,7 +14,8 @@ clients. :func:`bounded_protocol` is uvicorn's h11 protocol with both bounds:
   keep-alive connections are closed by uvicorn's own timer (5 s).
 * **connection cap**: at most ``max_connections`` connections are open at once, counted
   from ``accept`` (TLS handshakes included) to close. One more is answered ``503`` (plain
-  HTTP) or closed (TLS) at once, so it holds a descriptor for an instant only.
+  HTTP) or closed (TLS) at once, so it holds a descriptor for an instant only; the listen
+  backlog, :data:`ACCEPT_BACKLOG`, bounds how many such instants overlap.
 * **TLS** (``ssl_context``): the handshake runs inside the bounded connection
   (``loop.start_tls``), so it counts against the cap and the deadline.
 
@@ -28,14 +29,21 @@ import asyncio
 import contextlib
 import resource
 import ssl
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import h11
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 #: descriptors an explicit ``--http-max-connections`` must leave to gRPC, SQLite and the rest
 GRPC_RESERVE = 128
+#: the listen backlog, which is also how many connections asyncio's loop accepts at a time
+#: before any of them is counted (and refused): at most this many beyond the cap, briefly.
+#: (uvicorn's default, 2048, would let one burst of a flood take every descriptor.)
+ACCEPT_BACKLOG = 64
 #: the automatic cap: this fraction of the descriptor limit, at most AUTO_MAX
 AUTO_FRACTION = 4
 AUTO_MAX = 1024
@@ -53,7 +61,8 @@ def connection_cap(requested: int, limit: int | None) -> int:
     """The HTTP connection cap for ``--http-max-connections requested`` (0: automatic).
 
     Automatic: a quarter of the descriptor limit ``limit``, at most 1024 (256 of 1024).
-    An explicit cap must leave :data:`GRPC_RESERVE` descriptors.
+    An explicit cap must leave :data:`GRPC_RESERVE` descriptors, besides the
+    :data:`ACCEPT_BACKLOG` a burst of accepts may hold for an instant.
 
     Raises
     ------
@@ -64,11 +73,12 @@ def connection_cap(requested: int, limit: int | None) -> int:
         raise ValueError(f"--http-max-connections must be >= 0 (0: automatic); got {requested}")
     if requested == 0:
         return AUTO_MAX if limit is None else max(1, min(AUTO_MAX, limit // AUTO_FRACTION))
-    if limit is not None and requested > limit - GRPC_RESERVE:
+    most = None if limit is None else limit - GRPC_RESERVE - ACCEPT_BACKLOG
+    if most is not None and requested > most:
         raise ValueError(
             f"--http-max-connections {requested} leaves fewer than {GRPC_RESERVE} of the "
             f"process's {limit} file descriptors (ulimit -n) to gRPC and the database; "
-            f"use at most {max(0, limit - GRPC_RESERVE)} or raise the limit")
+            f"use at most {max(0, most)} or raise the limit")
     return requested
 
 
@@ -109,6 +119,7 @@ class _BoundedH11(H11Protocol):
         self._serving = False     # H11Protocol.connection_made ran
         self._deadline: asyncio.TimerHandle | None = None
         self._raw: asyncio.BaseTransport | None = None
+        self._early: list[bytes] = []  # TLS: request bytes that came before start_tls returned
 
     # -- the count --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -170,6 +181,9 @@ class _BoundedH11(H11Protocol):
     def _serve(self, transport: asyncio.BaseTransport) -> None:
         self._serving = True
         super().connection_made(transport)  # type: ignore[arg-type]
+        if self._early:  # asyncio's TLS layer hands on data before start_tls returns
+            early, self._early = b"".join(self._early), []
+            self.data_received(early)
 
     def _release(self) -> None:
         self._disarm()
@@ -193,6 +207,9 @@ class _BoundedH11(H11Protocol):
             self._deadline = None
 
     def data_received(self, data: bytes) -> None:
+        if not self._serving:
+            self._early.append(data)
+            return
         if self.conn.their_state in (h11.IDLE, h11.SEND_BODY):
             self._arm()  # a request (the next one on a kept-alive connection) begins
         super().data_received(data)
@@ -228,3 +245,30 @@ class _BoundedH11(H11Protocol):
 def bounded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
     """uvicorn's h11 protocol class bounded by ``limits`` (pass it as ``Config(http=...)``)."""
     return type("BoundedH11Protocol", (_BoundedH11,), {"limits": limits})
+
+
+class ConnectionsCollector(Collector):
+    """The bounds at work, for ``/metrics`` (read at scrape time).
+
+    ``rpsagg_http_connections_open`` and ``rpsagg_http_connections_max`` (gauges),
+    ``rpsagg_http_connections_refused_total`` (at the cap) and
+    ``rpsagg_http_requests_timed_out_total`` (closed at the deadline) (counters).
+    """
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.limits = limits
+
+    def collect(self) -> Iterable[Metric]:
+        """The four metrics."""
+        lim = self.limits
+        yield GaugeMetricFamily("rpsagg_http_connections_open",
+                                "HTTP connections open now (TLS handshakes included)",
+                                value=lim.open)
+        yield GaugeMetricFamily("rpsagg_http_connections_max",
+                                "HTTP connections open at once, at most "
+                                "(--http-max-connections)", value=lim.max_connections)
+        yield CounterMetricFamily("rpsagg_http_connections_refused",
+                                  "HTTP connections refused at the cap", value=lim.refused)
+        yield CounterMetricFamily("rpsagg_http_requests_timed_out",
+                                  "HTTP connections closed because a request was not complete "
+                                  "within --http-header-timeout", value=lim.timed_out)
