@@ -196,7 +196,8 @@ class ServerConfig:
         return out
 
     def public_dict(self) -> dict[str, Any]:
-        """The configuration as a dict for the unauthenticated dashboard: no file paths.
+        """The configuration as a dict for the dashboard (open without ``--http-tokens``):
+        no file paths.
 
         The paths of the TLS key and certificates, the token files, the database and the port
         file are replaced by booleans: ``tls``, ``mtls``, ``tokens``, ``http_tokens``,
