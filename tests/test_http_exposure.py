@@ -60,12 +60,12 @@ class Server:
     """An ``rpsagg-server`` subprocess with its dashboard on a loopback port."""
 
     def __init__(self, tmp_path: Path, *flags: str,
-                 preexec: Callable[[], None] | None = None) -> None:
+                 preexec: Callable[[], None] | None = None, insecure: bool = True) -> None:
         self.http_port = free_port()
         port_file = tmp_path / "grpc-port"
         self.proc = subprocess.Popen(server_command([
-            "--insecure", "--host", "127.0.0.1", "--grpc-port", "0", "--http-port",
-            str(self.http_port), "--http-host", "127.0.0.1", "--n", "20", "--k", "8",
+            *(["--insecure"] if insecure else []), "--host", "127.0.0.1", "--grpc-port", "0",
+            "--http-port", str(self.http_port), "--http-host", "127.0.0.1", "--n", "20", "--k", "8",
             "--d", "64", "--task", "mean", "--rounds", "1", "--round-timeout", "60",
             "--db", ":memory:", "--linger", "-1", "--port-file", str(port_file), *flags,
         ]), stderr=subprocess.PIPE, preexec_fn=preexec)
@@ -85,9 +85,9 @@ class Server:
 
 
 @contextlib.contextmanager
-def server(tmp_path: Path, *flags: str, preexec: Callable[[], None] | None = None
-           ) -> Iterator[Server]:
-    srv = Server(tmp_path, *flags, preexec=preexec)
+def server(tmp_path: Path, *flags: str, preexec: Callable[[], None] | None = None,
+           insecure: bool = True) -> Iterator[Server]:
+    srv = Server(tmp_path, *flags, preexec=preexec, insecure=insecure)
     try:
         yield srv
     finally:
@@ -295,7 +295,6 @@ def tls_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("http-tls")
     make_certs(tmp)
     (tmp / "http.tokens").write_text(f"# dashboard readers\n{TOKEN}\nsecond-token\n")
-    (tmp / "prom.token").write_text(TOKEN + "\n")
     return tmp
 
 
@@ -375,23 +374,57 @@ def _query(prom: str, expr: str) -> list[dict[str, Any]]:
     return result
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_blocks() -> tuple[str, dict[str, Any]]:
+    """The README's commands and Prometheus job for a published dashboard (its
+    "Dashboard and metrics" section): the bash block and the parsed YAML block."""
+    yaml = pytest.importorskip("yaml")
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Dashboard and metrics"):]
+    bash = section[section.index("```bash\n") + 8:]
+    bash = bash[:bash.index("```")]
+    block = section[section.index("```yaml\n") + 8:]
+    config: dict[str, Any] = yaml.safe_load(block[:block.index("```")])
+    return bash, config
+
+
 @needs_prometheus
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="make-test-ca.sh needs openssl")
 @pytest.mark.timeout(180)
-def test_prometheus_scrapes_over_https_with_its_token(tmp_path: Path, tls_dir: Path) -> None:
-    with server(tmp_path, *_tls_flags(tls_dir)) as srv:
+def test_prometheus_scrapes_over_https_with_its_token(tmp_path: Path) -> None:
+    # The README's set-up as written: the test CA of scripts/make-test-ca.sh, its commands
+    # for the token files, its server flags (loopback instead of 0.0.0.0) and its scrape
+    # job (the paths and the target put in); a second job without the token is refused.
+    bash, readme = readme_blocks()
+    subprocess.run([str(ROOT / "scripts" / "make-test-ca.sh"), "-o", "certs", "localhost"],
+                   cwd=tmp_path, check=True, capture_output=True, timeout=60)
+    setup, server_line = [], ""
+    for line in bash.replace("\\\n", " ").splitlines():
+        command = line.split("#")[0].strip()
+        if command.startswith("rpsagg-server "):
+            server_line = command
+        elif command:
+            setup.append(command)
+    subprocess.run(["bash", "-euc", "\n".join(setup)], cwd=tmp_path, check=True, timeout=30)
+    flags = server_line.split()[1:]
+    flags[flags.index("--http-host") + 1] = "127.0.0.1"
+    flags = [str(tmp_path / f) if f.startswith("certs/") else f for f in flags]
+    with server(tmp_path, *flags, insecure=False) as srv:
         prom_port = free_port()
-        target = [f"localhost:{srv.http_port}"]
-        tls = {"ca_file": str(tls_dir / "ca.pem"), "server_name": "localhost"}
+        job = readme["scrape_configs"][0]
+        assert job["scheme"] == "https" and "authorization" in job
+        job["tls_config"]["ca_file"] = str(tmp_path / job["tls_config"]["ca_file"])
+        job["authorization"]["credentials_file"] = str(
+            tmp_path / job["authorization"]["credentials_file"])
+        job["static_configs"] = [{"targets": [f"localhost:{srv.http_port}"]}]
+        without = {k: v for k, v in job.items() if k != "authorization"}
+        without["job_name"] = "without-token"
         config = tmp_path / "prometheus.yml"
         config.write_text(json.dumps({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [
-                {"job_name": "with-token", "scheme": "https", "tls_config": tls,
-                 "authorization": {"credentials_file": str(tls_dir / "prom.token")},
-                 "static_configs": [{"targets": target}]},
-                {"job_name": "without-token", "scheme": "https", "tls_config": tls,
-                 "static_configs": [{"targets": target}]},
-            ],
+            "scrape_configs": [job, without],
         }))
         prometheus = subprocess.Popen([
             "prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
@@ -408,8 +441,8 @@ def test_prometheus_scrapes_over_https_with_its_token(tmp_path: Path, tls_dir: P
                         break
                 assert time.monotonic() < end, "Prometheus scraped neither job"
                 time.sleep(0.2)
-            assert up == {"with-token": "1", "without-token": "0"}
+            assert up == {"rpsagg": "1", "without-token": "0"}
             series = _query(prom, "rpsagg_current_round")
-            assert [(r["metric"]["job"], r["value"][1]) for r in series] == [("with-token", "1")]
+            assert [(r["metric"]["job"], r["value"][1]) for r in series] == [("rpsagg", "1")]
         finally:
             kill_all([prometheus])
