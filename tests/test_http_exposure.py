@@ -189,11 +189,23 @@ def test_requests_not_complete_within_the_timeout_are_closed(tmp_path: Path, loo
         for s in [*partial, *trickle, kept]:
             assert got[s].startswith(b"HTTP/1.1 408 "), got[s][:80]
         assert all(got[s] == b"" for s in silent)  # nothing asked, nothing answered
-        # a complete request is answered as before; /metrics counts the closed ones
+        # a complete request is answered as before (a WebSocket upgrade too, as plain HTTP:
+        # there are no WebSocket routes, and the connection stays within the bounds)
         assert http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as ws:
+            ws.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+                       b"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+                       b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+            assert ws.recv(65536).startswith(b"HTTP/1.1 200 ")
         status, body = http_get(f"http://127.0.0.1:{port}/metrics")
         assert status == 200
         assert metric(body.decode(), "rpsagg_http_requests_timed_out_total") == 66
+        # every connection released its place: only the scrape's own is open
+        end = time.monotonic() + 15
+        while metric(http_get(f"http://127.0.0.1:{port}/metrics")[1].decode(),
+                     "rpsagg_http_connections_open") != 1:
+            assert time.monotonic() < end, "connections still counted as open"
+            time.sleep(0.05)
         for s in [*partial, *silent, *trickle, kept]:
             s.close()
 
@@ -280,7 +292,15 @@ def test_a_flood_of_incomplete_requests_leaves_descriptors_for_grpc(
                     break
             assert time.monotonic() < end, "the dashboard did not recover"
             time.sleep(0.1)
-        text = http_get(base + "/metrics", ctx=ctx)[1].decode()
+        # every flood connection released its place (those in a TLS handshake too): only
+        # the scrape's own is open
+        end = time.monotonic() + 15
+        while True:
+            text = http_get(base + "/metrics", ctx=ctx)[1].decode()
+            if metric(text, "rpsagg_http_connections_open") == 1:
+                break
+            assert time.monotonic() < end, "connections still counted as open"
+            time.sleep(0.05)
         assert metric(text, "rpsagg_http_connections_max") == CAP
         assert metric(text, "rpsagg_http_connections_refused_total") >= FLOOD - CAP
         assert metric(text, "rpsagg_http_requests_timed_out_total") == 0

@@ -219,7 +219,10 @@ def start_http(app: Any, sockets: list[socket.socket],
         limits = ConnectionLimits(30.0, connection_cap(0, descriptor_limit()))
     uv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
                                        http=bounded_protocol(limits),
-                                       backlog=ACCEPT_BACKLOG))
+                                       backlog=ACCEPT_BACKLOG,
+                                       # no WebSocket routes; an upgrade would hand the
+                                       # connection to a protocol outside the bounds
+                                       ws="none"))
     return uv, asyncio.ensure_future(uv.serve(sockets=sockets))
 
 
