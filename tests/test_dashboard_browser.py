@@ -57,6 +57,9 @@ def browser(tmp_path: Path) -> Iterator[Any]:
                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
                 f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1280,900"):
         opts.add_argument(arg)
+    opts.add_experimental_option("prefs", {
+        "download.default_directory": str(tmp_path / "downloads"),
+        "download.prompt_for_download": False})
     driver = webdriver.Chrome(options=opts, service=Service(str(CHROMEDRIVER)))
     try:
         yield driver
@@ -325,4 +328,58 @@ def test_task_panel_clients_view_round_detail_and_downloads(
         browser.save_screenshot(str(OUTPUT / "dashboard-clients.png"))
     finally:
         idle.close()
+        server.close()
+
+
+@pytest.mark.timeout(120)
+def test_page_asks_for_a_token_and_sends_it(browser: Any, tmp_path: Path) -> None:
+    # --http-tokens: the API answers only with the token; the page shows its form, a wrong
+    # token is refused, the right one is kept for the tab (sessionStorage, a reload keeps
+    # it) and sent with every request, downloads included.
+    from selenium.webdriver.common.by import By
+
+    token = "page-token-5e1b"
+    tokens = tmp_path / "http.tokens"
+    tokens.write_text(f"{token}\n")
+    server = LiveServer(tmp_path, "--http-tokens", str(tokens))
+    try:
+        browser.get(server.url + "/")
+        wait_for(browser, "the token form", lambda d: is_visible(d, "auth")
+                 and text_of(d, "conn") == "token needed")
+        assert text_of(browser, "round-id") == "\u2013"  # no data without the token (an en dash)
+
+        def enter(value: str) -> None:
+            field = browser.find_element(By.ID, "auth-token")
+            field.clear()
+            field.send_keys(value)
+            browser.find_element(By.ID, "auth-submit").click()
+
+        enter("not-the-token")
+        wait_for(browser, "the wrong token refused",
+                 lambda d: "refused" in text_of(d, "auth-msg") and is_visible(d, "auth"))
+        assert text_of(browser, "conn") == "token needed"
+        enter(token)
+        wait_for(browser, "live with the token", lambda d: text_of(d, "conn") == "live")
+        assert not is_visible(browser, "auth")
+        assert text_of(browser, "round-id") == "1"
+        assert browser.execute_script(
+            "return sessionStorage.getItem('rpsagg-dashboard-token')") == token
+        OUTPUT.mkdir(exist_ok=True)
+        browser.save_screenshot(str(OUTPUT / "dashboard-token.png"))
+
+        browser.refresh()  # the tab keeps its token
+        wait_for(browser, "live after a reload", lambda d: text_of(d, "conn") == "live")
+        assert not is_visible(browser, "auth")
+        # the page's own requests carry the token; the same request without it is refused
+        status = browser.execute_async_script(
+            "const done = arguments[arguments.length - 1];"
+            "fetch('/api/status').then((r) => done(r.status));")
+        assert status == 401
+        # a click on the CSV link downloads it with the token
+        browser.find_element(By.ID, "dl-csv").click()
+        saved = tmp_path / "downloads" / "rpsagg-rounds.csv"  # the server's file name
+        wait_for(browser, "the CSV download", lambda d: saved.exists()
+                 and saved.read_text().startswith("round_id,state,"))
+        assert len(saved.read_text().strip().splitlines()) == 2  # header, round 1
+    finally:
         server.close()

@@ -264,6 +264,39 @@ def test_csv_and_json_downloads_hold_every_round_as_the_api_shows_it() -> None:
             assert row["sq_error"] == row["relative_error"] == row["beta"] == ""
 
 
+def test_csv_cells_that_a_spreadsheet_would_run_are_neutralised() -> None:
+    # OWASP CSV injection: text starting with = + - @ tab CR gets a leading quote; numbers
+    # (negative ones too) stay numbers, as a number cell is never a formula.
+    from rpsagg_server.http.routes_export import spreadsheet_safe
+
+    for text in ("=1+2", "+1", "-2", "@SUM(A1)", "\tx", "\rx", "-cmd|' /C calc'!A0"):
+        assert spreadsheet_safe(text) == "'" + text
+    for same in ("client-0", "done", "a=b", "", " -1"):
+        assert spreadsheet_safe(same) == same
+    for number in (-0.5, -3, 0, 2.5e-7, float("-inf")):
+        assert spreadsheet_safe(number) == number
+    # client ids are the clients' choice ([A-Za-z0-9._-]): one starting with '-' reaches
+    # the clients_arrived cell, first of the list
+    rng = np.random.default_rng(17)
+    cfg = base_config(n=2, k=K, d=D, rounds=1)
+    with ExitStack() as stack:
+        srv = stack.enter_context(in_process_server(cfg))
+        http = stack.enter_context(TestClient(create_app(srv.running.state,
+                                                         CollectorRegistry())))
+        clients = []
+        for cid in ("-2-cmd", "client-1"):
+            c = AggregationClient(f"127.0.0.1:{srv.port}", cid, insecure=True, timeout=30.0)
+            stack.callback(c.close)
+            c.join()
+            clients.append(c)
+        rid, _, _ = submit(clients, [0, 1], rng)
+        clients[0].result(rid, wait=True)
+        text = http.get("/api/rounds/export.csv").text
+    row = next(csv.DictReader(io.StringIO(text)))
+    assert row["clients_arrived"] == "'-2-cmd client-1"
+    assert float(row["bytes_wire"]) > 0 and not row["decode_seconds"].startswith("'")
+
+
 # -- start-up ----------------------------------------------------------------------------------
 @pytest.mark.timeout(120)
 def test_the_dashboard_answers_as_soon_as_the_port_file_appears(tmp_path: Path) -> None:

@@ -206,8 +206,12 @@ def test_http_port_in_use(listening: socket.socket, tmp_path: Path) -> None:
     ([], {"RPSAGG_INSECURE": "0"}, ("TLS is required",)),
     (["--event-loop", "trio"], {}, ("--event-loop must be one of auto, uvloop, asyncio",
                                     "'trio'")),
+    (["--http-header-timeout", "0"], {}, ("--http-header-timeout must be a finite number > 0",)),
+    (["--http-max-connections", "-1"], {}, ("--http-max-connections must be >= 0",)),
+    (["--http-tls"], {}, ("--http-tls serves the dashboard with --tls-cert and --tls-key",)),
 ], ids=["int", "nan-timeout", "port-range", "estimator", "unknown-flag", "env-int",
-        "http-host", "secure-by-default", "event-loop"])
+        "http-host", "secure-by-default", "event-loop", "http-header-timeout",
+        "http-max-connections", "http-tls-without-cert"])
 def test_bad_flag_values(args: list[str], env: dict[str, str],
                          fragments: tuple[str, ...]) -> None:
     base = [*JOB, "--db", ":memory:", "--grpc-port", "0", "--http-port", "0"]
@@ -215,6 +219,42 @@ def test_bad_flag_values(args: list[str], env: dict[str, str],
         base.append("--insecure")
     status, err = run_server([*base, *args], env)
     assert_one_line_error(status, err, *fragments)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.mark.parametrize(("content", "fragments"), [
+    (None, ("--http-tokens", "cannot read it", "No such file or directory")),
+    ("# only a comment\n\n", ("--http-tokens", "no tokens")),
+    ("one-token\nclient-a token-a\n", ("--http-tokens", ":2: expected one token per line")),
+], ids=["missing", "empty", "two-words"])
+def test_bad_dashboard_token_files(content: str | None, fragments: tuple[str, ...],
+                                   tmp_path: Path) -> None:
+    path = tmp_path / "http.tokens"
+    if content is not None:
+        path.write_text(content)
+    db = tmp_path / "x.db"
+    status, err = run_server([*JOB, "--insecure", "--db", str(db), "--grpc-port", "0",
+                              "--http-port", str(_free_port()), "--http-tokens", str(path)])
+    assert_one_line_error(status, err, *fragments)
+    assert "token-a" not in err and "one-token" not in err  # no token in the message
+    assert not db.exists()  # refused before the job was started
+
+
+def test_a_connection_cap_that_leaves_grpc_no_descriptors(tmp_path: Path) -> None:
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    status, err = run_server([*JOB, "--insecure", "--db", ":memory:", "--grpc-port", "0",
+                              "--http-port", str(_free_port()),
+                              "--http-max-connections", str(soft)])
+    assert_one_line_error(status, err, f"--http-max-connections {soft} leaves fewer than 128",
+                          f"at most {soft - 192}")
 
 
 # -- the dashboard's addresses ---------------------------------------------------------------

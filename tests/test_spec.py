@@ -411,10 +411,12 @@ def test_both_first_accepted_paths_match_reference(
     # sample_distinct picks the scatter path for large draws and the sort path otherwise;
     # force each in turn on draws big enough to hold duplicates and (for bounds that are
     # not powers of two) rejections, and compare with the plain-Python reference.
+    from rpsagg import _distinct  # spec.sample_distinct's vectorised core
+
     if path == "scatter":
-        monkeypatch.setattr(spec, "_SCATTER_MIN_DRAWN", 0)
+        monkeypatch.setattr(_distinct, "_SCATTER_MIN_DRAWN", 0)
     else:
-        monkeypatch.setattr(spec, "_SCATTER_MAX_BOUND", 0)
+        monkeypatch.setattr(_distinct, "_SCATTER_MAX_BOUND", 0)
     cases = [(5000, 1 << 14), (3000, 5000), (4097, 4097), (1, 1), (7, 9), (20000, 1 << 16)]
     for i, (k, bound) in enumerate(cases):
         seed = _random_seeds(len(cases), 11)[i]

@@ -61,7 +61,7 @@ from rpsagg.spec import (
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 
-# The compiled encode (``hb_pipe`` in ``_fast.c``) fuses the passes and runs its own FWHT;
+# The compiled encode (``hb_pipe`` in ``fastc/hbpipe.c``) fuses the passes and runs its own FWHT;
 # below this block length the older one-call kernel (``hb_encode``) does the whole encode.
 _PIPE_MIN = 16
 # From this block length on, with two cores, an encode runs the halves of each FWHT on two

@@ -51,6 +51,10 @@ class ServerConfig:
     http_port: int = 8000
     host: str = "[::]"
     http_host: str = "127.0.0.1,::1"
+    http_tokens: str | None = None
+    http_tls: bool = False
+    http_header_timeout: float = 30.0
+    http_max_connections: int = 0
     n: int = 10
     k: int = 102
     d: int = 1024
@@ -132,6 +136,15 @@ class ServerConfig:
         if not (math.isfinite(self.round_timeout) and self.round_timeout > 0):
             raise ValueError(f"--round-timeout must be a finite number > 0; "
                              f"got {self.round_timeout}")
+        if not (math.isfinite(self.http_header_timeout) and self.http_header_timeout > 0):
+            raise ValueError(f"--http-header-timeout must be a finite number > 0; "
+                             f"got {self.http_header_timeout}")
+        if self.http_max_connections < 0:
+            raise ValueError(f"--http-max-connections must be >= 0 (0: automatic); "
+                             f"got {self.http_max_connections}")
+        if self.http_tls and not self.tls_cert:
+            raise ValueError("--http-tls serves the dashboard with --tls-cert and --tls-key: "
+                             "pass them too")
         if math.isnan(self.linger):
             raise ValueError("--linger must be a number of seconds; got nan")
         if not self.insecure:
@@ -186,23 +199,26 @@ class ServerConfig:
         return out
 
     def public_dict(self) -> dict[str, Any]:
-        """The configuration as a dict for the unauthenticated dashboard: no file paths.
+        """The configuration as a dict for the dashboard (open without ``--http-tokens``):
+        no file paths.
 
-        The paths of the TLS key and certificates, the token file, the database and the port
-        file are replaced by booleans: ``tls``, ``mtls``, ``tokens``, ``persistent_db``.
+        The paths of the TLS key and certificates, the token files, the database and the port
+        file are replaced by booleans: ``tls``, ``mtls``, ``tokens``, ``http_tokens``,
+        ``persistent_db``.
         """
         out = asdict(self)
         for name in _PATHS:
             del out[name]
         out.update(tls=self.tls_cert is not None, mtls=self.tls_client_ca is not None,
-                   tokens=self.tokens is not None, persistent_db=self.db != ":memory:")
+                   tokens=self.tokens is not None, http_tokens=self.http_tokens is not None,
+                   persistent_db=self.db != ":memory:")
         return out
 
 
-_PATHS = ("tls_cert", "tls_key", "tls_client_ca", "tokens", "db", "port_file")
+_PATHS = ("tls_cert", "tls_key", "tls_client_ca", "tokens", "http_tokens", "db", "port_file")
 
 
-_BOOL = {"eval", "insecure"}
+_BOOL = {"eval", "insecure", "http_tls"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -223,8 +239,15 @@ def _parser() -> argparse.ArgumentParser:
         "grpc_port": "gRPC port (0 = any free port)",
         "http_port": "dashboard HTTP port (0 disables it)",
         "host": "gRPC address to bind ([::]: every address, IPv4 and IPv6)",
-        "http_host": "dashboard addresses, comma-separated (default loopback only: the "
-                     "dashboard has no authentication; 0.0.0.0 or :: publishes it)",
+        "http_host": "dashboard addresses, comma-separated (default loopback only; 0.0.0.0 "
+                     "or :: publishes it: then use --http-tokens and --http-tls)",
+        "http_tokens": "file of dashboard bearer tokens, one per line: /api/* and /metrics "
+                       "then need 'Authorization: Bearer TOKEN' (health probes stay open)",
+        "http_tls": "serve the dashboard over HTTPS with --tls-cert and --tls-key",
+        "http_header_timeout": "seconds an HTTP request (TLS handshake, headers, body) has to "
+                               "arrive complete before its connection is closed",
+        "http_max_connections": "HTTP connections open at once, at most (0: automatic, a "
+                                "quarter of the file descriptor limit, at most 1024)",
         "n": "number of clients",
         "k": "floats per client per vector",
         "d": "vector length",

@@ -41,7 +41,7 @@ import numpy as np
 from rpsagg import Estimator, VectorCorrelationTracker, round_encoding
 from rpsagg.schemes import WireProfile, estimator_from_options
 from rpsagg.tasks import Task, make_task
-from rpsagg_server import deadline, recovery
+from rpsagg_server import deadline
 from rpsagg_server.betawarm import BetaWarmup
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.decoding import DecodeOptions, DecodeOutcome, decode_round
@@ -56,9 +56,11 @@ from rpsagg_server.events import (
     RoundFailed,
     RoundOpened,
     RoundProgress,
+    RoundRecovered,
 )
 from rpsagg_server.live import LiveRound
 from rpsagg_server.membership import Membership
+from rpsagg_server.recovery import Recovery, next_state
 from rpsagg_server.results import JobProgress, ResultBook
 from rpsagg_server.store import Store, WriteError
 from rpsagg_server.submissions import Intake
@@ -181,15 +183,17 @@ class RoundEngine:
 
     async def start(self) -> None:
         """Recover from the store (or start a fresh job) and open the current round."""
-        job_exists = recovery.check_job_config(self)
+        rec = Recovery(self.cfg, self.store, self.m, self.progress, self.tracker,
+                       self.estimator, self)
+        job_exists = rec.check_job_config()
         self._recover_encoding(job_exists)
         self.membership.recover()
-        last = recovery.recover_rounds(self)
+        last = rec.recover_rounds()
         p = self.progress
         if last is not None and last.state in ("open", "collecting", "decoding"):
-            recovery.resume(self, last)
+            rec.resume(last)
         elif not p.job_done:
-            live = self._new_round(recovery.next_state(self, last),
+            live = self._new_round(next_state(self.task, self.cfg.seed, last),
                                    (last.round_id if last else 0) + 1)
             await self.store.open_round(live.stored())  # start-up: a write error is fatal
             self._install(live)
@@ -203,6 +207,17 @@ class RoundEngine:
     def _compute_beta(self) -> float:
         """beta for n (runs in the decode thread; a Monte Carlo on a cold cache)."""
         return float(self._base.beta_for(self.cfg.n))
+
+    # -- recovery's host (recovery.RoundHost) -------------------------------------------------
+    def show_recovered(self, live: LiveRound, current: bool) -> None:
+        """A round read back at start-up: a past round's result is kept; shown either way."""
+        if not current:
+            self.results.record(live)
+        self.publish(RoundRecovered(self.view(live), current=current))
+
+    def close_again(self, live: LiveRound) -> None:
+        """Decode a resumed round whose close did not finish before the restart."""
+        self.spawn(self.close_round(live, "recovered"))
 
     # -- events, views, background work ----------------------------------------------------
     def view(self, live: LiveRound) -> RoundView:

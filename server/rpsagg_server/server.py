@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import sqlite3
+import ssl
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import uvicorn
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
@@ -30,7 +32,16 @@ from rpsagg_server import eventloop, jobs
 from rpsagg_server.auth import TokenBook, TokenInterceptor
 from rpsagg_server.config import ServerConfig, load_config
 from rpsagg_server.events import EventBus, SubmissionRefused
-from rpsagg_server.http import create_app
+from rpsagg_server.http import ServerMetrics, create_app
+from rpsagg_server.http.auth import BearerAuth
+from rpsagg_server.http.connections import (
+    ACCEPT_BACKLOG,
+    ConnectionLimits,
+    ConnectionsCollector,
+    bounded_protocol,
+    connection_cap,
+    descriptor_limit,
+)
 from rpsagg_server.live import Rejected
 from rpsagg_server.rounds import RoundEngine
 from rpsagg_server.servicer import AggregationServicer
@@ -41,6 +52,7 @@ from rpsagg_server.startup import (
     check_tls,
     check_tokens,
     grpc_bind_error,
+    load_http_tokens,
     probe_grpc_address,
 )
 from rpsagg_server.state import ServerState
@@ -206,14 +218,22 @@ def _count_refusal(bus: EventBus) -> Callable[[str, Rejected], None]:
 DASHBOARD_START_S = 30.0
 
 
-def start_http(app: Any, sockets: list[socket.socket]) -> tuple[Any, asyncio.Future[None]]:
+def start_http(app: Any, sockets: list[socket.socket],
+               limits: ConnectionLimits | None = None) -> tuple[Any, asyncio.Future[None]]:
     """Serve an ASGI app with uvicorn on already-bound ``sockets`` (on the running loop).
 
+    ``limits`` bound its connections (:mod:`rpsagg_server.http.connections`: a deadline per
+    request, a cap on open connections, TLS); default: 30 s and the automatic cap.
     Returns the ``uvicorn.Server`` (set ``should_exit`` to stop it) and its task.
     """
-    import uvicorn  # optional: the dashboard's dependency
-
-    uv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    if limits is None:
+        limits = ConnectionLimits(30.0, connection_cap(0, descriptor_limit()))
+    uv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
+                                       http=bounded_protocol(limits),
+                                       backlog=ACCEPT_BACKLOG,
+                                       # no WebSocket routes; an upgrade would hand the
+                                       # connection to a protocol outside the bounds
+                                       ws="none"))
     return uv, asyncio.ensure_future(_serve_http(uv, sockets))
 
 
@@ -224,6 +244,20 @@ async def _serve_http(uv: Any, sockets: list[socket.socket]) -> None:
         await uv.serve(sockets=sockets)
     except SystemExit as exc:
         log.error("[Server] the dashboard exited (uvicorn status %s)", exc.code)
+
+
+def http_limits(cfg: ServerConfig) -> ConnectionLimits:
+    """The dashboard's connection bounds from ``cfg`` (:class:`StartupError` if the cap
+    leaves too few descriptors, or the TLS files do not load)."""
+    try:
+        cap = connection_cap(cfg.http_max_connections, descriptor_limit())
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+    ctx = None
+    if cfg.http_tls and cfg.tls_cert and cfg.tls_key:
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)  # check_tls has read them
+    return ConnectionLimits(cfg.http_header_timeout, cap, ctx)
 
 
 async def serve(
@@ -241,10 +275,17 @@ async def serve(
 
     ``http_app_factory(state)`` returns an ASGI app served by uvicorn on ``cfg.http_port``
     at every address of ``cfg.http_host`` (default 127.0.0.1 and ::1), on the same event
-    loop (the dashboard). Its sockets are bound first, so a port in use is a start-up error.
+    loop (the dashboard), behind the bearer-token check with ``cfg.http_tokens``, over TLS
+    with ``cfg.http_tls``, its connections bounded (``cfg.http_header_timeout``,
+    ``cfg.http_max_connections``). Its sockets are bound first, so a port in use is a
+    start-up error.
     """
     socks: list[socket.socket] = []
+    http_tokens = limits = None
     if http_app_factory is not None and cfg.http_port:
+        check_tls(cfg)
+        limits = http_limits(cfg)
+        http_tokens = load_http_tokens(cfg)
         socks = bind_http_sockets(cfg.http_host, cfg.http_port)
     try:
         running, _ = await create_server(cfg)
@@ -259,13 +300,20 @@ async def serve(
             loop.add_signal_handler(sig, stop.set)
     http_task = None
     if socks and http_app_factory is not None:
-        uv, http_task = start_http(http_app_factory(running.state), socks)
+        app = http_app_factory(running.state)
+        metrics = getattr(getattr(app, "state", None), "metrics", None)
+        if isinstance(metrics, ServerMetrics) and limits is not None:
+            metrics.registry.register(ConnectionsCollector(limits))
+        if http_tokens is not None:
+            app = BearerAuth(app, http_tokens)
+        uv, http_task = start_http(app, socks, limits)
+        scheme = "https" if limits is not None and limits.ssl_context is not None else "http"
         # the port file (and ``ready``) mean "serving": the dashboard must answer by then
         end = loop.time() + DASHBOARD_START_S
         while not uv.started and not http_task.done() and loop.time() < end:
             await asyncio.sleep(0.01)
         if not uv.started:  # no port file: it promises that both servers accept
-            where = ", ".join(_url(s.getsockname()) for s in socks)
+            where = ", ".join(_url(s.getsockname(), scheme) for s in socks)
             uv.should_exit = True
             http_task.cancel()
             with contextlib.suppress(BaseException):
@@ -276,8 +324,9 @@ async def serve(
             raise StartupError(f"the dashboard did not start on {where} within "
                                f"{DASHBOARD_START_S:g} s (see the log above)")
         else:
-            log.info("[Server] dashboard on %s", ", ".join(
-                _url(s.getsockname()) for s in socks))
+            log.info("[Server] dashboard on %s%s", ", ".join(
+                _url(s.getsockname(), scheme) for s in socks),
+                " (bearer tokens for /api and /metrics)" if http_tokens is not None else "")
     eventloop.freeze_startup_heap()  # started: the per-call garbage is all that is left
     if cfg.port_file:
         tmp = Path(cfg.port_file + ".tmp")
@@ -319,9 +368,9 @@ async def serve(
         await running.stop()
 
 
-def _url(addr: tuple[Any, ...]) -> str:
+def _url(addr: tuple[Any, ...], scheme: str = "http") -> str:
     host = str(addr[0])
-    return f"http://[{host}]:{addr[1]}" if ":" in host else f"http://{host}:{addr[1]}"
+    return f"{scheme}://[{host}]:{addr[1]}" if ":" in host else f"{scheme}://{host}:{addr[1]}"
 
 
 def configure_logging() -> None:

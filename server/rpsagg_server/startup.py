@@ -1,10 +1,10 @@
 """Start-up checks that turn a user's mistake into one line and exit status 2.
 
 Everything here runs before the server logs or serves anything: the TLS files (readable,
-certificate and key belong together), the token file, the database file (an SQLite file,
-and not another application's), and the listening sockets (the dashboard's here, gRPC's in
-:func:`grpc_bind_error`). Each failure is a :class:`StartupError` whose message names the
-flag, the file or the address and the reason.
+certificate and key belong together), the token files (gRPC's and the dashboard's), the
+database file (an SQLite file, and not another application's), and the listening sockets
+(the dashboard's here, gRPC's in :func:`grpc_bind_error`). Each failure is a
+:class:`StartupError` whose message names the flag, the file or the address and the reason.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import ssl
 from pathlib import Path
 
 from rpsagg_server.config import ServerConfig
+from rpsagg_server.http.auth import HttpTokens
 
 OUR_TABLES = frozenset({"meta", "clients", "rounds", "submissions"})
 
@@ -62,6 +63,17 @@ def check_tokens(cfg: ServerConfig) -> None:
     """The token file is readable (its syntax is checked by ``TokenBook.from_file``)."""
     if cfg.tokens:
         _readable("--tokens", cfg.tokens)
+
+
+def load_http_tokens(cfg: ServerConfig) -> HttpTokens | None:
+    """The dashboard's tokens (``--http-tokens``), or None without the flag."""
+    if not cfg.http_tokens:
+        return None
+    _readable("--http-tokens", cfg.http_tokens)
+    try:
+        return HttpTokens.from_file(cfg.http_tokens)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
 
 
 def check_database(cfg: ServerConfig) -> None:

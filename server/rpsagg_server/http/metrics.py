@@ -33,6 +33,11 @@ metric                                 type       meaning
                                                   ``done`` or ``failed``
                                                   (``--max-failed-rounds``), 0 for the others
 =====================================  =========  ==========================================
+
+Served by ``rpsagg-server`` (not by an app built alone), from
+:class:`~rpsagg_server.http.connections.ConnectionsCollector`: ``rpsagg_http_connections_open``
+and ``rpsagg_http_connections_max`` (gauges), ``rpsagg_http_connections_refused_total`` and
+``rpsagg_http_requests_timed_out_total`` (counters).
 """
 
 from __future__ import annotations

@@ -1,6 +1,12 @@
 """Downloads of every round: ``GET /api/rounds/export.csv`` and ``/api/rounds/export.json``.
 
 Registered before ``/api/rounds/{round_id}`` (whose path would otherwise match them).
+
+CSV injection (OWASP "CSV Injection"): a spreadsheet runs a cell that starts with ``=``,
+``+``, ``-``, ``@``, a tab or a carriage return as a formula, and client ids are chosen by
+the clients. Every text cell that starts with one of those gets a leading ``'`` (shown as
+text, the quote hidden). Numbers are written as numbers, negative ones included: a cell
+that is a number is never a formula, and ``'-0.5`` would no longer sum.
 """
 
 from __future__ import annotations
@@ -32,6 +38,17 @@ def _rounds(state: StateDep) -> list[schemas.Round]:
             for v in reversed(state.rounds())]
 
 
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(value: object) -> object:
+    """``value`` for a CSV cell: text starting like a formula gets a leading ``'``;
+    numbers (``int``, ``float``), ``None`` and other text are returned unchanged."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def csv_row(r: schemas.Round) -> dict[str, Any]:
     """One round as the CSV's flat columns (empty cells for nulls)."""
     se, rel, tp = r.squared_error, r.relative_error, r.task_progress
@@ -61,12 +78,14 @@ def csv_row(r: schemas.Round) -> dict[str, Any]:
             responses={200: {"content": {"text/csv": {}}, "description": "One row per round"}})
 def export_csv(state: StateDep) -> Response:
     """Every round, oldest first, one row each (flat columns; empty cells for nulls;
-    client ids separated by spaces); ``repr`` precision for floats."""
+    client ids separated by spaces); ``repr`` precision for floats. Text cells starting
+    with ``=``, ``+``, ``-``, ``@``, tab or CR get a leading ``'`` (CSV injection)."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()
     for r in _rounds(state):
-        writer.writerow({k: ("" if v is None else v) for k, v in csv_row(r).items()})
+        writer.writerow({k: ("" if v is None else spreadsheet_safe(v))
+                         for k, v in csv_row(r).items()})
     return Response(buf.getvalue(), media_type="text/csv; charset=utf-8", headers={
         "Content-Disposition": 'attachment; filename="rpsagg-rounds.csv"'})
 

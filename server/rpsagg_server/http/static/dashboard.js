@@ -205,7 +205,7 @@ function renderTable(rounds) {
 }
 
 async function getJSON(path) {
-  const res = await fetch(path, { cache: "no-store" });
+  const res = await apiFetch(path);
   if (!res.ok) throw new Error(`${path}: HTTP ${res.status}`);
   return res.json();
 }
@@ -229,7 +229,7 @@ async function tick() {
     document.body.dataset.updated = String(Date.now());
     document.body.dataset.view = currentView().name;
   } catch (err) {
-    conn.textContent = "disconnected";
+    conn.textContent = err instanceof AuthNeeded ? "token needed" : "disconnected";
     conn.className = "pill down";
     conn.title = String(err);
   } finally {
@@ -241,6 +241,12 @@ async function tick() {
 let timer = null, inFlight = false;
 window.addEventListener("hashchange", () => {  // a new view: draw it now, not in a second
   showView();
+  if (!inFlight) {
+    clearTimeout(timer);
+    tick();
+  }
+});
+wireAuth(() => {  // a new token: try it now
   if (!inFlight) {
     clearTimeout(timer);
     tick();

@@ -146,7 +146,7 @@ async function renderView(st) {
   if (v.name === "clients") {
     renderClients(st, await getJSON("/api/clients"));
   } else if (v.name === "round") {
-    const res = await fetch(`/api/rounds/${v.round}`, { cache: "no-store" });
+    const res = await apiFetch(`/api/rounds/${v.round}`);
     const unknown = res.status === 404 || res.status === 422;  // no such round / id 0
     if (!unknown && !res.ok) throw new Error(`round ${v.round}: HTTP ${res.status}`);
     renderRoundDetail(st, unknown ? null : await res.json(), v.round);

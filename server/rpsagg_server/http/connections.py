@@ -1,0 +1,274 @@
+"""The dashboard's connections, bounded: a deadline per request and a cap on their number.
+
+uvicorn alone closes neither a connection whose request never completes (h11's keep-alive
+timer starts only after a response) nor refuses connections beyond a number (its
+``limit_concurrency`` answers 503 but keeps every socket open). The dashboard shares the
+process, and so its file descriptors, with gRPC, so a slow-loris client opening connections
+that never finish their headers would otherwise take the descriptors gRPC needs for new
+clients. :func:`bounded_protocol` is uvicorn's h11 protocol with both bounds:
+
+* **request deadline**: a request (TLS handshake, headers and body) must be complete
+  ``request_timeout`` seconds after its first byte (after the connection opened, for the
+  first request); otherwise the connection is closed, with a ``408`` when a request had
+  begun and no response has started (a connection that sent nothing is just closed). Idle
+  keep-alive connections are closed by uvicorn's own timer (5 s).
+* **connection cap**: at most ``max_connections`` connections are open at once, counted
+  from ``accept`` (TLS handshakes included) to close. One more is answered ``503`` (plain
+  HTTP) or closed (TLS) at once, so it holds a descriptor for an instant only; the listen
+  backlog, :data:`ACCEPT_BACKLOG`, bounds how many such instants overlap.
+* **TLS** (``ssl_context``): the handshake runs inside the bounded connection
+  (``loop.start_tls``), so it counts against the cap and the deadline.
+
+:func:`connection_cap` derives the cap from the process's descriptor limit
+(``RLIMIT_NOFILE``), keeping :data:`GRPC_RESERVE` descriptors for everything else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import resource
+import ssl
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import h11
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+#: descriptors an explicit ``--http-max-connections`` must leave to gRPC, SQLite and the rest
+GRPC_RESERVE = 128
+#: the listen backlog, which is also how many connections asyncio's loop accepts at a time
+#: before any of them is counted (and refused): at most this many beyond the cap, briefly.
+#: (uvicorn's default, 2048, would let one burst of a flood take every descriptor.)
+ACCEPT_BACKLOG = 64
+#: the automatic cap: this fraction of the descriptor limit, at most AUTO_MAX
+AUTO_FRACTION = 4
+AUTO_MAX = 1024
+_503 = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        b"content-length: 20\r\nconnection: close\r\n\r\ntoo many connections")
+
+
+def descriptor_limit() -> int | None:
+    """The process's soft ``RLIMIT_NOFILE`` (None: unlimited)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def connection_cap(requested: int, limit: int | None) -> int:
+    """The HTTP connection cap for ``--http-max-connections requested`` (0: automatic).
+
+    Automatic: a quarter of the descriptor limit ``limit``, at most 1024 (256 of 1024).
+    An explicit cap must leave :data:`GRPC_RESERVE` descriptors, besides the
+    :data:`ACCEPT_BACKLOG` a burst of accepts may hold for an instant.
+
+    Raises
+    ------
+    ValueError
+        If ``requested`` is negative or leaves fewer than :data:`GRPC_RESERVE` descriptors.
+    """
+    if requested < 0:
+        raise ValueError(f"--http-max-connections must be >= 0 (0: automatic); got {requested}")
+    if requested == 0:
+        return AUTO_MAX if limit is None else max(1, min(AUTO_MAX, limit // AUTO_FRACTION))
+    most = None if limit is None else limit - GRPC_RESERVE - ACCEPT_BACKLOG
+    if most is not None and requested > most:
+        raise ValueError(
+            f"--http-max-connections {requested} leaves fewer than {GRPC_RESERVE} of the "
+            f"process's {limit} file descriptors (ulimit -n) to gRPC and the database; "
+            f"use at most {max(0, most)} or raise the limit")
+    return requested
+
+
+@dataclass
+class ConnectionLimits:
+    """The bounds and the live count shared by every connection of one server.
+
+    Attributes
+    ----------
+    request_timeout : float
+        Seconds a request has to be complete.
+    max_connections : int
+        Connections open at once, at most.
+    ssl_context : ssl.SSLContext or None
+        Serve HTTPS with it.
+    open : int
+        Connections open now (from accept to close).
+    refused, timed_out : int
+        Connections refused at the cap / closed at the deadline so far.
+    """
+
+    request_timeout: float
+    max_connections: int
+    ssl_context: ssl.SSLContext | None = None
+    open: int = 0
+    refused: int = 0
+    timed_out: int = 0
+
+
+class _BoundedH11(H11Protocol):
+    """uvicorn's h11 protocol with a request deadline, a connection cap and in-band TLS."""
+
+    limits: ConnectionLimits
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._slot = False        # counted in limits.open
+        self._serving = False     # H11Protocol.connection_made ran
+        self._deadline: asyncio.TimerHandle | None = None
+        self._raw: asyncio.BaseTransport | None = None
+        self._early: list[bytes] = []  # TLS: request bytes that came before start_tls returned
+
+    # -- the count --------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        limits = self.limits
+        self._raw = transport
+        if limits.open >= limits.max_connections:
+            limits.refused += 1
+            if limits.ssl_context is None:
+                with contextlib.suppress(Exception):
+                    transport.write(_503)  # type: ignore[attr-defined]
+            transport.close()
+            return
+        limits.open += 1
+        self._slot = True
+        self._arm()
+        if limits.ssl_context is None:
+            self._serve(transport)
+        else:
+            self._handshake(transport, limits.ssl_context)
+
+    def _handshake(self, raw: asyncio.BaseTransport, ctx: ssl.SSLContext) -> None:
+        # ``loop.start_tls`` puts the TLS layer between the socket and this protocol when it
+        # starts; it must start now, before connection_made returns: uvloop starts reading
+        # right after, and a ClientHello read by h11 would be lost to the handshake. So the
+        # coroutine's first step runs here (an eager task; asyncio.eager_task_factory is
+        # Python 3.12+) and the rest when the futures it awaits are done.
+        coro = self.loop.start_tls(raw, self, ctx, server_side=True,  # type: ignore[arg-type]
+                                   ssl_handshake_timeout=self.limits.request_timeout)
+
+        def step(value: Any = None, exc: BaseException | None = None) -> None:
+            try:
+                waiting = coro.throw(exc) if exc is not None else coro.send(value)
+            except StopIteration as done:
+                self._handshaken(raw, done.value)
+                return
+            except Exception:  # a failed handshake: the connection is closed
+                self._handshaken(raw, None)
+                return
+            waiting._asyncio_future_blocking = False
+            waiting.add_done_callback(resume)
+
+        def resume(fut: asyncio.Future[Any]) -> None:
+            if fut.cancelled():
+                step(exc=asyncio.CancelledError())
+            elif fut.exception() is not None:
+                step(exc=fut.exception())
+            else:
+                step()
+
+        step()
+
+    def _handshaken(self, raw: asyncio.BaseTransport, tls: asyncio.BaseTransport | None) -> None:
+        if tls is None or raw.is_closing():
+            raw.close()
+            self._release()
+        else:
+            self._serve(tls)
+
+    def _serve(self, transport: asyncio.BaseTransport) -> None:
+        self._serving = True
+        super().connection_made(transport)  # type: ignore[arg-type]
+        if self._early:  # asyncio's TLS layer hands on data before start_tls returns
+            early, self._early = b"".join(self._early), []
+            self.data_received(early)
+
+    def _release(self) -> None:
+        self._disarm()
+        if self._slot:
+            self._slot = False
+            self.limits.open -= 1
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._release()
+        if self._serving:
+            super().connection_lost(exc)
+
+    # -- the deadline -----------------------------------------------------------------
+    def _arm(self) -> None:
+        if self._deadline is None:
+            self._deadline = self.loop.call_later(self.limits.request_timeout, self._expire)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def data_received(self, data: bytes) -> None:
+        if not self._serving:
+            self._early.append(data)
+            return
+        if self.conn.their_state in (h11.IDLE, h11.SEND_BODY):
+            self._arm()  # a request (the next one on a kept-alive connection) begins
+        super().data_received(data)
+        if self.conn.their_state not in (h11.IDLE, h11.SEND_BODY):
+            self._disarm()  # the request is complete (or the connection is closing)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        # pipelined requests were handled just now: one still incomplete has its deadline
+        if self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and self.conn.trailing_data[0]:
+            self._arm()
+
+    def _expire(self) -> None:
+        self._deadline = None
+        self.limits.timed_out += 1
+        if not self._serving:  # still in the TLS handshake
+            if self._raw is not None:
+                self._raw.close()
+            return
+        begun = bool(self.conn.trailing_data[0]) or self.conn.their_state is h11.SEND_BODY
+        if begun and self.conn.our_state is h11.IDLE:
+            with contextlib.suppress(h11.LocalProtocolError):
+                body = b"request not complete in time"
+                out = self.conn.send(h11.Response(status_code=408, headers=[
+                    (b"content-type", b"text/plain; charset=utf-8"),
+                    (b"content-length", str(len(body)).encode()), (b"connection", b"close")]))
+                out = (out or b"") + (self.conn.send(h11.Data(data=body)) or b"")
+                out += self.conn.send(h11.EndOfMessage()) or b""
+                self.transport.write(out)
+        self.transport.close()
+
+
+def bounded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
+    """uvicorn's h11 protocol class bounded by ``limits`` (pass it as ``Config(http=...)``)."""
+    return type("BoundedH11Protocol", (_BoundedH11,), {"limits": limits})
+
+
+class ConnectionsCollector(Collector):
+    """The bounds at work, for ``/metrics`` (read at scrape time).
+
+    ``rpsagg_http_connections_open`` and ``rpsagg_http_connections_max`` (gauges),
+    ``rpsagg_http_connections_refused_total`` (at the cap) and
+    ``rpsagg_http_requests_timed_out_total`` (closed at the deadline) (counters).
+    """
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.limits = limits
+
+    def collect(self) -> Iterable[Metric]:
+        """The four metrics."""
+        lim = self.limits
+        yield GaugeMetricFamily("rpsagg_http_connections_open",
+                                "HTTP connections open now (TLS handshakes included)",
+                                value=lim.open)
+        yield GaugeMetricFamily("rpsagg_http_connections_max",
+                                "HTTP connections open at once, at most "
+                                "(--http-max-connections)", value=lim.max_connections)
+        yield CounterMetricFamily("rpsagg_http_connections_refused",
+                                  "HTTP connections refused at the cap", value=lim.refused)
+        yield CounterMetricFamily("rpsagg_http_requests_timed_out",
+                                  "HTTP connections closed because a request was not complete "
+                                  "within --http-header-timeout", value=lim.timed_out)
