@@ -22,7 +22,9 @@ if TYPE_CHECKING:
     from rpsagg_server.rounds import RoundEngine
 
 log = logging.getLogger("rpsagg.server")
-CONFIG_KEYS = ("n", "k", "d", "estimator", "transform", "task", "eval")
+CONFIG_KEYS = ("n", "k", "d", "estimator", "transform", "task", "eval", "mean_vectors")
+#: what a key absent from an older database's record was (it predates the setting)
+_BEFORE = {"mean_vectors": 1}
 
 
 def check_job_config(engine: RoundEngine) -> bool:
@@ -35,7 +37,8 @@ def check_job_config(engine: RoundEngine) -> bool:
         engine.store.put_meta("config", json.dumps(mine))
         return False
     theirs = json.loads(saved)
-    diff = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}
+    diff = {k: (theirs.get(k, _BEFORE.get(k)), v) for k, v in mine.items()
+            if theirs.get(k, _BEFORE.get(k)) != v}
     if diff:
         detail = ", ".join(f"{k}={a!r} (now {b!r})" for k, (a, b) in diff.items())
         raise ValueError(f"database {cfg.db} belongs to a job with other settings: {detail}")
@@ -61,7 +64,9 @@ def recover_rounds(engine: RoundEngine) -> LiveRound | None:
         if live.state in ("done", "failed"):
             p.failed_streak = p.failed_streak + 1 if live.state == "failed" else 0
         engine.results.record(live)
-        engine.publish(RoundRecovered(engine.view(live), current=False))
+        view = engine.view(live)
+        engine.publish(RoundRecovered(view, current=False,
+                                      estimate=live.estimate_view(view, engine.cfg)))
         last = live
     return last
 

@@ -212,7 +212,8 @@ async def serve(
     ready: Callable[[RunningServer], None] | None = None,
 ) -> None:
     """Run until the job is done and drained (plus ``cfg.linger`` seconds; forever if
-    negative), or a signal.
+    negative), or a signal (with ``--rounds 0``, the first signal ends the job instead:
+    :meth:`~rpsagg_server.rounds.RoundEngine.stop_job`).
 
     The drained job end: once the job is done (or failed), every read keeps answering
     ``job_done`` until each joined client has been told so, or ``cfg.drain`` seconds have
@@ -234,9 +235,21 @@ async def serve(
         raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        """--rounds 0 (until stopped): the first signal ends the job cleanly after the
+        current round (then drain and linger as at any job's end); else, or again: stop."""
+        engine = running.engine
+        if cfg.rounds == 0 and not engine.job_done and not engine.progress.stopping:
+            log.info("[Server] signal: ending the job after the current round (signal again "
+                     "to stop at once)")
+            engine.stop_job()
+        else:
+            stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
     http_task = None
     if socks and http_app_factory is not None:
         uv, http_task = start_http(http_app_factory(running.state), socks)

@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 import rpsagg
 from rpsagg_server.http import (
     routes_clients,
+    routes_estimate,
     routes_export,
     routes_health,
     routes_rounds,
@@ -54,7 +55,8 @@ def create_app(state: ServerState, registry: CollectorRegistry | None = None) ->
     -------
     FastAPI
         Routes: ``/`` (dashboard page), ``/static/*``, ``/api/status``, ``/api/clients``,
-        ``/api/rounds``, ``/api/rounds/{id}``, ``/api/rounds/export.csv``,
+        ``/api/rounds``, ``/api/rounds/{id}``, ``/api/rounds/{id}/estimate``,
+        ``/api/rounds/export.csv``,
         ``/api/rounds/export.json``, ``/healthz``, ``/readyz``, ``/metrics``, ``/docs``.
         ``/metrics`` reads the server's metrics ledger and read model at scrape time.
     """
@@ -82,6 +84,7 @@ def create_app(state: ServerState, registry: CollectorRegistry | None = None) ->
     app.include_router(routes_clients.router)
     app.include_router(routes_export.router)  # before /api/rounds/{round_id}
     app.include_router(routes_rounds.router)
+    app.include_router(routes_estimate.router)
     app.include_router(routes_health.router)
     app.router.routes.append(
         Route("/metrics", _Mounted(make_asgi_app(registry)), include_in_schema=False))
