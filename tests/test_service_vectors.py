@@ -37,7 +37,7 @@ from typing import IO, Any
 
 import numpy as np
 import pytest
-from service_util import round_messages, wait_until
+from service_util import base_config, in_process_server, round_messages, wait_until
 
 from rpsagg import make_estimator
 from rpsagg_server.launch import LocalJob, ServerProcess, client_command
@@ -413,3 +413,58 @@ def test_http_errors_for_rounds_without_estimate(tmp_path: Path) -> None:
         with pytest.raises(urllib.error.HTTPError) as err:
             get(f"http://127.0.0.1:{http}/api/rounds/2/estimate?format=npy")
         assert err.value.code == 404
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("submitted", [0, 1])
+def test_stop_job_closes_the_current_round_and_ends_the_job(tmp_path: Path,
+                                                            submitted: int) -> None:
+    """--rounds 0 stopped with the round open (it fails: nothing to decode) or collecting
+    (it decodes what arrived, n' = 1 of 2); either way the job is done, not failed, and a
+    restart on the database finds it done."""
+    from rpsagg_client import AggregationClient
+
+    cfg = base_config(db=str(tmp_path / "job.db"), n=2, k=4, d=8, rounds=0, data="external")
+    with in_process_server(cfg) as srv:
+        engine = srv.running.engine
+        with AggregationClient(f"127.0.0.1:{srv.port}", "a", insecure=True) as a:
+            a.join()
+            rnd = a.current_round()
+            assert rnd.total_rounds == 0
+            if submitted:
+                a.submit(rnd, np.arange(8.0))
+            srv.loop.call_soon_threadsafe(engine.stop_job)
+            res = a.result(rnd.round_id, wait=True)
+            assert res.job_done
+            if submitted:
+                assert (res.state, res.n_prime) == ("done", 1)
+            else:
+                assert res.state == "failed"
+                assert res.reason == ("the job was stopped: 0 of the minimum 1 clients "
+                                      "submitted")
+            info = a.current_round()
+            assert info.job_done and info.job_failure == ""
+        job = srv.running.state.job()
+        assert job is not None and job.state == "done" and job.rounds_planned == 0
+    with in_process_server(cfg) as srv:
+        assert srv.running.engine.job_done and srv.running.engine.progress.job_failure == ""
+
+
+def test_server_flags_of_external_jobs() -> None:
+    from rpsagg_server.config import load_config
+
+    base = ["--insecure", "--task", "mean"]
+    cfg = load_config([*base, "--data", "external", "--rounds", "0", "--mean-vectors", "3"])
+    assert (cfg.data, cfg.rounds, cfg.params["vectors"]) == ("external", 0, 3.0)
+    for argv, message in [
+        (["--rounds", "-1"], "--rounds must be >= 0 (0: until stopped); got -1"),
+        (["--data", "mine"], "--data must be one of synthetic, fashion-mnist, ujiindoorloc, "
+         "external; got 'mine'"),
+        (["--data", "external", "--task", "kmeans"], "--data external (the clients' own "
+         "vectors) goes with --task mean; got --task kmeans"),
+        (["--mean-vectors", "0"], "--mean-vectors must be >= 1; got 0"),
+        (["--mean-vectors", "2", "--task", "linreg"], "--mean-vectors applies to --task mean"),
+    ]:
+        with pytest.raises(ValueError) as err:
+            load_config([*base, *argv])
+        assert str(err.value) == message
