@@ -402,7 +402,7 @@ def test_a_client_without_vectors_is_told_to_pass_them(tmp_path: Path) -> None:
         assert "round done with 1/1 clients" in out.decode()
 
 
-def test_http_errors_for_rounds_without_estimate(tmp_path: Path) -> None:
+def test_no_estimate_yet_over_http_and_from_the_result_command(tmp_path: Path) -> None:
     http = free_port()
     job = LocalJob(server(tmp_path, http, "--n", "1", "--k", "4", "--d", "8", "--rounds", "1",
                           "--linger", "-1"))
@@ -413,6 +413,56 @@ def test_http_errors_for_rounds_without_estimate(tmp_path: Path) -> None:
         with pytest.raises(urllib.error.HTTPError) as err:
             get(f"http://127.0.0.1:{http}/api/rounds/2/estimate?format=npy")
         assert err.value.code == 404
+        base = ["result", "--server", job.target, "--insecure", "--round", "1"]
+        for extra, rc, line in [
+            (["--out", str(tmp_path / "r.npy")], 1,
+             "rpsagg-client: round 1 is open; it has no estimate yet (--wait waits for it)"),
+            (["--out", str(tmp_path / "r.csv")], 2,
+             f"rpsagg-client: --out {tmp_path / 'r.csv'}: the estimate is written as .npy; "
+             "name the file FILE.npy"),
+        ]:
+            res = subprocess.run(client_command(base + extra), capture_output=True, text=True,
+                                 timeout=60)
+            assert (res.returncode, res.stderr.splitlines()) == (rc, [line])
+        assert not (tmp_path / "r.npy").exists()
+
+
+@pytest.mark.timeout(180)
+def test_until_stopped_with_a_stream_that_ends(tmp_path: Path) -> None:
+    """A stream client in a job until stopped leaves it when its input ends (exit 0); the
+    job goes on until SIGTERM, which fails the open round (nothing to decode) and ends the
+    job as done."""
+    d = 8
+    http = free_port()
+    job = LocalJob(server(tmp_path, http, "--n", "1", "--k", "4", "--d", str(d), "--rounds",
+                          "0", "--linger", "0", "--drain", "1"))
+    with job:
+        piped = client(job, "piped", "-", stdin=subprocess.PIPE)
+        assert piped.stdin is not None
+        piped.stdin.write(_line(np.ones(d)) + _line(np.arange(d, dtype=float)))
+        piped.stdin.close()
+        rc, out, err = finish(piped)
+        assert (rc, err.splitlines()) == (0, [
+            "rpsagg-client: <stdin>: ended after 2 vector(s); leaving the job"])
+        assert len(out.splitlines()) == 2
+        st = status(http)
+        assert st["job"]["steps_done"] == 2 and not st["job"]["done"]
+        assert st["current_round"]["round_id"] == 3
+        srv = job.server.proc
+        assert srv is not None
+        srv.send_signal(signal.SIGTERM)
+        _, log = srv.communicate(timeout=60)
+        assert srv.returncode == 0, log.decode()[-2000:]
+    conn = sqlite3.connect(tmp_path / "job.db")
+    try:
+        rows = conn.execute("SELECT round_id, state, reason FROM rounds ORDER BY round_id"
+                            ).fetchall()
+        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+    finally:
+        conn.close()
+    assert rows == [(1, "done", ""), (2, "done", ""), (
+        3, "failed", "the job was stopped: 0 of the minimum 1 clients submitted")]
+    assert meta["job_done"] == "1" and meta.get("job_failure", "") == ""
 
 
 @pytest.mark.timeout(120)
