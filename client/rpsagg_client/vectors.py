@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import sys
 import zipfile
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -182,7 +183,7 @@ def load_text(path: Path) -> FloatArray:
     return np.stack(rows)[:, None, :]
 
 
-class VectorSource:
+class VectorSource(ABC):
     """The vectors a client contributes, round by round.
 
     Attributes
@@ -205,9 +206,9 @@ class VectorSource:
         if self.d != d:
             raise VectorError(f"{self.name}: vectors of length {self.d}; the server's d is {d}")
 
+    @abstractmethod
     def vectors(self, step: int) -> FloatArray:
         """The ``(m, d)`` vectors of task step ``step`` (:class:`VectorsEnded` past the end)."""
-        raise NotImplementedError
 
 
 class ArraySource(VectorSource):
@@ -250,21 +251,20 @@ class StreamSource(VectorSource):
     reads the next ``m`` vectors; a retried step (after a failed round) sends the same."""
 
     def __init__(self, fp: IO[str], name: str = STDIN_NAME) -> None:
-        self.name, self._fp = name, fp
+        self.name = name
         self._lines = _text_lines(fp)
         self.m = 1
+        self.read = 0  # vectors handed out
         self._held: list[FloatArray] = [self._read(None)]  # d from the first line
         self.d = int(self._held[0].size)
         self._step: int | None = None
         self._current: FloatArray | None = None
-        self.read = 0
 
     def _read(self, d: int | None) -> FloatArray:
         try:
             lineno, line = next(self._lines)
         except StopIteration:
-            raise VectorsEnded(f"{self.name}: ended after {getattr(self, 'read', 0)} "
-                               "vector(s)") from None
+            raise VectorsEnded(f"{self.name}: ended after {self.read} vector(s)") from None
         except UnicodeDecodeError as exc:
             raise VectorError(f"{self.name}: not text ({exc.reason})") from None
         return parse_line(self.name, lineno, line, d)
