@@ -512,6 +512,7 @@ def test_server_flags_of_external_jobs() -> None:
     base = ["--insecure", "--task", "mean"]
     cfg = load_config([*base, "--data", "external", "--rounds", "0", "--mean-vectors", "3"])
     assert (cfg.data, cfg.rounds, cfg.params["vectors"]) == ("external", 0, 3.0)
+    assert load_config([*base, "--data", "external", "--d", "0", "--k", "500"]).d == 0
     for argv, message in [
         (["--rounds", "-1"], "--rounds must be >= 0 (0: until stopped); got -1"),
         (["--data", "mine"], "--data must be one of synthetic, fashion-mnist, ujiindoorloc, "
@@ -520,7 +521,78 @@ def test_server_flags_of_external_jobs() -> None:
          "vectors) goes with --task mean; got --task kmeans"),
         (["--mean-vectors", "0"], "--mean-vectors must be >= 1; got 0"),
         (["--mean-vectors", "2", "--task", "linreg"], "--mean-vectors applies to --task mean"),
+        (["--d", "0"], "--d 0 (d from the first client's join) goes with --data external"),
+        (["--d", "-3", "--data", "external"], "--d must be >= 1 (or 0 with --data external: "
+         "from the first client's join); got -3"),
     ]:
         with pytest.raises(ValueError) as err:
             load_config([*base, *argv])
         assert str(err.value) == message
+
+
+def _status_or_none(http: int) -> Any:
+    try:
+        return status(http)
+    except (urllib.error.URLError, ConnectionError):
+        return None  # the dashboard starts with the job, once d is known
+
+
+@pytest.mark.timeout(300)
+def test_d_from_the_first_join(tmp_path: Path) -> None:
+    """``--d 0``: GetRound says d = 0 until a join says d; a join without d or with d < k is
+    refused; the first join with d fixes it (durably: a restart keeps it); a client whose
+    vectors have another d is then refused before it joins."""
+    import grpc
+
+    from rpsagg_client import AggregationClient
+
+    d, k = 48, 8
+    rng = np.random.default_rng(9)
+    np.save(tmp_path / "b.npy", rng.standard_normal((2, d)))
+    np.save(tmp_path / "wrong.npy", rng.standard_normal((2, d + 1)))
+    http = free_port()
+    flags = ("--n", "2", "--k", str(k), "--d", "0", "--rounds", "2", "--linger", "-1",
+             "--round-timeout", "120")
+    job = LocalJob(server(tmp_path, http, *flags))
+    with job, AggregationClient(job.target, "a", insecure=True, retry_budget=30) as a:
+        info = a.current_round()
+        assert (info.d, info.round_id, info.state, info.total_rounds) == (0, 0, "unspecified", 2)
+        with pytest.raises(grpc.RpcError) as err:
+            a.join()
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "takes d from the first client's join" in str(err.value.details())
+        with pytest.raises(grpc.RpcError) as err:
+            a.join(d=k - 1)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details() == f"d = {k - 1} (client 'a') is below the job's k = {k}"
+        joined = a.join(d=d)  # answered UNAVAILABLE while the job starts, retried
+        assert joined.client_index == 0
+        wait_until(lambda: (_status_or_none(http) or {}).get("config", {}).get("d") == d, 30,
+                   "the dashboard with d")
+        wrong = client(job, "w", str(tmp_path / "wrong.npy"))
+        assert finish(wrong, 60)[0::2] == (2, f"rpsagg-client: {tmp_path / 'wrong.npy'}: "
+                                              f"vectors of length {d + 1}; the server's d is "
+                                              f"{d}\n")
+        with pytest.raises(grpc.RpcError) as err:
+            AggregationClient(job.target, "w2", insecure=True).join(d=d + 1)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details() == f"client 'w2' has vectors of length {d + 1}; this " \
+            f"job's d is {d}"
+        b = client(job, "b", str(tmp_path / "b.npy"))
+        xa = rng.standard_normal((2, d))
+        for t in range(2):
+            rnd = a.current_round()
+            a.submit(rnd, xa[t])
+            assert a.result(rnd.round_id, wait=True).state == "done"
+        assert finish(b)[0] == 0
+        assert [c["client_id"] for c in status(http)["clients"]] == ["a", "b"]
+        got = {rid: estimate(http, rid, "npy")[0] for rid in (1, 2)}
+        assert all(v.shape == (d,) for v in got.values())
+    decoded = library_decodes(tmp_path / "job.db", 2, k, d, "avg")
+    assert all(same_bits(got[rid], decoded[rid]) for rid in (1, 2))
+    # a restart on the database starts the job at once with the d it learned
+    (tmp_path / "port").unlink()
+    again = LocalJob(server(tmp_path, http, *flags))
+    with again:
+        st = status(http)
+        assert st["config"]["d"] == d and st["job"]["done"]

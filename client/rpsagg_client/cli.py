@@ -174,7 +174,12 @@ def run(args: argparse.Namespace) -> int:
             except VectorError as exc:
                 return _bad_input(str(exc))
             log.info("[Client] %s: %s", source.name, describe(source))
-        joined = client.join()
+        try:  # says d: a server started with --d 0 takes the first join's
+            joined = client.join(source.d if source is not None else 0)
+        except grpc.RpcError as exc:
+            if source is not None and exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                return _bad_input(f"{source.name}: {exc.details()}")
+            raise
         hint = joined.data_hint
         if source is None and hint == EXTERNAL_DATA:
             return _bad_input("the server's job averages the clients' own vectors: pass "

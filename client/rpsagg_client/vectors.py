@@ -200,10 +200,11 @@ class VectorSource(ABC):
     def check_job(self, d: int, m: int, total_rounds: int, first_step: int) -> None:
         """Refuse a job these vectors cannot serve (before the client joins it).
 
+        ``d`` 0: the job takes its d from the first join (this client's join says its d);
         ``total_rounds`` 0: the job runs until stopped; ``first_step``: the task step the
         job is at.
         """
-        if self.d != d:
+        if d and self.d != d:
             raise VectorError(f"{self.name}: vectors of length {self.d}; the server's d is {d}")
 
     @abstractmethod

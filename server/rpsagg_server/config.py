@@ -108,8 +108,16 @@ class ServerConfig:
                              f"{self.estimator}")
         if self.task not in TASKS:
             raise ValueError(f"--task must be one of {', '.join(TASKS)}; got {self.task!r}")
-        if not 1 <= self.k <= self.d:
+        if self.d == 0 and self.data != EXTERNAL_DATA:
+            raise ValueError("--d 0 (d from the first client's join) goes with --data "
+                             f"{EXTERNAL_DATA}")
+        if self.d < 0:
+            raise ValueError(f"--d must be >= 1 (or 0 with --data {EXTERNAL_DATA}: from the "
+                             f"first client's join); got {self.d}")
+        if self.d and not 1 <= self.k <= self.d:
             raise ValueError(f"--k must be in [1, d] = [1, {self.d}]; got {self.k}")
+        if self.k < 1:
+            raise ValueError(f"--k must be >= 1; got {self.k}")
         if self.n < 1:
             raise ValueError(f"--n must be >= 1; got {self.n}")
         if not 1 <= self.min_clients <= self.n:
@@ -236,7 +244,8 @@ def _parser() -> argparse.ArgumentParser:
                      "dashboard has no authentication; 0.0.0.0 or :: publishes it)",
         "n": "number of clients",
         "k": "floats per client per vector",
-        "d": "vector length",
+        "d": "vector length (0 with --data external: the first client's join says it, and "
+        "it is fixed for the job)",
         "estimator": f"one of {', '.join(SCHEMES)}",
         "value_bits": "bits per sent value of rand-k, rand-k-spatial and rand-proj-spatial "
         "(1..32; below 32 unbiased stochastic rounding with a float32 scale per message)",

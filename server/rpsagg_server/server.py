@@ -31,6 +31,7 @@ from rpsagg_server.auth import TokenBook, TokenInterceptor
 from rpsagg_server.config import ServerConfig, load_config
 from rpsagg_server.events import EventBus, SubmissionRefused
 from rpsagg_server.http import create_app
+from rpsagg_server.learnd import learn_d
 from rpsagg_server.live import Rejected
 from rpsagg_server.rounds import RoundEngine
 from rpsagg_server.servicer import AggregationServicer
@@ -228,6 +229,13 @@ async def serve(
     if http_app_factory is not None and cfg.http_port:
         socks = bind_http_sockets(cfg.http_host, cfg.http_port)
     try:
+        # --d 0: the first join says d (a stand-in serves until then; learnd's docstring)
+        learned = await learn_d(cfg, _credentials(cfg), lambda port: _write_port(cfg, port))
+        if learned is None:  # a signal while it waited
+            for s in socks:
+                s.close()
+            return
+        cfg = learned
         running, _ = await create_server(cfg)
     except BaseException:
         for s in socks:
@@ -264,10 +272,7 @@ async def serve(
             log.info("[Server] dashboard on %s", ", ".join(
                 _url(s.getsockname()) for s in socks))
     eventloop.freeze_startup_heap()  # started: the per-call garbage is all that is left
-    if cfg.port_file:
-        tmp = Path(cfg.port_file + ".tmp")
-        tmp.write_text(f"{running.port}\n")
-        tmp.replace(cfg.port_file)
+    _write_port(cfg, running.port)
     if ready is not None:
         ready(running)
 
@@ -302,6 +307,14 @@ async def serve(
             s.close()
         log.info("[Server] stopping")
         await running.stop()
+
+
+def _write_port(cfg: ServerConfig, port: int) -> None:
+    """Write the bound gRPC port to ``--port-file`` atomically (once serving)."""
+    if cfg.port_file:
+        tmp = Path(cfg.port_file + ".tmp")
+        tmp.write_text(f"{port}\n")
+        tmp.replace(cfg.port_file)
 
 
 def _url(addr: tuple[Any, ...]) -> str:
