@@ -596,3 +596,31 @@ def test_d_from_the_first_join(tmp_path: Path) -> None:
     with again:
         st = status(http)
         assert st["config"]["d"] == d and st["job"]["done"]
+
+
+@pytest.mark.timeout(120)
+def test_d_from_the_first_join_keeps_tls_and_tokens(tmp_path: Path) -> None:
+    """The stand-in that waits for d serves with the job's TLS and tokens: a join without a
+    token is UNAUTHENTICATED (and fixes nothing); one with a token fixes d."""
+    import grpc
+    from service_util import make_certs
+
+    from rpsagg_client import AggregationClient
+
+    certs = make_certs(tmp_path)
+    (tmp_path / "tokens.txt").write_text("s3cret\n")
+    srv = ServerProcess([
+        "--host", "127.0.0.1", "--grpc-port", "0", "--http-port", "0", "--task", "mean",
+        "--data", "external", "--d", "0", "--n", "1", "--k", "4", "--rounds", "1",
+        "--db", ":memory:", "--linger", "-1", "--tls-cert", certs.server_cert,
+        "--tls-key", certs.server_key, "--tokens", str(tmp_path / "tokens.txt"),
+    ], tmp_path / "port", stderr=subprocess.PIPE)
+    with srv:
+        with AggregationClient(srv.target, "x", tls_ca=certs.ca) as anon, \
+                pytest.raises(grpc.RpcError) as err:
+            anon.join(d=8)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with AggregationClient(srv.target, "a", token="s3cret", tls_ca=certs.ca) as a:
+            assert a.current_round().d == 0
+            assert a.join(d=8).client_index == 0
+            assert a.current_round().d == 8

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -133,12 +134,15 @@ async def _released(host: str, port: int, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.05)
 
 
-async def learn_d(cfg: ServerConfig, credentials: grpc.ServerCredentials | None,
-                  serving: Any) -> ServerConfig | None:
+async def learn_d(cfg: ServerConfig,
+                  credentials: Callable[[], grpc.ServerCredentials | None],
+                  serving: Callable[[int], None]) -> ServerConfig | None:
     """``cfg`` with the job's d: as given, as stored by an earlier start, or from the first
     join (step 1 of the module docstring); None when a signal stopped the wait.
 
-    ``serving(port)`` is called once the stand-in serves (the server writes its port file).
+    ``credentials()`` gives the TLS credentials (called after the start-up checks of the TLS
+    files); ``serving(port)`` is called once the stand-in serves (the server writes its port
+    file).
     The returned configuration has the port the stand-in bound (``--grpc-port 0``: the one
     it picked), for the job's server to bind again.
     """
@@ -164,7 +168,8 @@ async def learn_d(cfg: ServerConfig, credentials: grpc.ServerCredentials | None,
             raise busy
         address = f"{cfg.host}:{cfg.grpc_port}"
         try:
-            port = (server.add_secure_port(address, credentials) if credentials is not None
+            creds = credentials()
+            port = (server.add_secure_port(address, creds) if creds is not None
                     else server.add_insecure_port(address))
         except RuntimeError:
             port = 0

@@ -230,7 +230,8 @@ async def serve(
         socks = bind_http_sockets(cfg.http_host, cfg.http_port)
     try:
         # --d 0: the first join says d (a stand-in serves until then; learnd's docstring)
-        learned = await learn_d(cfg, _credentials(cfg), lambda port: _write_port(cfg, port))
+        learned = await learn_d(cfg, lambda: _credentials(cfg),
+                                lambda port: _write_port(cfg, port))
         if learned is None:  # a signal while it waited
             for s in socks:
                 s.close()
