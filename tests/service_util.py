@@ -210,6 +210,26 @@ def check_rounds_against_inprocess(db: str, n: int, k: int, d: int, scheme: str)
         store.close()
 
 
+def round_messages(db: str, scheme: str, k: int, d: int, j: int = 0
+                   ) -> list[tuple[int, list[Any]]]:
+    """``(round id, messages of vector j)`` of every done round in the database ``db``, in
+    client-index order: the ``Encoded`` messages rebuilt from the committed submissions
+    (client seed, values, the round's nonce), what the server decoded."""
+    store = Store(db)
+    try:
+        clients = {cid: idx for cid, idx, _ in store.clients()}
+        out = []
+        for r in store.rounds():
+            if r.state == "done":
+                subs = [serde.decode_submission(s.payload)
+                        for s in store.submissions(r.round_id)]
+                subs.sort(key=lambda s: clients[s.client_id])
+                out.append((r.round_id, messages(subs, r.nonce, scheme, k, d, j)))
+        return out
+    finally:
+        store.close()
+
+
 def ip(*args: str) -> None:
     """Run ``ip ARGS...`` (iproute2); raises on failure."""
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)

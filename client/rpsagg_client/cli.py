@@ -1,13 +1,24 @@
-"""``rpsagg-client``: run the server's task on this client's data shard until the job is done.
+"""``rpsagg-client``: take part in the server's job until it is done, or fetch an estimate.
 
-Prints one line per round once the round is over (bytes this client sent, whether its
-submission was acknowledged, how the round ended); ``--quiet`` turns the lines off.
+``rpsagg-client [flags]`` runs the server's task on this client's data: its shard of the
+built-in data, or with ``--vectors PATH`` the user's own vectors (``.npy``, ``.npz``, CSV,
+or ``-`` for a stream on standard input; :mod:`rpsagg_client.vectors`). It prints one line
+per round once the round is over (bytes this client sent, whether its submission was
+acknowledged, how the round ended); ``--quiet`` turns the lines off.
+
+``rpsagg-client result --round N --out FILE.npy`` saves a done round's estimate (the latest
+done round for ``--round 0``).
+
+``--server``, ``--client-id``, ``--token``, ``--token-file``, ``--tls-*``, ``--vectors`` and
+``--quiet`` also read an environment variable ``RPSAGG_<FLAG>`` (``--vectors`` ->
+``RPSAGG_VECTORS``); a flag overrides it.
 
 Exit status: 0 when the job is over (done, or failed on the server: a restart cannot help);
-3 when the server refuses this client for good (every client slot of the job is taken by
-other ids, or the request is invalid); 4 when it refuses the credentials (a wrong or missing
-token, a token for another client id); 1 for anything else (e.g. the server stayed
-unreachable for the whole retry budget), which a restart may mend; 130 on Ctrl-C or SIGTERM.
+2 for bad input (a vector file that does not fit the job; one line naming it); 3 when the
+server refuses this client for good (every client slot of the job is taken by other ids, or
+the request is invalid); 4 when it refuses the credentials (a wrong or missing token, a
+token for another client id); 1 for anything else (e.g. the server stayed unreachable for
+the whole retry budget), which a restart may mend; 130 on Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -21,14 +32,23 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
+import numpy as np
 
-from rpsagg.tasks import DATA_SOURCES, DataUnavailable, load_shard, make_task
+from rpsagg.tasks import DATA_SOURCES, EXTERNAL_DATA, DataUnavailable, load_shard, make_task
 from rpsagg_client.client import AggregationClient
 from rpsagg_client.identity import default_client_id
+from rpsagg_client.vectors import (
+    VectorError,
+    VectorsEnded,
+    VectorSource,
+    describe,
+    open_vectors,
+)
 from rpsagg_wire.v1 import serde
 from rpsagg_wire.v1.serde import RoundResult, Submission
 
 log = logging.getLogger("rpsagg.client")
+BAD_INPUT = 2  # exit status of bad input vectors (argparse's for bad flags)
 
 #: exit statuses (the module docstring): refusals that no restart can change
 EXIT_REFUSED = 3
@@ -39,8 +59,8 @@ _REFUSED = {grpc.StatusCode.RESOURCE_EXHAUSTED: EXIT_REFUSED,
             grpc.StatusCode.PERMISSION_DENIED: EXIT_CREDENTIALS}
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rpsagg-client", description=__doc__)
+def _connection(p: argparse.ArgumentParser) -> None:
+    """The flags of every command: where the server is and how to reach it."""
     env = os.environ.get
     p.add_argument("--server", default=env("RPSAGG_SERVER", "127.0.0.1:50051"), help="HOST:PORT")
     p.add_argument("--client-id", default=None,
@@ -54,15 +74,40 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-cert", default=env("RPSAGG_TLS_CERT"), help="client cert (mTLS)")
     p.add_argument("--tls-key", default=env("RPSAGG_TLS_KEY"), help="client key (mTLS)")
     p.add_argument("--insecure", action="store_true", help="plain-text channel")
-    p.add_argument("--data", choices=DATA_SOURCES, default=None,
-                   help="data source (default: what the server suggests at join)")
-    p.add_argument("--data-path", default=None, help="data file or directory")
     p.add_argument("--timeout", type=float, default=10.0, help="per-call deadline (s)")
     p.add_argument("--retry-budget", type=float, default=60.0,
                    help="seconds to keep retrying an unavailable server")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rpsagg-client", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    env = os.environ.get
+    _connection(p)
+    p.add_argument("--vectors", default=env("RPSAGG_VECTORS") or None, metavar="PATH",
+                   help="your own vectors for --task mean: .npy of shape (d,), (rounds, d) or "
+                   "(rounds, m, d); .npz; CSV, one vector per line; '-': one vector per line "
+                   "on standard input, one per round (also RPSAGG_VECTORS)")
+    p.add_argument("--data", choices=DATA_SOURCES, default=None,
+                   help="data source (default: what the server suggests at join)")
+    p.add_argument("--data-path", default=None, help="data file or directory")
     p.add_argument("--quiet", action="store_true",
                    default=env("RPSAGG_QUIET", "") not in ("", "0"),
                    help="no line per round (also RPSAGG_QUIET=1)")
+    return p
+
+
+def _result_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="rpsagg-client result",
+        description="Save a done round's estimate (the decoded mean) as a .npy file: shape "
+        "(d,), or (m, d) for m vectors per round.")
+    _connection(p)
+    p.add_argument("--round", type=int, default=0,
+                   help="round id (default 0: the latest done round)")
+    p.add_argument("--out", required=True, help="where to write it (FILE.npy)")
+    p.add_argument("--wait", action="store_true",
+                   help="wait for the round to finish if it is still running")
     return p
 
 
@@ -104,30 +149,74 @@ def round_line(client_id: str, round_id: int, sent: Submission | None, note: str
     return f"{head} {body}; {end}"
 
 
-def run(args: argparse.Namespace) -> int:
-    """Join, then for every round compute the task's vectors on the shard and submit."""
-    client = AggregationClient(
+def _client(args: argparse.Namespace) -> AggregationClient:
+    return AggregationClient(
         args.server, args.client_id, token=args.token, tls_ca=args.tls_ca,
         tls_cert=args.tls_cert, tls_key=args.tls_key, insecure=args.insecure,
         timeout=args.timeout, retry_budget=args.retry_budget,
     )
+
+
+def _bad_input(message: str) -> int:
+    print(f"rpsagg-client: {message}", file=sys.stderr, flush=True)
+    return BAD_INPUT
+
+
+def run(args: argparse.Namespace) -> int:
+    """Join, then for every round compute the task's vectors (or read the user's) and submit.
+
+    With ``--vectors`` the input is read and checked before the client contacts the server,
+    and checked against the job (task, d, m, rounds; from GetRound) before it joins: bad
+    input is one line on stderr and exit status 2, with nothing sent.
+    """
+    source: VectorSource | None = None
+    if args.vectors:
+        try:
+            source = open_vectors(args.vectors)
+        except VectorError as exc:
+            return _bad_input(str(exc))
+    client = _client(args)
     with client:
-        joined = client.join()
+        if source is not None:
+            info = client.current_round()  # what the job needs, before joining it
+            if info.job_done:
+                print("rpsagg-client: the server's job is already over", file=sys.stderr)
+                return 0
+            if info.task != "mean":
+                return _bad_input(f"--vectors needs a server running --task mean; this one "
+                                  f"runs {info.task}")
+            try:
+                source.check_job(info.d, info.m, info.total_rounds, info.task_step)
+            except VectorError as exc:
+                return _bad_input(str(exc))
+            log.info("[Client] %s: %s", source.name, describe(source))
+        try:  # says d: a server started with --d 0 takes the first join's
+            joined = client.join(source.d if source is not None else 0)
+        except grpc.RpcError as exc:
+            if source is not None and exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                return _bad_input(f"{source.name}: {exc.details()}")
+            raise
         hint = joined.data_hint
-        source = args.data or hint.split(":")[0] or "synthetic"
+        if source is None and hint == EXTERNAL_DATA:
+            return _bad_input("the server's job averages the clients' own vectors: pass "
+                              "--vectors PATH (or set RPSAGG_VECTORS)")
         params = joined.task_params
         first = client.current_round()
         task = make_task(joined.task, first.d, params)
-        try:
-            shard = load_shard(source, joined.task, joined.client_index, joined.n, first.d,
-                               r=float(params.get("data_r", 0.0)),
-                               seed=int(params.get("seed", 0)), path=args.data_path)
-        except DataUnavailable as exc:
-            print(f"rpsagg-client: {exc}; using synthetic data instead", file=sys.stderr)
-            shard = load_shard("synthetic", joined.task, joined.client_index, joined.n,
-                               first.d, r=float(params.get("data_r", 0.0)))
+        shard = None
+        if source is None:
+            data = args.data or hint.split(":")[0] or "synthetic"
+            try:
+                shard = load_shard(data, joined.task, joined.client_index, joined.n, first.d,
+                                   r=float(params.get("data_r", 0.0)),
+                                   seed=int(params.get("seed", 0)), path=args.data_path)
+            except DataUnavailable as exc:
+                print(f"rpsagg-client: {exc}; using synthetic data instead", file=sys.stderr)
+                shard = load_shard("synthetic", joined.task, joined.client_index, joined.n,
+                                   first.d, r=float(params.get("data_r", 0.0)))
         log.info("[Client] %s joined as index %d of %d (task %s, data %s)", args.client_id,
-                 joined.client_index, joined.n, joined.task, source)
+                 joined.client_index, joined.n, joined.task,
+                 source.name if source is not None else args.data or hint)
         pending: tuple[int, Submission | None, str] | None = None
 
         def report() -> None:  # the previous round is over: one line for it
@@ -146,10 +235,25 @@ def run(args: argparse.Namespace) -> int:
 
         for rnd in client.rounds():
             report()
-            assert rnd.global_state is not None or joined.task == "mean"
-            state = rnd.global_state
-            vectors = task.client_vectors(state if state is not None else task.initial_state(0),
-                                          shard, rnd.task_step)
+            pending = None
+            if source is not None:
+                try:
+                    vectors = source.vectors(rnd.task_step)
+                except VectorsEnded as exc:
+                    if rnd.total_rounds == 0:  # a job until stopped: this client is done
+                        print(f"rpsagg-client: {exc}; leaving the job", file=sys.stderr)
+                        return 0
+                    return _bad_input(f"{exc}, but the job runs {rnd.total_rounds} rounds; "
+                                      "leaving it")
+                except VectorError as exc:
+                    return _bad_input(f"{exc}; leaving the job")
+            else:
+                assert shard is not None
+                assert rnd.global_state is not None or joined.task == "mean"
+                state = rnd.global_state
+                vectors = task.client_vectors(
+                    state if state is not None else task.initial_state(0), shard,
+                    rnd.task_step)
             sub = client.encode(rnd, vectors)
             try:
                 ack = client.submit_encoded(sub)
@@ -171,11 +275,46 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def fetch_result(args: argparse.Namespace) -> int:
+    """``rpsagg-client result``: write a done round's estimate to ``--out`` (GetResult)."""
+    out = Path(args.out)
+    if out.suffix.lower() != ".npy":
+        return _bad_input(f"--out {args.out}: the estimate is written as .npy; name the file "
+                          "FILE.npy")
+    if args.round < 0:
+        return _bad_input(f"--round must be >= 0 (0: the latest done round); got {args.round}")
+    with _client(args) as client:
+        res = client.result(args.round, wait=args.wait)
+        info = client.current_round()
+    if res.state != "done" or res.estimate is None:
+        why = f"failed: {res.reason}" if res.state == "failed" else (
+            f"is {res.state}; it has no estimate yet" + ("" if args.wait else
+                                                          " (--wait waits for it)"))
+        print(f"rpsagg-client: round {res.round_id} {why}", file=sys.stderr)
+        return 1
+    est = np.asarray(res.estimate, dtype=np.float64)
+    values = est[0] if est.ndim == 2 and est.shape[0] == 1 else est
+    tmp = out.with_name(out.name + ".tmp")
+    with tmp.open("wb") as fp:
+        np.save(fp, values, allow_pickle=False)
+    tmp.replace(out)
+    print(f"round {res.round_id}: the mean of {res.n_prime} of {info.n} clients' vectors "
+          f"({info.scheme}, transform {res.transform}, k={info.k}, d={info.d}, "
+          f"{fmt_bytes(res.wire_bytes)} received), shape {values.shape} -> {out}", flush=True)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``rpsagg-client``."""
     logging.basicConfig(level=os.environ.get("RPSAGG_LOG_LEVEL", "WARNING").upper(),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = run
+    if argv[:1] == ["result"]:
+        args = _result_parser().parse_args(argv[1:])
+        command = fetch_result
+    else:
+        args = _parser().parse_args(argv)
     if args.client_id is None:
         args.client_id = default_client_id()
     if args.token_file and not args.token:
@@ -185,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: os._exit(130))
     try:
-        return run(args)
+        return command(args)
     except grpc.RpcError as exc:
         code = _REFUSED.get(exc.code(), 1)
         why = " (refused for good: not retrying)" if code != 1 else ""

@@ -168,9 +168,14 @@ class AggregationClient:
         self.close()
 
     # -- API -------------------------------------------------------------------------------
-    def join(self) -> JoinReply:
-        """Join; sets :attr:`index` (this client's data shard among the n clients)."""
-        reply: JoinReply = self._call("Join", JoinRequest(self.client_id))
+    def join(self, d: int = 0) -> JoinReply:
+        """Join; sets :attr:`index` (this client's data shard among the n clients).
+
+        ``d``: the length of this client's vectors, if it wants to say (0: not said). A
+        server started with ``--d 0`` takes the first join's d for the job; any server
+        refuses a d other than its own (INVALID_ARGUMENT).
+        """
+        reply: JoinReply = self._call("Join", JoinRequest(self.client_id, d))
         self.index = reply.client_index
         return reply
 

@@ -34,7 +34,7 @@ from pydantic_settings import (
 
 from rpsagg import ESTIMATOR_NAMES, QUANTIZER_NAMES
 from rpsagg.schemes import DEFAULT_ESTIMATOR, names_where, scheme_traits
-from rpsagg.tasks import TASKS
+from rpsagg.tasks import DATA_SOURCES, EXTERNAL_DATA, TASKS
 
 SCHEMES = ESTIMATOR_NAMES + QUANTIZER_NAMES
 QUANTIZABLE = names_where(lambda t: t.quantizable)
@@ -76,6 +76,7 @@ class ServerConfig:
     insecure: bool = False
     data: str = "synthetic"
     data_r: float = 0.0
+    mean_vectors: int = 1
     seed: int = 0
     lr: float = 0.1
     centroids: int = 10
@@ -112,14 +113,32 @@ class ServerConfig:
                              f"{self.estimator}")
         if self.task not in TASKS:
             raise ValueError(f"--task must be one of {', '.join(TASKS)}; got {self.task!r}")
-        if not 1 <= self.k <= self.d:
+        if self.d == 0 and self.data != EXTERNAL_DATA:
+            raise ValueError("--d 0 (d from the first client's join) goes with --data "
+                             f"{EXTERNAL_DATA}")
+        if self.d < 0:
+            raise ValueError(f"--d must be >= 1 (or 0 with --data {EXTERNAL_DATA}: from the "
+                             f"first client's join); got {self.d}")
+        if self.d and not 1 <= self.k <= self.d:
             raise ValueError(f"--k must be in [1, d] = [1, {self.d}]; got {self.k}")
+        if self.k < 1:
+            raise ValueError(f"--k must be >= 1; got {self.k}")
         if self.n < 1:
             raise ValueError(f"--n must be >= 1; got {self.n}")
         if not 1 <= self.min_clients <= self.n:
             raise ValueError(f"--min-clients must be in [1, n]; got {self.min_clients}")
-        if self.rounds < 1:
-            raise ValueError(f"--rounds must be >= 1; got {self.rounds}")
+        if self.rounds < 0:
+            raise ValueError(f"--rounds must be >= 0 (0: until stopped); got {self.rounds}")
+        if self.data not in (*DATA_SOURCES, EXTERNAL_DATA):
+            raise ValueError(f"--data must be one of {', '.join((*DATA_SOURCES, EXTERNAL_DATA))};"
+                             f" got {self.data!r}")
+        if self.data == EXTERNAL_DATA and self.task != "mean":
+            raise ValueError(f"--data {EXTERNAL_DATA} (the clients' own vectors) goes with "
+                             f"--task mean; got --task {self.task}")
+        if self.mean_vectors < 1:
+            raise ValueError(f"--mean-vectors must be >= 1; got {self.mean_vectors}")
+        if self.mean_vectors != 1 and self.task != "mean":
+            raise ValueError("--mean-vectors applies to --task mean")
         if self.max_failed_rounds < 0:
             raise ValueError(f"--max-failed-rounds must be >= 0 (0: no limit); "
                              f"got {self.max_failed_rounds}")
@@ -194,7 +213,8 @@ class ServerConfig:
     def params(self) -> dict[str, float]:
         """Task parameters sent to clients at join."""
         out = {"lr": self.lr, "centroids": float(self.centroids), "data_r": self.data_r,
-               "seed": float(self.seed), "updates": float(self.kmeans_updates)}
+               "seed": float(self.seed), "updates": float(self.kmeans_updates),
+               "vectors": float(self.mean_vectors)}
         out.update(self.task_params)
         return out
 
@@ -250,14 +270,16 @@ def _parser() -> argparse.ArgumentParser:
                                 "quarter of the file descriptor limit, at most 1024)",
         "n": "number of clients",
         "k": "floats per client per vector",
-        "d": "vector length",
+        "d": "vector length (0 with --data external: the first client's join says it, and "
+        "it is fixed for the job)",
         "estimator": f"one of {', '.join(SCHEMES)}",
         "value_bits": "bits per sent value of rand-k, rand-k-spatial and rand-proj-spatial "
         "(1..32; below 32 unbiased stochastic rounding with a float32 scale per message)",
         "bits": "eden (1, 2, 4, 8) and qsgd (1..16): bits per coordinate",
         "transform": "avg, max, one, auto (smoothed R_hat) or a number R",
         "task": f"one of {', '.join(TASKS)}",
-        "rounds": "rounds (task steps) to run",
+        "rounds": "rounds (task steps) to run; 0: until stopped (the first SIGINT or SIGTERM "
+        "ends the job after the current round, a second one stops at once)",
         "round_timeout": "seconds from a round's first submission to its deadline",
         "min_clients": "minimum arrivals to decode at the deadline",
         "max_failed_rounds": "end the job as failed after this many consecutive failed rounds "
@@ -269,7 +291,10 @@ def _parser() -> argparse.ArgumentParser:
         "tls_client_ca": "PEM CA bundle: require client certificates (mTLS)",
         "tokens": "file of client tokens, one per line: 'TOKEN' or 'CLIENT_ID TOKEN'",
         "insecure": "run without TLS and tokens (explicit; development only)",
-        "data": "data source the clients use: synthetic, fashion-mnist or ujiindoorloc",
+        "data": "data source the clients use: synthetic, fashion-mnist, ujiindoorloc, or "
+        "external (--task mean over the clients' own vectors: rpsagg-client --vectors)",
+        "mean_vectors": "mean: vectors per client per round (m; the mean of each is "
+        "estimated separately)",
         "data_r": "correlation R of the synthetic data",
         "seed": "seed of the initial task state and of the synthetic data",
         "lr": "linreg learning rate",

@@ -21,7 +21,14 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from rpsagg_server.views import BetaView, ClientView, JobView, RoundView, TaskMetrics
+from rpsagg_server.views import (
+    BetaView,
+    ClientView,
+    EstimateView,
+    JobView,
+    RoundView,
+    TaskMetrics,
+)
 
 log = logging.getLogger("rpsagg.server")
 
@@ -98,12 +105,13 @@ class RoundDecoded:
     """The round finished with an estimate (its row and the next round's are durable).
 
     ``next_state`` is the task's global state after the round; ``job_done`` says whether it
-    was the job's last round.
+    was the job's last round; ``estimate`` is the decoded mean with its provenance.
     """
 
     view: RoundView
     next_state: NDArray[np.float64]
     job_done: bool
+    estimate: EstimateView | None = None
 
 
 @dataclass(frozen=True)
@@ -116,12 +124,14 @@ class RoundFailed:
     job_failure: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class RoundRecovered:
-    """A round read back from the store at start-up (``current``: it resumes)."""
+    """A round read back from the store at start-up (``current``: it resumes; ``estimate``:
+    a done round's)."""
 
     view: RoundView
     current: bool
+    estimate: EstimateView | None = None
 
 
 # -- the job and its side computations ---------------------------------------------------------

@@ -16,7 +16,7 @@ from rpsagg.spec import SPEC_V3, SpecTooOld, UnknownSpecVersion
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.decoding import DecodeOutcome
 from rpsagg_server.rows import StoredRound
-from rpsagg_server.views import Arrival, EvalErrors, RoundView
+from rpsagg_server.views import Arrival, EstimateView, EvalErrors, RoundView
 from rpsagg_wire.v1.serde import Submission
 
 FloatArray = NDArray[np.float64]
@@ -283,6 +283,17 @@ class LiveRound:
             r_prior=self.r_prior, eval_errors=ev,
             arrivals=tuple(sorted(self.arrivals(), key=lambda a: clients.get(a.client_id, 0))),
         )
+
+
+    def estimate_view(self, view: RoundView, cfg: ServerConfig) -> EstimateView | None:
+        """The round's estimate with its provenance (None unless it is done)."""
+        o = self.outcome
+        if o is None or self.state != "done":
+            return None
+        return EstimateView(
+            round_id=self.round_id, values=o.estimate, n_prime=o.n_prime, scheme=cfg.estimator,
+            transform=self.transform, n=cfg.n, k=cfg.k, d=cfg.d, wire_bytes=view.wire_bytes,
+            payload_bytes=view.payload_bytes, contributors=view.clients_arrived)
 
 
 def _json_float(x: float) -> float | None:

@@ -57,8 +57,15 @@ class Membership:
             self.clients[cid] = idx
             self.publish(ClientJoined(ClientView(cid, idx, joined), recovered=True))
 
-    async def join(self, client_id: str) -> JoinReply:
-        """Register ``client_id``; its index is stable across re-joins and restarts."""
+    async def join(self, client_id: str, d: int = 0) -> JoinReply:
+        """Register ``client_id``; its index is stable across re-joins and restarts.
+
+        ``d``: the length of the client's vectors, if it says (0): a d other than the
+        job's is refused (INVALID_ARGUMENT) before anything is recorded.
+        """
+        if d and d != self.cfg.d:
+            raise Rejected("INVALID_ARGUMENT", f"client {client_id!r} has vectors of length "
+                           f"{d}; this job's d is {self.cfg.d}")
         if client_id in self.clients:
             idx = self.clients[client_id]
         elif client_id in self._joining:

@@ -29,7 +29,9 @@ from rpsagg_server.store import Store
 from rpsagg_wire.v1 import serde
 
 log = logging.getLogger("rpsagg.server")
-CONFIG_KEYS = ("n", "k", "d", "estimator", "transform", "task", "eval")
+CONFIG_KEYS = ("n", "k", "d", "estimator", "transform", "task", "eval", "mean_vectors")
+#: what a key absent from an older database's record was (it predates the setting)
+_BEFORE = {"mean_vectors": 1}
 
 
 class RoundHost(Protocol):
@@ -82,7 +84,8 @@ class Recovery:
             self.store.put_meta("config", json.dumps(mine))
             return False
         theirs = json.loads(saved)
-        diff = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}
+        diff = {k: (theirs.get(k, _BEFORE.get(k)), v) for k, v in mine.items()
+                if theirs.get(k, _BEFORE.get(k)) != v}
         if diff:
             detail = ", ".join(f"{k}={a!r} (now {b!r})" for k, (a, b) in diff.items())
             raise ValueError(f"database {cfg.db} belongs to a job with other settings: {detail}")

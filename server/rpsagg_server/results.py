@@ -38,6 +38,7 @@ class JobProgress:
     job_done: bool = False
     job_failure: str = ""  # why the job ended without finishing its rounds
     failed_streak: int = 0  # consecutive failed rounds (--max-failed-rounds)
+    stopping: bool = False  # asked to end the job after the current round (--rounds 0)
     done_event: asyncio.Event = field(default_factory=asyncio.Event)
 
 

@@ -211,9 +211,13 @@ class RoundEngine:
     # -- recovery's host (recovery.RoundHost) -------------------------------------------------
     def show_recovered(self, live: LiveRound, current: bool) -> None:
         """A round read back at start-up: a past round's result is kept; shown either way."""
+        view = self.view(live)
         if not current:
             self.results.record(live)
-        self.publish(RoundRecovered(self.view(live), current=current))
+            self.publish(RoundRecovered(view, current=False,
+                                        estimate=live.estimate_view(view, self.cfg)))
+        else:
+            self.publish(RoundRecovered(view, current=True))
 
     def close_again(self, live: LiveRound) -> None:
         """Decode a resumed round whose close did not finish before the restart."""
@@ -372,7 +376,8 @@ class RoundEngine:
             p.steps_done += 1
             log.info("[Engine] round %d done: n'=%d decode %.3fs", live.round_id,
                      outcome.n_prime, outcome.seconds)
-        job_done = p.steps_done >= self.cfg.rounds
+        # --rounds 0: until stopped (stop_job)
+        job_done = p.stopping or 0 < self.cfg.rounds <= p.steps_done
         failure = ""
         limit = self.cfg.max_failed_rounds
         if not job_done and limit and p.failed_streak >= limit:
@@ -394,7 +399,8 @@ class RoundEngine:
         live.finished.set()
         view = self.view(live)
         if live.state == "done" and live.next_state is not None:
-            self.publish(RoundDecoded(view, live.next_state, job_done))
+            self.publish(RoundDecoded(view, live.next_state, job_done,
+                                      live.estimate_view(view, self.cfg)))
         else:
             self.publish(RoundFailed(view, job_done, failure))
         if failure:
@@ -407,6 +413,26 @@ class RoundEngine:
             assert nxt is not None
             self._install(nxt)
         self._publish_job()
+
+    def stop_job(self) -> None:
+        """End the job after the current round (the clean stop of ``--rounds 0``).
+
+        The current round closes now, as at its deadline: it is decoded from what arrived,
+        or fails below ``--min-clients`` (an open round, with nothing committed, fails); a
+        decoding round finishes its decode. The job is then done and drained as at the end
+        of its rounds.
+        """
+        p = self.progress
+        if p.job_done or p.stopping:
+            return
+        p.stopping = True
+        live = p.current
+        if live is None:
+            return
+        log.info("[Engine] stopping the job after round %d (%s)", live.round_id, live.state)
+        if live.state in ("open", "collecting"):
+            live.state = "collecting"  # writes still queued decide before the set closes
+            self.spawn(self.close_round(live, "the job was stopped"))
 
     def _publish_job(self) -> None:
         p = self.progress

@@ -42,6 +42,7 @@ from rpsagg_server.http.connections import (
     connection_cap,
     descriptor_limit,
 )
+from rpsagg_server.learnd import learn_d
 from rpsagg_server.live import Rejected
 from rpsagg_server.rounds import RoundEngine
 from rpsagg_server.servicer import AggregationServicer
@@ -266,7 +267,8 @@ async def serve(
     ready: Callable[[RunningServer], None] | None = None,
 ) -> None:
     """Run until the job is done and drained (plus ``cfg.linger`` seconds; forever if
-    negative), or a signal.
+    negative), or a signal (with ``--rounds 0``, the first signal ends the job instead:
+    :meth:`~rpsagg_server.rounds.RoundEngine.stop_job`).
 
     The drained job end: once the job is done (or failed), every read keeps answering
     ``job_done`` until each joined client has been told so, or ``cfg.drain`` seconds have
@@ -288,6 +290,14 @@ async def serve(
         http_tokens = load_http_tokens(cfg)
         socks = bind_http_sockets(cfg.http_host, cfg.http_port)
     try:
+        # --d 0: the first join says d (a stand-in serves until then; learnd's docstring)
+        learned = await learn_d(cfg, lambda: _credentials(cfg),
+                                lambda port: _write_port(cfg, port))
+        if learned is None:  # a signal while it waited
+            for s in socks:
+                s.close()
+            return
+        cfg = learned
         running, _ = await create_server(cfg)
     except BaseException:
         for s in socks:
@@ -295,9 +305,21 @@ async def serve(
         raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        """--rounds 0 (until stopped): the first signal ends the job cleanly after the
+        current round (then drain and linger as at any job's end); else, or again: stop."""
+        engine = running.engine
+        if cfg.rounds == 0 and not engine.job_done and not engine.progress.stopping:
+            log.info("[Server] signal: ending the job after the current round (signal again "
+                     "to stop at once)")
+            engine.stop_job()
+        else:
+            stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
     http_task = None
     if socks and http_app_factory is not None:
         app = http_app_factory(running.state)
@@ -328,10 +350,7 @@ async def serve(
                 _url(s.getsockname(), scheme) for s in socks),
                 " (bearer tokens for /api and /metrics)" if http_tokens is not None else "")
     eventloop.freeze_startup_heap()  # started: the per-call garbage is all that is left
-    if cfg.port_file:
-        tmp = Path(cfg.port_file + ".tmp")
-        tmp.write_text(f"{running.port}\n")
-        tmp.replace(cfg.port_file)
+    _write_port(cfg, running.port)
     if ready is not None:
         ready(running)
 
@@ -366,6 +385,14 @@ async def serve(
             s.close()
         log.info("[Server] stopping")
         await running.stop()
+
+
+def _write_port(cfg: ServerConfig, port: int) -> None:
+    """Write the bound gRPC port to ``--port-file`` atomically (once serving)."""
+    if cfg.port_file:
+        tmp = Path(cfg.port_file + ".tmp")
+        tmp.write_text(f"{port}\n")
+        tmp.replace(cfg.port_file)
 
 
 def _url(addr: tuple[Any, ...], scheme: str = "http") -> str:

@@ -68,7 +68,7 @@ class AggregationServicer:
             req = self._parse("Join", raw)
             check_client_id(req.client_id)
             authorize(req.client_id)
-            return await self.engine.membership.join(req.client_id)
+            return await self.engine.membership.join(req.client_id, req.d)
         except Rejected as exc:
             await abort(context, "Join", exc)
             raise AssertionError("unreachable") from None

@@ -17,6 +17,8 @@ of :mod:`rpsagg_server.views`):
   round, or None (before the first round and after the job is done).
 - :meth:`ServerState.rounds` -- :class:`RoundView` list, newest first (``limit``/``offset``).
 - :meth:`ServerState.round_detail` -- one :class:`RoundView` by id (None if unknown).
+- :meth:`ServerState.estimate` -- :class:`EstimateView` of a done round: its decoded mean
+  and what it came from (n', scheme, k, d, bytes).
 - :meth:`ServerState.clients` -- :class:`ClientView` list ordered by client index.
 - :meth:`ServerState.client_stats` -- :class:`ClientStats` per joined client: last seen,
   rounds contributed and missed, bytes sent, straggler flag (derived from the rounds).
@@ -48,6 +50,7 @@ from rpsagg_server.events import (
     ClientJoined,
     Event,
     JobUpdated,
+    RoundDecoded,
     RoundRecovered,
     TaskMeasured,
     TaskNoteChanged,
@@ -59,14 +62,15 @@ from rpsagg_server.views import (
     Arrival,
     BetaView,
     ClientView,
+    EstimateView,
     EvalErrors,
     JobView,
     RoundView,
     TaskMetrics,
 )
 
-__all__ = ["BETA_STATES", "ROUND_STATES", "Arrival", "BetaView", "ClientView", "EvalErrors",
-           "JobView", "RoundView", "ServerState", "TaskMetrics"]
+__all__ = ["BETA_STATES", "ROUND_STATES", "Arrival", "BetaView", "ClientView", "EstimateView",
+           "EvalErrors", "JobView", "RoundView", "ServerState", "TaskMetrics"]
 _LIVE = ("open", "collecting", "decoding")
 
 
@@ -87,6 +91,7 @@ class ServerState:
     _beta: BetaView | None = None
     _checks: dict[str, Callable[[], bool]] = field(default_factory=dict)
     _task_metrics: dict[int, TaskMetrics] = field(default_factory=dict)
+    _estimates: dict[int, EstimateView] = field(default_factory=dict)
     _task_note: str = "evaluation mode is off: the server measures the task only with --eval"
     #: finished jobs moved aside by earlier starts (``--on-finished-job new``), newest first,
     #: as :meth:`rpsagg_server.jobs.PastJob.as_dict` gives them; set once at start-up
@@ -115,6 +120,11 @@ class ServerState:
     def round_detail(self, round_id: int) -> RoundView | None:
         """One round by id, or None."""
         return self._rounds.get(round_id)
+
+    def estimate(self, round_id: int) -> EstimateView | None:
+        """A done round's estimate and its provenance (None otherwise). The array is the
+        engine's own (finished rounds keep theirs in memory anyway): read it, never write."""
+        return self._estimates.get(round_id)
 
     def clients(self) -> list[ClientView]:
         """Joined clients, ordered by index."""
@@ -172,6 +182,8 @@ class ServerState:
                 self._current = view.round_id
             elif self._current == view.round_id:
                 self._current = None
+            if isinstance(event, RoundDecoded | RoundRecovered) and event.estimate is not None:
+                self._estimates[view.round_id] = event.estimate
         elif isinstance(event, ClientJoined):
             self._clients[event.client.client_id] = event.client
         elif isinstance(event, JobUpdated):

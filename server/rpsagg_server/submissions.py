@@ -263,7 +263,8 @@ class Intake:
                 continue
             live.add(sub, arrived)
             landed += 1
-            if live.first_at is None:  # the first commit starts the deadline
+            if live.first_at is None and live.state == "open":  # the first commit starts
+                # the deadline (a round closed while open, by a stop, has none)
                 self.lifecycle.first_commit(live)
             self.publish(SubmissionCommitted(live.round_id, sub.client_id, sub.wire_bytes,
                                              sub.payload_bytes))

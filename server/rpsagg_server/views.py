@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+from numpy.typing import NDArray
+
 ROUND_STATES = ("open", "collecting", "decoding", "done", "failed")
 
 
@@ -118,6 +121,42 @@ class RoundView:
     r_prior: float | None
     eval_errors: EvalErrors | None
     arrivals: tuple[Arrival, ...] = ()
+
+
+@dataclass(frozen=True, eq=False)
+class EstimateView:
+    """A finished round's estimate and what it came from (``/api/rounds/{id}/estimate``).
+
+    Attributes
+    ----------
+    round_id : int
+    values : ndarray, shape (m, d)
+        The decoded mean of each of the m vector slots (the engine's array: read, never
+        written).
+    n_prime : int
+        Clients whose submissions it was decoded from.
+    scheme, transform : str
+        Estimator and the transform label it decoded with.
+    n, k, d : int
+        The job's clients, floats per client per vector, and vector length.
+    wire_bytes, payload_bytes : int
+        Serialized Submit requests received (evaluation references excluded), and their
+        seeds, values and indices.
+    contributors : tuple of str
+        The client ids, in client-index order.
+    """
+
+    round_id: int
+    values: NDArray[np.float64]
+    n_prime: int
+    scheme: str
+    transform: str
+    n: int
+    k: int
+    d: int
+    wire_bytes: int
+    payload_bytes: int
+    contributors: tuple[str, ...]
 
 
 @dataclass(frozen=True)

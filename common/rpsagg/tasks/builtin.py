@@ -24,11 +24,21 @@ def _mix(*words: int) -> int:
 class MeanTask(Task):
     """Plain mean estimation: one round per call, the caller supplies the vectors.
 
-    The global state is empty. The ``rpsagg-client`` command feeds synthetic vectors with
-    correlation R (``correlated_vectors(n, d, R, seed=mix(seed, step))[index]``).
+    The global state is empty. ``m = params["vectors"]`` (default 1) vectors per client per
+    round, each slot's mean estimated separately. The ``rpsagg-client`` command feeds the
+    user's own vectors (``--vectors``) or synthetic ones with correlation R
+    (``correlated_vectors(n, d, R, seed=mix(seed, step))[index]``; slot j > 0 mixes j in).
     """
 
     name = "mean"
+
+    def __post_init__(self) -> None:
+        if self.m < 1:
+            raise ValueError(f"mean parameter 'vectors' must be >= 1; got {self.m}")
+
+    @property
+    def m(self) -> int:
+        return int(self.params.get("vectors", 1))
 
     def initial_state(self, seed: int) -> FloatArray:
         return np.zeros((0,))
@@ -37,8 +47,9 @@ class MeanTask(Task):
         return np.zeros((0,))
 
     def client_vectors(self, state: FloatArray, shard: Shard, step: int) -> FloatArray:
-        xs = correlated_vectors(shard.n, self.d, shard.r, seed=_mix(shard.seed, step))
-        return xs[shard.index][None, :]
+        seeds = [_mix(shard.seed, step)] + [_mix(shard.seed, step, j) for j in range(1, self.m)]
+        return np.stack([correlated_vectors(shard.n, self.d, shard.r, seed=s)[shard.index]
+                         for s in seeds])
 
 
 @dataclass

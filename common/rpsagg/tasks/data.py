@@ -24,6 +24,8 @@ UJI_SHA256 = "893512b82dfd7a7c345d84195b1c8019fbca0fa0d7820ce491ce5aa45ec3782f"
 UJI_ENV = "RPSAGG_UJI_ZIP"
 UJI_SOURCE = "https://archive.ics.uci.edu/dataset/310/ujiindoorloc (DOI 10.24432/C5MS59)"
 DATA_SOURCES = ("synthetic", "fashion-mnist", "ujiindoorloc")
+#: the clients' own vectors (``rpsagg-client --vectors``); not loadable here, never synthetic
+EXTERNAL_DATA = "external"
 
 
 class DataUnavailable(RuntimeError):

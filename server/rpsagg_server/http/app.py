@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 import rpsagg
 from rpsagg_server.http import (
     routes_clients,
+    routes_estimate,
     routes_export,
     routes_health,
     routes_jobs,
@@ -55,9 +56,9 @@ def create_app(state: ServerState, registry: CollectorRegistry | None = None) ->
     -------
     FastAPI
         Routes: ``/`` (dashboard page), ``/static/*``, ``/api/status``, ``/api/clients``,
-        ``/api/rounds``, ``/api/rounds/{id}``, ``/api/rounds/export.csv``,
-        ``/api/rounds/export.json``, ``/api/jobs``, ``/healthz``, ``/readyz``, ``/metrics``,
-        ``/docs``.
+        ``/api/rounds``, ``/api/rounds/{id}``, ``/api/rounds/{id}/estimate``,
+        ``/api/rounds/export.csv``, ``/api/rounds/export.json``, ``/api/jobs``, ``/healthz``,
+        ``/readyz``, ``/metrics``, ``/docs``.
         ``/metrics`` reads the server's metrics ledger and read model at scrape time.
     """
     registry = CollectorRegistry() if registry is None else registry
@@ -84,6 +85,7 @@ def create_app(state: ServerState, registry: CollectorRegistry | None = None) ->
     app.include_router(routes_clients.router)
     app.include_router(routes_export.router)  # before /api/rounds/{round_id}
     app.include_router(routes_rounds.router)
+    app.include_router(routes_estimate.router)
     app.include_router(routes_health.router)
     app.include_router(routes_jobs.router)
     app.router.routes.append(

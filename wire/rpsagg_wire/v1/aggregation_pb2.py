@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n rpsagg_wire/v1/aggregation.proto\x12\trpsagg.v1\" \n\x0bJoinRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\"\xbb\x01\n\tJoinReply\x12\x14\n\x0c\x63lient_index\x18\x01 \x01(\r\x12\t\n\x01n\x18\x02 \x01(\r\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\x11\n\tdata_hint\x18\x04 \x01(\t\x12\x39\n\x0btask_params\x18\x05 \x03(\x0b\x32$.rpsagg.v1.JoinReply.TaskParamsEntry\x1a\x31\n\x0fTaskParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"$\n\x0fGetRoundRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\"+\n\x06Tensor\x12\r\n\x05shape\x18\x01 \x03(\r\x12\x12\n\nfloat64_le\x18\x02 \x01(\x0c\"\xb0\x03\n\tRoundInfo\x12\x10\n\x08round_id\x18\x01 \x01(\x04\x12\r\n\x05nonce\x18\x02 \x01(\x06\x12\x0e\n\x06scheme\x18\x03 \x01(\t\x12\t\n\x01n\x18\x04 \x01(\r\x12\t\n\x01k\x18\x05 \x01(\r\x12\t\n\x01\x64\x18\x06 \x01(\r\x12\x11\n\ttransform\x18\x07 \x01(\t\x12\x0c\n\x04task\x18\x08 \x01(\t\x12\t\n\x01m\x18\t \x01(\r\x12\'\n\x0cglobal_state\x18\n \x01(\x0b\x32\x11.rpsagg.v1.Tensor\x12$\n\x05state\x18\x0b \x01(\x0e\x32\x15.rpsagg.v1.RoundState\x12\x18\n\x10\x64\x65\x61\x64line_unix_ms\x18\x0c \x01(\x03\x12\x0c\n\x04\x65val\x18\r \x01(\x08\x12\x10\n\x08job_done\x18\x0e \x01(\x08\x12\x11\n\ttask_step\x18\x0f \x01(\x04\x12\x14\n\x0ctotal_rounds\x18\x10 \x01(\x04\x12\x13\n\x0bjob_failure\x18\x11 \x01(\t\x12\x14\n\x0cspec_version\x18\x14 \x01(\t\x12\x12\n\nprojection\x18\x15 \x01(\t\x12\x12\n\nblock_size\x18\x16 \x01(\r\x12\x12\n\nvalue_bits\x18( \x01(\r\x12\x0c\n\x04\x62its\x18) \x01(\r\"\x97\x01\n\x06Vector\x12\x12\n\nvalues_f32\x18\x01 \x01(\x0c\x12\x13\n\x0bindices_i32\x18\x02 \x01(\x0c\x12\x15\n\rreference_f64\x18\x03 \x01(\x0c\x12\x15\n\rvalues_packed\x18( \x01(\x0c\x12\x12\n\nvalue_bits\x18) \x01(\r\x12\x13\n\x0bvalue_count\x18* \x01(\r\x12\r\n\x05scale\x18+ \x01(\x02\"\x83\x01\n\rSubmitRequest\x12\x10\n\x08round_id\x18\x01 \x01(\x04\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\x13\n\x0b\x63lient_seed\x18\x03 \x01(\x06\x12\"\n\x07vectors\x18\x04 \x03(\x0b\x32\x11.rpsagg.v1.Vector\x12\x14\n\x0cspec_version\x18\x05 \x01(\t\"D\n\x0bSubmitReply\x12\x10\n\x08round_id\x18\x01 \x01(\x04\x12\x10\n\x08received\x18\x02 \x01(\r\x12\x11\n\tduplicate\x18\x03 \x01(\x08\"E\n\x10GetResultRequest\x12\x10\n\x08round_id\x18\x01 \x01(\x04\x12\x0c\n\x04wait\x18\x02 \x01(\x08\x12\x11\n\tclient_id\x18\x03 \x01(\t\"5\n\x0b\x43ontributor\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63lient_seed\x18\x02 \x01(\x06\"\xdc\x03\n\x0bRoundResult\x12\x10\n\x08round_id\x18\x01 \x01(\x04\x12$\n\x05state\x18\x02 \x01(\x0e\x32\x15.rpsagg.v1.RoundState\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12#\n\x08\x65stimate\x18\x04 \x01(\x0b\x32\x11.rpsagg.v1.Tensor\x12\'\n\x0cglobal_state\x18\x05 \x01(\x0b\x32\x11.rpsagg.v1.Tensor\x12\x0f\n\x07n_prime\x18\x06 \x01(\r\x12\x0c\n\x04\x62\x65ta\x18\x07 \x01(\x01\x12\t\n\x01\x63\x18\x08 \x01(\x01\x12\x16\n\x0e\x64\x65\x63ode_seconds\x18\t \x01(\x01\x12,\n\x0c\x63ontributors\x18\n \x03(\x0b\x32\x16.rpsagg.v1.Contributor\x12\r\n\x05r_hat\x18\x0b \x01(\x01\x12\x15\n\reval_sq_error\x18\x0c \x01(\x01\x12\x1c\n\x14\x65val_sq_error_rand_k\x18\r \x01(\x01\x12$\n\x1c\x65val_sq_error_rand_k_spatial\x18\x0e \x01(\x01\x12\x10\n\x08job_done\x18\x0f \x01(\x08\x12\r\n\x05nonce\x18\x10 \x01(\x06\x12\x11\n\ttransform\x18\x11 \x01(\t\x12\x15\n\rpayload_bytes\x18\x12 \x01(\x04\x12\x12\n\nwire_bytes\x18\x13 \x01(\x04\"!\n\x0cWatchRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\"x\n\nRoundEvent\x12\x10\n\x08round_id\x18\x01 \x01(\x04\x12$\n\x05state\x18\x02 \x01(\x0e\x32\x15.rpsagg.v1.RoundState\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x10\n\x08job_done\x18\x04 \x01(\x08\x12\x10\n\x08received\x18\x05 \x01(\r*\xa3\x01\n\nRoundState\x12\x1b\n\x17ROUND_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10ROUND_STATE_OPEN\x10\x01\x12\x1a\n\x16ROUND_STATE_COLLECTING\x10\x02\x12\x18\n\x14ROUND_STATE_DECODING\x10\x03\x12\x14\n\x10ROUND_STATE_DONE\x10\x04\x12\x16\n\x12ROUND_STATE_FAILED\x10\x05\x32\xc0\x02\n\x0b\x41ggregation\x12\x34\n\x04Join\x12\x16.rpsagg.v1.JoinRequest\x1a\x14.rpsagg.v1.JoinReply\x12<\n\x08GetRound\x12\x1a.rpsagg.v1.GetRoundRequest\x1a\x14.rpsagg.v1.RoundInfo\x12:\n\x06Submit\x12\x18.rpsagg.v1.SubmitRequest\x1a\x16.rpsagg.v1.SubmitReply\x12@\n\tGetResult\x12\x1b.rpsagg.v1.GetResultRequest\x1a\x16.rpsagg.v1.RoundResult\x12?\n\x0bWatchRounds\x12\x17.rpsagg.v1.WatchRequest\x1a\x15.rpsagg.v1.RoundEvent0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n rpsagg_wire/v1/aggregation.proto\x12\trpsagg.v1\"+\n\x0bJoinRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\t\n\x01\x64\x18\x02 \x01(\r\"\xbb\x01\n\tJoinReply\x12\x14\n\x0c\x63lient_index\x18\x01 \x01(\r\x12\t\n\x01n\x18\x02 \x01(\r\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\x11\n\tdata_hint\x18\x04 \x01(\t\x12\x39\n\x0btask_params\x18\x05 \x03(\x0b\x32$.rpsagg.v1.JoinReply.TaskParamsEntry\x1a\x31\n\x0fTaskParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"$\n\x0fGetRoundRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\"+\n\x06Tensor\x12\r\n\x05shape\x18\x01 \x03(\r\x12\x12\n\nfloat64_le\x18\x02 \x01(\x0c\"\xb0\x03\n\tRoundInfo\x12\x10\n\x08round_id\x18\x01 \x01(\x04\x12\r\n\x05nonce\x18\x02 \x01(\x06\x12\x0e\n\x06scheme\x18\x03 \x01(\t\x12\t\n\x01n\x18\x04 \x01(\r\x12\t\n\x01k\x18\x05 \x01(\r\x12\t\n\x01\x64\x18\x06 \x01(\r\x12\x11\n\ttransform\x18\x07 \x01(\t\x12\x0c\n\x04task\x18\x08 \x01(\t\x12\t\n\x01m\x18\t \x01(\r\x12\'\n\x0cglobal_state\x18\n \x01(\x0b\x32\x11.rpsagg.v1.Tensor\x12$\n\x05state\x18\x0b \x01(\x0e\x32\x15.rpsagg.v1.RoundState\x12\x18\n\x10\x64\x65\x61\x64line_unix_ms\x18\x0c \x01(\x03\x12\x0c\n\x04\x65val\x18\r \x01(\x08\x12\x10\n\x08job_done\x18\x0e \x01(\x08\x12\x11\n\ttask_step\x18\x0f \x01(\x04\x12\x14\n\x0ctotal_rounds\x18\x10 \x01(\x04\x12\x13\n\x0bjob_failure\x18\x11 \x01(\t\x12\x14\n\x0cspec_version\x18\x14 \x01(\t\x12\x12\n\nprojection\x18\x15 \x01(\t\x12\x12\n\nblock_size\x18\x16 \x01(\r\x12\x12\n\nvalue_bits\x18( \x01(\r\x12\x0c\n\x04\x62its\x18) \x01(\r\"\x97\x01\n\x06Vector\x12\x12\n\nvalues_f32\x18\x01 \x01(\x0c\x12\x13\n\x0bindices_i32\x18\x02 \x01(\x0c\x12\x15\n\rreference_f64\x18\x03 \x01(\x0c\x12\x15\n\rvalues_packed\x18( \x01(\x0c\x12\x12\n\nvalue_bits\x18) \x01(\r\x12\x13\n\x0bvalue_count\x18* \x01(\r\x12\r\n\x05scale\x18+ \x01(\x02\"\x83\x01\n\rSubmitRequest\x12\x10\n\x08round_id\x18\x01 \x01(\x04\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\x13\n\x0b\x63lient_seed\x18\x03 \x01(\x06\x12\"\n\x07vectors\x18\x04 \x03(\x0b\x32\x11.rpsagg.v1.Vector\x12\x14\n\x0cspec_version\x18\x05 \x01(\t\"D\n\x0bSubmitReply\x12\x10\n\x08round_id\x18\x01 \x01(\x04\x12\x10\n\x08received\x18\x02 \x01(\r\x12\x11\n\tduplicate\x18\x03 \x01(\x08\"E\n\x10GetResultRequest\x12\x10\n\x08round_id\x18\x01 \x01(\x04\x12\x0c\n\x04wait\x18\x02 \x01(\x08\x12\x11\n\tclient_id\x18\x03 \x01(\t\"5\n\x0b\x43ontributor\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63lient_seed\x18\x02 \x01(\x06\"\xdc\x03\n\x0bRoundResult\x12\x10\n\x08round_id\x18\x01 \x01(\x04\x12$\n\x05state\x18\x02 \x01(\x0e\x32\x15.rpsagg.v1.RoundState\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12#\n\x08\x65stimate\x18\x04 \x01(\x0b\x32\x11.rpsagg.v1.Tensor\x12\'\n\x0cglobal_state\x18\x05 \x01(\x0b\x32\x11.rpsagg.v1.Tensor\x12\x0f\n\x07n_prime\x18\x06 \x01(\r\x12\x0c\n\x04\x62\x65ta\x18\x07 \x01(\x01\x12\t\n\x01\x63\x18\x08 \x01(\x01\x12\x16\n\x0e\x64\x65\x63ode_seconds\x18\t \x01(\x01\x12,\n\x0c\x63ontributors\x18\n \x03(\x0b\x32\x16.rpsagg.v1.Contributor\x12\r\n\x05r_hat\x18\x0b \x01(\x01\x12\x15\n\reval_sq_error\x18\x0c \x01(\x01\x12\x1c\n\x14\x65val_sq_error_rand_k\x18\r \x01(\x01\x12$\n\x1c\x65val_sq_error_rand_k_spatial\x18\x0e \x01(\x01\x12\x10\n\x08job_done\x18\x0f \x01(\x08\x12\r\n\x05nonce\x18\x10 \x01(\x06\x12\x11\n\ttransform\x18\x11 \x01(\t\x12\x15\n\rpayload_bytes\x18\x12 \x01(\x04\x12\x12\n\nwire_bytes\x18\x13 \x01(\x04\"!\n\x0cWatchRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\"x\n\nRoundEvent\x12\x10\n\x08round_id\x18\x01 \x01(\x04\x12$\n\x05state\x18\x02 \x01(\x0e\x32\x15.rpsagg.v1.RoundState\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x10\n\x08job_done\x18\x04 \x01(\x08\x12\x10\n\x08received\x18\x05 \x01(\r*\xa3\x01\n\nRoundState\x12\x1b\n\x17ROUND_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10ROUND_STATE_OPEN\x10\x01\x12\x1a\n\x16ROUND_STATE_COLLECTING\x10\x02\x12\x18\n\x14ROUND_STATE_DECODING\x10\x03\x12\x14\n\x10ROUND_STATE_DONE\x10\x04\x12\x16\n\x12ROUND_STATE_FAILED\x10\x05\x32\xc0\x02\n\x0b\x41ggregation\x12\x34\n\x04Join\x12\x16.rpsagg.v1.JoinRequest\x1a\x14.rpsagg.v1.JoinReply\x12<\n\x08GetRound\x12\x1a.rpsagg.v1.GetRoundRequest\x1a\x14.rpsagg.v1.RoundInfo\x12:\n\x06Submit\x12\x18.rpsagg.v1.SubmitRequest\x1a\x16.rpsagg.v1.SubmitReply\x12@\n\tGetResult\x12\x1b.rpsagg.v1.GetResultRequest\x1a\x16.rpsagg.v1.RoundResult\x12?\n\x0bWatchRounds\x12\x17.rpsagg.v1.WatchRequest\x1a\x15.rpsagg.v1.RoundEvent0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,36 +33,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_JOINREPLY_TASKPARAMSENTRY']._loaded_options = None
   _globals['_JOINREPLY_TASKPARAMSENTRY']._serialized_options = b'8\001'
-  _globals['_ROUNDSTATE']._serialized_start=1910
-  _globals['_ROUNDSTATE']._serialized_end=2073
+  _globals['_ROUNDSTATE']._serialized_start=1921
+  _globals['_ROUNDSTATE']._serialized_end=2084
   _globals['_JOINREQUEST']._serialized_start=47
-  _globals['_JOINREQUEST']._serialized_end=79
-  _globals['_JOINREPLY']._serialized_start=82
-  _globals['_JOINREPLY']._serialized_end=269
-  _globals['_JOINREPLY_TASKPARAMSENTRY']._serialized_start=220
-  _globals['_JOINREPLY_TASKPARAMSENTRY']._serialized_end=269
-  _globals['_GETROUNDREQUEST']._serialized_start=271
-  _globals['_GETROUNDREQUEST']._serialized_end=307
-  _globals['_TENSOR']._serialized_start=309
-  _globals['_TENSOR']._serialized_end=352
-  _globals['_ROUNDINFO']._serialized_start=355
-  _globals['_ROUNDINFO']._serialized_end=787
-  _globals['_VECTOR']._serialized_start=790
-  _globals['_VECTOR']._serialized_end=941
-  _globals['_SUBMITREQUEST']._serialized_start=944
-  _globals['_SUBMITREQUEST']._serialized_end=1075
-  _globals['_SUBMITREPLY']._serialized_start=1077
-  _globals['_SUBMITREPLY']._serialized_end=1145
-  _globals['_GETRESULTREQUEST']._serialized_start=1147
-  _globals['_GETRESULTREQUEST']._serialized_end=1216
-  _globals['_CONTRIBUTOR']._serialized_start=1218
-  _globals['_CONTRIBUTOR']._serialized_end=1271
-  _globals['_ROUNDRESULT']._serialized_start=1274
-  _globals['_ROUNDRESULT']._serialized_end=1750
-  _globals['_WATCHREQUEST']._serialized_start=1752
-  _globals['_WATCHREQUEST']._serialized_end=1785
-  _globals['_ROUNDEVENT']._serialized_start=1787
-  _globals['_ROUNDEVENT']._serialized_end=1907
-  _globals['_AGGREGATION']._serialized_start=2076
-  _globals['_AGGREGATION']._serialized_end=2396
+  _globals['_JOINREQUEST']._serialized_end=90
+  _globals['_JOINREPLY']._serialized_start=93
+  _globals['_JOINREPLY']._serialized_end=280
+  _globals['_JOINREPLY_TASKPARAMSENTRY']._serialized_start=231
+  _globals['_JOINREPLY_TASKPARAMSENTRY']._serialized_end=280
+  _globals['_GETROUNDREQUEST']._serialized_start=282
+  _globals['_GETROUNDREQUEST']._serialized_end=318
+  _globals['_TENSOR']._serialized_start=320
+  _globals['_TENSOR']._serialized_end=363
+  _globals['_ROUNDINFO']._serialized_start=366
+  _globals['_ROUNDINFO']._serialized_end=798
+  _globals['_VECTOR']._serialized_start=801
+  _globals['_VECTOR']._serialized_end=952
+  _globals['_SUBMITREQUEST']._serialized_start=955
+  _globals['_SUBMITREQUEST']._serialized_end=1086
+  _globals['_SUBMITREPLY']._serialized_start=1088
+  _globals['_SUBMITREPLY']._serialized_end=1156
+  _globals['_GETRESULTREQUEST']._serialized_start=1158
+  _globals['_GETRESULTREQUEST']._serialized_end=1227
+  _globals['_CONTRIBUTOR']._serialized_start=1229
+  _globals['_CONTRIBUTOR']._serialized_end=1282
+  _globals['_ROUNDRESULT']._serialized_start=1285
+  _globals['_ROUNDRESULT']._serialized_end=1761
+  _globals['_WATCHREQUEST']._serialized_start=1763
+  _globals['_WATCHREQUEST']._serialized_end=1796
+  _globals['_ROUNDEVENT']._serialized_start=1798
+  _globals['_ROUNDEVENT']._serialized_end=1918
+  _globals['_AGGREGATION']._serialized_start=2087
+  _globals['_AGGREGATION']._serialized_end=2407
 # @@protoc_insertion_point(module_scope)

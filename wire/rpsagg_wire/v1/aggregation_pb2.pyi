@@ -23,10 +23,12 @@ ROUND_STATE_DONE: RoundState
 ROUND_STATE_FAILED: RoundState
 
 class JoinRequest(_message.Message):
-    __slots__ = ("client_id",)
+    __slots__ = ("client_id", "d")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    D_FIELD_NUMBER: _ClassVar[int]
     client_id: str
-    def __init__(self, client_id: _Optional[str] = ...) -> None: ...
+    d: int
+    def __init__(self, client_id: _Optional[str] = ..., d: _Optional[int] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("client_index", "n", "task", "data_hint", "task_params")

@@ -16,9 +16,11 @@ from rpsagg.quantize import packed_size
 
 @dataclass(frozen=True)
 class JoinRequest:
-    """Join with a client id."""
+    """Join with a client id (and, optionally, the length d of the client's vectors: a
+    server started with ``--d 0`` takes the first join's d for the job; 0: not said)."""
 
     client_id: str
+    d: int = 0
 
 
 @dataclass(frozen=True)

@@ -89,11 +89,12 @@ def _parse(cls: Any, raw: bytes, what: str) -> Any:
 
 # -- per-message converters ------------------------------------------------------------------
 def _enc_join_req(r: JoinRequest) -> bytes:
-    return bytes(pb.JoinRequest(client_id=r.client_id).SerializeToString())
+    return bytes(pb.JoinRequest(client_id=r.client_id, d=r.d).SerializeToString())
 
 
 def _dec_join_req(raw: bytes) -> JoinRequest:
-    return JoinRequest(client_id=_parse(pb.JoinRequest, raw, "JoinRequest").client_id)
+    m = _parse(pb.JoinRequest, raw, "JoinRequest")
+    return JoinRequest(client_id=m.client_id, d=m.d)
 
 
 def _enc_join_reply(r: JoinReply) -> bytes:

@@ -41,7 +41,11 @@ function renderConfig(st) {
     const dd = document.createElement("dd"); dd.textContent = v;
     dl.append(dt, dd);
   }
-  $("eval-off").hidden = c.evaluation;
+  // the clients' own vectors without --eval: no reference, so no error charts at all
+  const external = c.settings.data === "external" && !c.evaluation;
+  $("eval-off").hidden = c.evaluation || external;
+  $("external-note").hidden = !external;
+  for (const id of ["rel-card", "mse-card", "task-card"]) $(id).hidden = external;
   const v = st.versions;
   $("versions").textContent = `${v.protocol} · ${v.seed_spec} · rpsagg ${v.rpsagg}`;
   $("uptime").textContent = fmtDuration(st.uptime_seconds);
@@ -72,7 +76,8 @@ function renderRound(st) {
       ? `· decoding for ${Math.max(0, Math.round(Date.now() / 1000 - closed))} s`
       : "";
   $("job-line").textContent = (job
-    ? `task step ${job.steps_done} of ${job.rounds_planned}` + (job.state === "failed"
+    ? `task step ${job.steps_done} ` + (job.rounds_planned
+      ? `of ${job.rounds_planned}` : "(until stopped)") + (job.state === "failed"
       ? ` · job failed: ${job.failure}` : job.done ? " · job done" : "")
     : "") + betaLine(st.beta);
 }

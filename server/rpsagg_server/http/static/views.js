@@ -83,6 +83,7 @@ function renderRoundDetail(st, r, id) {
     msg.textContent = newest ? `No round ${id}: rounds 1 to ${newest} exist.`
       : "No round exists yet.";
     for (const el of ["detail-decode", "detail-timing"]) $(el).textContent = "";
+    $("detail-estimate").hidden = true;
     document.querySelector("#detail-contributors tbody").textContent = "";
     $("detail-missing").textContent = "";
     return;
@@ -91,6 +92,13 @@ function renderRoundDetail(st, r, id) {
   const stateEl = $("detail-state");
   stateEl.textContent = r.state + (r.reason ? ` (${r.reason})` : "");
   stateEl.className = "state " + r.state;
+  const est = $("detail-estimate");  // the estimate itself, once the round is done
+  est.hidden = r.state !== "done";
+  for (const fmt of ["json", "csv", "npy"]) {
+    $("est-" + fmt).href = `/api/rounds/${id}/estimate?format=${fmt}`;
+  }
+  $("detail-estimate-what").textContent = r.state === "done"
+    ? `(n′ = ${r.clients.arrived.length}, d = ${st.config.d})` : "";
   const se = r.squared_error, rel = r.relative_error, tp = r.task_progress;
   const decode = [
     ["scheme", r.scheme], ["transform", r.transform], ["task step", r.task_step],
