@@ -177,3 +177,15 @@ def test_stream_errors() -> None:
     src.vectors(0)
     with pytest.raises(VectorError, match=r"^<stdin> line 2: inf at index 1; every value"):
         src.vectors(1)
+
+
+def test_vectors_path_template() -> None:
+    """``{replica}`` and ``{client_id}`` in --vectors (docker-compose.vectors.yml)."""
+    from rpsagg_client.cli import vectors_path
+    from rpsagg_client.vectors import VectorError
+
+    assert vectors_path("/vectors/{replica}.npy", "proj-client-12") == "/vectors/12.npy"
+    assert vectors_path("/v/{client_id}.csv", "alice") == "/v/alice.csv"
+    assert vectors_path("plain.npy", "whatever") == "plain.npy"
+    with pytest.raises(VectorError, match=r"\{replica\} needs a client id ending in -N"):
+        vectors_path("/vectors/{replica}.npy", "alice")

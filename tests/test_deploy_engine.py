@@ -18,15 +18,19 @@ bound, and ends with ``down -v``. No skips: where no engine can be had, the test
    client rejoins as the same client; a client beyond n is refused for good with exit
    status 3 and one line; at the end every submission a client saw acknowledged is in its
    decoded round.
+5. docker-compose.vectors.yml (the user's own vectors, one file per replica): each round's
+   estimate downloaded from the host is the library's decode of the stored messages.
 """
 
 from __future__ import annotations
 
+import io
 import re
 import secrets
 import socket
 import ssl
 import subprocess
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -240,3 +244,53 @@ def test_server_killed_and_clients_recreated_mid_job(plain: Project) -> None:
     assert not lost, f"acknowledged but not decoded: {lost}"
     joins = re.findall(rf"\[Client\] {re.escape(victim)} joined as index (\d+)", p.logs("client"))
     assert len(joins) >= 2 and len(set(joins)) == 1, joins
+
+
+@pytest.mark.timeout(600)
+def test_own_vectors_override(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """docker-compose.vectors.yml: replica N reads vectors/N.npy, the server learns d from
+    the first join; each round's estimate, downloaded from the host, is the library's
+    decode of the messages the server stored, bit for bit."""
+    import numpy as np
+    from service_util import round_messages
+
+    from rpsagg import make_estimator
+
+    n, k, d, rounds = 3, 50, 200, 2
+    build_images("server", "client")
+    folder = tmp_path / "vectors"
+    folder.mkdir()
+    folder.chmod(0o755)
+    rng = np.random.default_rng(7)
+    shared = rng.standard_normal((rounds, d))
+    xs = {i: shared + 0.5 * rng.standard_normal((rounds, d)) for i in range(1, n + 1)}
+    for i, x in xs.items():
+        np.save(folder / f"{i}.npy", x)
+        (folder / f"{i}.npy").chmod(0o644)
+    gen = project(request, tmp_path, RPSAGG_N=str(n), RPSAGG_K=str(k),
+                  RPSAGG_ROUNDS=str(rounds), RPSAGG_VECTORS_DIR=str(folder))
+    p = next(gen)
+    try:
+        p.files = [COMPOSE, ROOT / "docker-compose.vectors.yml"]
+        p.compose("up", "-d")
+        _check_job(p, rounds=rounds, n=n)
+        status = p.status()
+        assert status["config"]["d"] == d  # learnt from the first join
+        got = {}
+        for rid in range(1, rounds + 1):
+            with urllib.request.urlopen(p.url() + f"/api/rounds/{rid}/estimate?format=npy",
+                                        timeout=10) as resp:
+                got[rid] = np.load(io.BytesIO(resp.read()))
+        p.compose("stop", "server")  # the database closed: everything in its main file
+        p.compose("cp", "server:/data/rpsagg.db", str(tmp_path / "job.db"))
+        est = make_estimator("rand-proj-spatial", n=n, k=k, d=d)
+        decoded = dict(round_messages(str(tmp_path / "job.db"), est.name, k, d))
+        assert sorted(decoded) == list(range(1, rounds + 1))
+        for rid, msgs in decoded.items():
+            assert got[rid].shape == (d,)
+            assert np.array_equal(got[rid], est.decode(msgs)), rid
+        # which file each replica read: its index's vectors arrived (the round's clients)
+        clients = sorted(c["client_id"] for c in status["clients"])
+        assert clients == [f"{p.name}-client-{i}" for i in range(1, n + 1)]
+    finally:
+        next(gen, None)

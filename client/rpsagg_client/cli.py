@@ -87,7 +87,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--vectors", default=env("RPSAGG_VECTORS") or None, metavar="PATH",
                    help="your own vectors for --task mean: .npy of shape (d,), (rounds, d) or "
                    "(rounds, m, d); .npz; CSV, one vector per line; '-': one vector per line "
-                   "on standard input, one per round (also RPSAGG_VECTORS)")
+                   "on standard input, one per round (also RPSAGG_VECTORS). {client_id} and "
+                   "{replica} (N of a compose replica <project>-client-N) are filled in")
     p.add_argument("--data", choices=DATA_SOURCES, default=None,
                    help="data source (default: what the server suggests at join)")
     p.add_argument("--data-path", default=None, help="data file or directory")
@@ -157,6 +158,22 @@ def _client(args: argparse.Namespace) -> AggregationClient:
     )
 
 
+def vectors_path(template: str, client_id: str) -> str:
+    """``--vectors`` with ``{client_id}`` and ``{replica}`` filled in.
+
+    ``{replica}`` is N of a compose replica's id ``<project>-<service>-N`` (so that every
+    replica of one service reads its own file, e.g. ``/vectors/{replica}.npy``); a
+    :class:`~rpsagg_client.vectors.VectorError` when the id has no such number.
+    """
+    if "{" not in template:
+        return template
+    replica = client_id.rsplit("-", 1)[-1]
+    if "{replica}" in template and not replica.isdigit():
+        raise VectorError(f"--vectors {template}: {{replica}} needs a client id ending in "
+                          f"-N (a compose replica's name); this client is {client_id!r}")
+    return template.replace("{client_id}", client_id).replace("{replica}", replica)
+
+
 def _bad_input(message: str) -> int:
     print(f"rpsagg-client: {message}", file=sys.stderr, flush=True)
     return BAD_INPUT
@@ -172,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
     source: VectorSource | None = None
     if args.vectors:
         try:
-            source = open_vectors(args.vectors)
+            source = open_vectors(vectors_path(args.vectors, args.client_id))
         except VectorError as exc:
             return _bad_input(str(exc))
     client = _client(args)
