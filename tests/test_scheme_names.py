@@ -34,6 +34,8 @@ NOT_SCHEMES = {
     # the code books of quantized values are named after the quantizer that defines them
     ("common/rpsagg/_quantize.py", "qsgd"),
     ("common/rpsagg/_quantize.py", "eden"),
+    ("common/rpsagg/quantize.py", "qsgd"),  # quantize()'s codebook argument (the same names)
+    ("common/rpsagg/quantize.py", "eden"),
     # the beta cache's key namespace (on disk: renaming it would orphan every cached beta)
     ("common/rpsagg/_beta.py", "rand-proj-spatial"),
 }
