@@ -28,6 +28,8 @@ KEY_BLOCK_SIZE = PREFIX + "block-size"
 KEY_PROJECTION = PREFIX + "projection"
 KEY_WEIGHT = PREFIX + "weight-key"
 KEY_SPEC = PREFIX + "spec-version"
+KEY_UNCOMPRESSED = PREFIX + "uncompressed"
+KEY_ERROR_FEEDBACK = PREFIX + "error-feedback"
 
 #: Models with more coordinates than this are encoded blockwise by ``block_size="auto"``
 #: (Rand-Proj-Spatial with float32 values only), in blocks of :data:`AUTO_BLOCK_SIZE`.
@@ -73,6 +75,12 @@ class RoundEncoding:
         Rand-Proj-Spatial's projection (``"auto"``, ``"srht"``, ``"dct"``, ``"hblocks"``).
     weight_key : str
         The reply ``MetricRecord`` key a client scales its update by (``""``: unweighted).
+    uncompressed : tuple of str
+        Arrays sent uncompressed although floating point (non-floating arrays always are).
+    error_feedback : float
+        0: no client memory. Otherwise the step ``gamma`` the server applies to the decoded
+        mean: each client keeps ``e`` in its context state, encodes ``v = update + e`` and
+        keeps ``e = v - gamma * decode(own message)`` (:mod:`rpsagg_flower.mod`).
     """
 
     scheme: str
@@ -84,6 +92,8 @@ class RoundEncoding:
     block_size: int | None = None
     projection: str = "auto"
     weight_key: str = ""
+    uncompressed: tuple[str, ...] = ()
+    error_feedback: float = 0.0
 
     def __post_init__(self) -> None:
         if self.scheme not in ESTIMATOR_NAMES + QUANTIZER_NAMES:
@@ -122,6 +132,8 @@ class RoundEncoding:
         config[KEY_BLOCK_SIZE] = 0 if self.block_size is None else int(self.block_size)
         config[KEY_PROJECTION] = self.projection
         config[KEY_WEIGHT] = self.weight_key
+        config[KEY_UNCOMPRESSED] = list(self.uncompressed)
+        config[KEY_ERROR_FEEDBACK] = float(self.error_feedback)
 
     @classmethod
     def from_config(cls, config: ConfigRecord) -> RoundEncoding | None:
@@ -144,6 +156,8 @@ class RoundEncoding:
                 block_size=block or None,
                 projection=str(config[KEY_PROJECTION]),
                 weight_key=str(config[KEY_WEIGHT]),
+                uncompressed=tuple(str(u) for u in config.get(KEY_UNCOMPRESSED, [])),  # type: ignore[union-attr]
+                error_feedback=float(config.get(KEY_ERROR_FEEDBACK, 0.0)),  # type: ignore[arg-type]
             )
         except KeyError as exc:
             raise ValueError(f"the round's config lacks {exc.args[0]!r}") from None

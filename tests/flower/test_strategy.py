@@ -240,8 +240,8 @@ def test_big_model_is_encoded_blockwise() -> None:
 
 def test_replies_that_do_not_fit_are_dropped() -> None:
     """A reply of another round (its nonce), a second reply of one node and an uncompressed
-    reply are left out; the round decodes the others."""
-    strategy = RandProjSpatialFedAvg("rand-k", k=15, weighted=False)
+    reply (with ``missing_payload="drop"``) are left out; the round decodes the others."""
+    strategy = RandProjSpatialFedAvg("rand-k", k=15, weighted=False, missing_payload="drop")
     arrays = model(SHAPES)
     ups = updates(60)
     old = run_round(strategy, arrays, ups, server_round=1)
