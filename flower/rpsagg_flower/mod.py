@@ -101,9 +101,21 @@ def _memory(ctxt: Context, d: int) -> FloatArray:
     return np.zeros(d)
 
 
-def make_rpsagg_mod(client_seeds: Callable[[], int] | None = None) -> Mod:
-    """A mod that compresses training replies; ``client_seeds`` draws each reply's 64-bit
-    client seed (default ``secrets.randbits(64)``; tests pass a fixed sequence).
+def make_rpsagg_mod(
+    client_seeds: Callable[[], int] | None = None,
+    *,
+    context_seeds: Callable[[Message, Context], int] | None = None,
+) -> Mod:
+    """A mod that compresses training replies.
+
+    Parameters
+    ----------
+    client_seeds : callable, optional
+        Draws each reply's 64-bit client seed (default ``secrets.randbits(64)``; tests pass
+        a fixed sequence).
+    context_seeds : callable, optional
+        ``(instruction, context) -> seed`` instead: e.g. a seed derived from the run
+        config, the node and the round for a reproducible run.
 
     Returns
     -------
@@ -168,7 +180,7 @@ def make_rpsagg_mod(client_seeds: Callable[[], int] | None = None) -> Mod:
             delta *= float(weights[0])
         if enc.error_feedback:
             delta += _memory(ctxt, layout.d)
-        client_seed = draw()
+        client_seed = context_seeds(msg, ctxt) if context_seeds else draw()
         try:
             est = enc.estimator(n=1)  # an encode depends on neither n nor the transform
             seed = derive_round_seed(client_seed, enc.nonce, str(msg.metadata.dst_node_id))

@@ -151,7 +151,7 @@ def test_integer_bool_and_excluded_arrays_travel_beside_the_sketch() -> None:
     for reply in replies:
         assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
         sent = reply.content["arrays"]
-        assert sorted(k for k in sent.keys() if k.startswith(PLAIN_PREFIX)) == [
+        assert sorted(k for k in sent if k.startswith(PLAIN_PREFIX)) == [
             PLAIN_PREFIX + "bn.num_batches_tracked", PLAIN_PREFIX + "bn.running_mean",
             PLAIN_PREFIX + "mask"]
     new, metrics = strategy.aggregate_train(1, replies)
@@ -188,7 +188,7 @@ def test_plain_arrays_are_counted_in_bytes_up() -> None:
 
 def test_excluding_an_unknown_array_or_everything_fails_before_sending() -> None:
     grid = FakeGrid([1, 2])
-    with pytest.raises(ValueError, match="lacks: \\['bn.nope'\\]"):
+    with pytest.raises(ValueError, match=r"lacks: \['bn\.nope'\]"):
         RandProjSpatialFedAvg("rand-k", k=2, uncompressed=["bn.nope"]).configure_train(
             1, model(BN), ConfigRecord(), grid)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="no floating-point array left"):
