@@ -103,10 +103,12 @@ class RoundEncoding:
             )
 
     def estimator(
-        self, n: int, transform: str | float = "avg", prior_r: float | None = None
+        self, n: int, transform: str | float = "avg", prior_r: float | None = None,
+        method: str = "auto",
     ) -> Estimator:
         """The estimator for ``n`` clients (the clients' choice of ``n`` does not matter:
-        an encode depends on neither ``n`` nor the transform)."""
+        an encode depends on neither ``n`` nor the transform, nor the decoder's joint
+        solver ``method``)."""
         spatial = scheme_traits(self.scheme).takes_transform
         return make_estimator(
             self.scheme,
@@ -119,6 +121,7 @@ class RoundEncoding:
             bits=self.bits,
             value_bits=self.value_bits,
             projection=self.projection,
+            method=method if spatial else "auto",
         )
 
     def to_config(self, config: ConfigRecord) -> None:

@@ -8,7 +8,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
 from rpsagg import ESTIMATOR_NAMES, Encoded, estimate_correlation, make_estimator
-from rpsagg.spec import derive_round_seed
+from rpsagg.spec import derive_round_seed, mix64
 from rpsagg_flower import RandProjSpatialFedAvg, make_rpsagg_mod
 from rpsagg_flower.payload import REPLY_CONFIG, Layout, flatten
 from rpsagg_flower.settings import KEY_NONCE, RoundEncoding
@@ -337,3 +337,22 @@ def test_transform_auto_uses_the_tracked_correlation() -> None:
     want = make_estimator("rand-proj-spatial", n=5, k=30, d=60, transform="auto",
                           prior_r=prior)
     assert plan.estimator.transform == want.transform  # type: ignore[attr-defined]
+
+
+def test_solver_cg_decodes_as_the_exact_solver() -> None:
+    """``solver="cg"`` (Krylov) against ``"auto"`` (nk = 40 <= 512: the exact solver) on
+    the same replies: the same estimate to the Krylov solver's tolerance (rtol 1e-10 on the
+    residual; 1e-6 on the estimate leaves room for the conditioning)."""
+    arrays = model(SHAPES)
+    ups = updates(60)
+    got = []
+    for solver in ("auto", "cg"):
+        strategy = RandProjSpatialFedAvg("rand-proj-spatial", k=10, weighted=False,
+                                         solver=solver, nonces=iter(seeds(3)).__next__)
+        by_node = make_rpsagg_mod(context_seeds=lambda msg, ctxt: mix64(9 + ctxt.node_id))
+        rnd = run_round(strategy, arrays, ups, mod=by_node)  # FedAvg samples in random order
+        assert rnd.arrays is not None
+        got.append(np.concatenate([a.ravel() for a in rnd.arrays.to_numpy_ndarrays()]))
+    np.testing.assert_allclose(got[1], got[0], rtol=1e-6, atol=1e-6 * np.abs(got[0]).max())
+    with pytest.raises(ValueError, match="solver must be"):
+        RandProjSpatialFedAvg("rand-proj-spatial", k=10, solver="lu")

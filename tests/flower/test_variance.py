@@ -24,7 +24,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 
 from rpsagg import make_estimator
-from rpsagg.spec import derive_round_seed
+from rpsagg.spec import derive_round_seed, mix64
 from rpsagg_flower import RandProjSpatialFedAvg, make_rpsagg_mod
 from rpsagg_flower.mod import MEMORY_KEY
 from rpsagg_flower.optim import (
@@ -50,7 +50,9 @@ def _loss_ratio(strategy: RandProjSpatialFedAvg, rounds: int, seed: int,
     x = ArrayRecord({"w": Array(np.zeros(D, np.float64))})
     contexts = {n: Context(run_id=1, node_id=n, node_config={}, state=RecordDict(),
                            run_config={}) for n in NODES}
-    mod = make_rpsagg_mod(iter(seeds(1000 * seed)).__next__)
+    # client seeds by node and round: FedAvg samples the nodes in random order
+    mod = make_rpsagg_mod(context_seeds=lambda msg, ctxt: mix64(
+        1_000_000 * seed + 1000 * int(msg.content["config"]["server-round"]) + ctxt.node_id))
     start = float(np.sum(c * c))
     out = []
     for rnd in range(1, rounds + 1):

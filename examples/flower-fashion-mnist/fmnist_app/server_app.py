@@ -2,7 +2,8 @@
 
 Run config (``pyproject.toml``, or ``flwr run --run-config``): ``method`` (``fedavg`` or an
 estimator name), ``k``, ``transform``, ``value-bits``, ``bits``, the server step
-(``server-optimizer``, ``server-lr``, ``server-momentum``, ``error-feedback``), ``seed``
+(``server-optimizer``, ``server-lr``, ``server-momentum``, ``error-feedback``), the spatial
+decoders' ``solver``, ``seed``
 (> 0: nonces and client seeds derived from it), ``num-server-rounds``, the training
 settings and ``results-path`` (a JSON file with one entry per round). Bytes up are counted
 from the replies for every method, FedAvg's too.
@@ -67,6 +68,7 @@ def main(grid: Grid, context: Context) -> None:
                 str(rc.get("server-optimizer", "sgd")), float(rc.get("server-lr", 1.0)),
                 float(rc.get("server-momentum", 0.0))),
             error_feedback=bool(rc.get("error-feedback", False)),
+            solver=str(rc.get("solver", "auto")),
         )
     w, b = init_model()
     initial = ArrayRecord({"weight": Array(w), "bias": Array(b),
