@@ -318,14 +318,16 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
 
     metric = results[0]["metric"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
-    for res in results:
+    colors = plt.get_cmap("tab20").colors
+    for i, res in enumerate(results):
         rounds = sorted(int(r) for r in res["rounds"])
         vals = [res["rounds"][str(r)][metric] for r in rounds]
         style = "-" if res["control"] == "none" else "--"
         label = res["label"] + ("" if res["control"] == "none" else " + VC")
-        ax1.plot(rounds, vals, style, marker=".", label=label)
-        sent = np.cumsum([0.0] + [res["rounds"][str(r)]["bytes-up"] for r in rounds[1:]])
-        ax2.plot(np.maximum(sent, 1) / 2**20, vals, style, marker=".", label=label)
+        color = colors[i % len(colors)]
+        ax1.plot(rounds, vals, style, marker=".", label=label, color=color)
+        sent = np.cumsum([res["rounds"][str(r)]["bytes-up"] for r in rounds[1:]])  # from r1
+        ax2.plot(sent / 2**20, vals[1:], style, marker=".", label=label, color=color)
     ax1.set(xlabel="round", ylabel=metric, title=f"{results[0]['task']}: {metric} per round")
     ax2.set(xlabel="MiB sent up (cumulative)", ylabel=metric, xscale="log",
             title="per byte sent")
