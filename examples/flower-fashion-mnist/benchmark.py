@@ -318,7 +318,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
 
     metric = results[0]["metric"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
-    colors = plt.get_cmap("tab20").colors
+    colors = [plt.get_cmap("tab20")(i / 19) for i in range(20)]
     for i, res in enumerate(results):
         rounds = sorted(int(r) for r in res["rounds"])
         vals = [res["rounds"][str(r)][metric] for r in rounds]

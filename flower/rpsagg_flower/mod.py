@@ -44,6 +44,8 @@ from rpsagg_flower.payload import (
     Layout,
     encoded_to_records,
     flatten,
+    layer_seed,
+    layers_to_records,
     plain_arrays,
 )
 from rpsagg_flower.settings import KEY_SCHEME, RoundEncoding
@@ -181,24 +183,37 @@ def make_rpsagg_mod(
         if enc.error_feedback:
             delta += _memory(ctxt, layout.d)
         client_seed = context_seeds(msg, ctxt) if context_seeds else draw()
+        node = msg.metadata.dst_node_id
         try:
-            est = enc.estimator(n=1)  # an encode depends on neither n nor the transform
-            seed = derive_round_seed(client_seed, enc.nonce, str(msg.metadata.dst_node_id))
-            encoded = est.encode(delta, seed)
+            # an encode depends on neither n nor the transform
+            if enc.layer_k:  # one message per compressed array
+                ests = enc.layer_estimators(layout.compressed_sizes, n=1)
+                cuts = np.cumsum(layout.compressed_sizes)[:-1]
+                msgs = [e.encode(part, layer_seed(client_seed, enc.nonce, node, j))
+                        for j, (e, part) in enumerate(zip(ests, np.split(delta, cuts),
+                                                          strict=True))]
+                arrays, meta = layers_to_records(msgs, client_seed, enc.nonce, plain)
+                scheme = msgs[0].scheme
+            else:
+                est = enc.estimator(n=1)
+                ests = [est]
+                msgs = [est.encode(delta, derive_round_seed(client_seed, enc.nonce, str(node)))]
+                arrays, meta = encoded_to_records(msgs[0], client_seed, enc.nonce, plain)
+                scheme = msgs[0].scheme
             if enc.error_feedback:
                 # what the server applies of this message, by itself: gamma times its
                 # unbiased decode; the rest is carried to the next round
-                sent = enc.error_feedback * est.decode([encoded])
+                sent = enc.error_feedback * np.concatenate(
+                    [e.decode([m]) for e, m in zip(ests, msgs, strict=True)])
                 ctxt.state.array_records[MEMORY_KEY] = ArrayRecord({"e": Array(delta - sent)})
         except ValueError as exc:
             return _error(msg, f"cannot encode the update: {exc}")
-        arrays, meta = encoded_to_records(encoded, client_seed, enc.nonce, plain)
         raw = record.count_bytes()
         out.content.array_records[key] = arrays
         out.content[REPLY_CONFIG] = meta
         log.info(
             "rpsagg_mod: %s update of %d coordinates sent as %d B instead of %d B",
-            encoded.scheme, layout.d, arrays.count_bytes() + meta.count_bytes(), raw,
+            scheme, layout.d, arrays.count_bytes() + meta.count_bytes(), raw,
         )
         return out
 

@@ -71,6 +71,18 @@ class Layout:
                    if c)
 
     @property
+    def compressed_sizes(self) -> tuple[int, ...]:
+        """Coordinates of each compressed array, in record order (the layers of per-layer
+        compression)."""
+        return tuple(int(np.prod(s)) for s, c in zip(self.shapes, self.compressed, strict=True)
+                     if c)
+
+    @property
+    def compressed_keys(self) -> tuple[str, ...]:
+        """The compressed arrays, in record order."""
+        return tuple(k for k, c in zip(self.keys, self.compressed, strict=True) if c)
+
+    @property
     def plain_keys(self) -> tuple[str, ...]:
         """The arrays that travel uncompressed, in record order."""
         return tuple(k for k, c in zip(self.keys, self.compressed, strict=True) if not c)
@@ -213,15 +225,7 @@ def encoded_to_records(
     seed derived from ``client_seed`` and ``nonce``), with the uncompressed arrays ``plain``
     (NumPy format, keys prefixed by :data:`PLAIN_PREFIX`)."""
     arrays: dict[str, Array] = {}
-    if msg.codes is None:
-        arrays["values"] = _raw(msg.values, "float32")
-    else:
-        assert msg.scales is not None
-        packed = np.frombuffer(pack_codes(msg.codes, msg.value_bits), dtype=np.uint8)
-        arrays["codes"] = _raw(packed, "uint8")
-        arrays["scale"] = _raw(msg.scales, "float32")
-    if msg.indices is not None:
-        arrays["indices"] = _raw(msg.indices, "int32")
+    _put(arrays, msg, "")
     for key, value in (plain or {}).items():
         arrays[PLAIN_PREFIX + key] = Array(np.asarray(value))
     meta = ConfigRecord(
@@ -236,6 +240,75 @@ def encoded_to_records(
     return ArrayRecord(arrays), meta
 
 
+def _put(arrays: dict[str, Array], msg: Encoded, suffix: str) -> None:
+    if msg.codes is None:
+        arrays["values" + suffix] = _raw(msg.values, "float32")
+    else:
+        assert msg.scales is not None
+        packed = np.frombuffer(pack_codes(msg.codes, msg.value_bits), dtype=np.uint8)
+        arrays["codes" + suffix] = _raw(packed, "uint8")
+        arrays["scale" + suffix] = _raw(msg.scales, "float32")
+    if msg.indices is not None:
+        arrays["indices" + suffix] = _raw(msg.indices, "int32")
+
+
+def layers_to_records(
+    msgs: Sequence[Encoded], client_seed: int, nonce: int,
+    plain: Mapping[str, NDArray[np.generic]] | None = None,
+) -> tuple[ArrayRecord, ConfigRecord]:
+    """Per-layer compression: the records of one message per layer (``values/<j>``,
+    ``codes/<j>``, ``scale/<j>``, ``indices/<j>``; ``count`` a list), as
+    :func:`encoded_to_records` writes one."""
+    arrays: dict[str, Array] = {}
+    for j, msg in enumerate(msgs):
+        _put(arrays, msg, f"/{j}")
+    for key, value in (plain or {}).items():
+        arrays[PLAIN_PREFIX + key] = Array(np.asarray(value))
+    meta = ConfigRecord(
+        {
+            "seed": nonce_to_bytes(client_seed),
+            "nonce": nonce_to_bytes(nonce),
+            "scheme": msgs[0].scheme,
+            "count": [int(m.values.size) for m in msgs],
+            "value-bits": int(msgs[0].value_bits),
+        }
+    )
+    return ArrayRecord(arrays), meta
+
+
+def layer_seed(client_seed: int, nonce: int, node_id: int, layer: int) -> int:
+    """Layer ``layer``'s transform seed: ``derive_round_seed`` with the id
+    ``"<node>/<layer>"`` (the flattened update's is ``"<node>"``)."""
+    return derive_round_seed(client_seed, nonce, f"{node_id}/{layer}")
+
+
+def records_to_layers(
+    ests: Sequence[Estimator], arrays: ArrayRecord, meta: ConfigRecord, nonce: int,
+    node_id: int,
+) -> list[Encoded]:
+    """The per-layer messages of one compressed reply (:func:`layers_to_records`);
+    ``ValueError`` for a reply that does not fit the round."""
+    client_seed, scheme, counts, value_bits = _meta(meta, nonce)
+    if not (isinstance(counts, list) and len(counts) == len(ests)):
+        raise ValueError(f"the reply has counts {counts!r:.60}; the round has {len(ests)} "
+                         f"layers")
+    return [_one(est, arrays, scheme, int(count), value_bits,
+                 layer_seed(client_seed, nonce, node_id, j), f"/{j}")
+            for j, (est, count) in enumerate(zip(ests, counts, strict=True))]
+
+
+def _meta(meta: ConfigRecord, nonce: int) -> tuple[int, object, object, object]:
+    try:
+        client_seed = nonce_from_bytes(meta["seed"])
+        sent_nonce = nonce_from_bytes(meta["nonce"])
+        scheme, count, value_bits = meta["scheme"], meta["count"], meta["value-bits"]
+    except KeyError as exc:
+        raise ValueError(f"the compressed reply lacks {exc.args[0]!r}") from None
+    if sent_nonce != nonce:
+        raise ValueError("the reply was encoded for another round (its nonce differs)")
+    return client_seed, scheme, count, value_bits
+
+
 def records_to_encoded(
     est: Estimator, arrays: ArrayRecord, meta: ConfigRecord, nonce: int, node_id: int
 ) -> Encoded:
@@ -245,16 +318,17 @@ def records_to_encoded(
     and the node id, so a client cannot choose its projection. ``ValueError`` for a reply
     that does not fit ``est`` or the round.
     """
-    try:
-        client_seed = nonce_from_bytes(meta["seed"])
-        sent_nonce = nonce_from_bytes(meta["nonce"])
-        scheme, count, value_bits = meta["scheme"], meta["count"], meta["value-bits"]
-    except KeyError as exc:
-        raise ValueError(f"the compressed reply lacks {exc.args[0]!r}") from None
-    if not (isinstance(scheme, str) and isinstance(count, int) and isinstance(value_bits, int)):
+    client_seed, scheme, count, value_bits = _meta(meta, nonce)
+    if not isinstance(count, int):
         raise ValueError("the compressed reply's scheme, count or value-bits is malformed")
-    if sent_nonce != nonce:
-        raise ValueError("the reply was encoded for another round (its nonce differs)")
+    return _one(est, arrays, scheme, count, value_bits,
+                derive_round_seed(client_seed, nonce, str(node_id)), "")
+
+
+def _one(est: Estimator, arrays: ArrayRecord, scheme: object, count: int, value_bits: object,
+         seed: int, suffix: str) -> Encoded:
+    if not (isinstance(scheme, str) and isinstance(value_bits, int)):
+        raise ValueError("the compressed reply's scheme, count or value-bits is malformed")
     if scheme != est.name or value_bits != est.value_bits:
         raise ValueError(
             f"the reply is {scheme!r} with {value_bits}-bit values; this round is "
@@ -262,21 +336,20 @@ def records_to_encoded(
         )
     if count < 0 or (est.values_per_message is not None and count != est.values_per_message):
         raise ValueError(f"the reply has {count!r} values; expected {est.values_per_message}")
-    seed = derive_round_seed(client_seed, nonce, str(node_id))
-    indices = _from_raw(arrays, "indices", "int32").astype(np.int64) if (
-        "indices" in arrays
+    indices = _from_raw(arrays, "indices" + suffix, "int32").astype(np.int64) if (
+        "indices" + suffix in arrays
     ) else None
     if indices is not None and indices.size != count:
         raise ValueError(f"the reply has {indices.size} indices for {count} values")
     if est.value_bits == 32:
-        values = _from_raw(arrays, "values", "float32").astype(np.float32)
+        values = _from_raw(arrays, "values" + suffix, "float32").astype(np.float32)
         if values.size != count:
             raise ValueError(f"the reply has {values.size} values; it says {count}")
         msg = Encoded(est.name, seed, est.k, est.d, values, indices)
     else:
-        packed = _from_raw(arrays, "codes", "uint8").tobytes()
+        packed = _from_raw(arrays, "codes" + suffix, "uint8").tobytes()
         codes = unpack_codes(packed, count, est.value_bits)
-        scales = _from_raw(arrays, "scale", "float32").astype(np.float32)
+        scales = _from_raw(arrays, "scale" + suffix, "float32").astype(np.float32)
         values32 = dequantize(est.codebook, codes, scales, est.value_bits)
         msg = Encoded(est.name, seed, est.k, est.d, values32, indices,
                       value_bits=est.value_bits, codes=codes, scales=scales)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import secrets
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +28,7 @@ from rpsagg_flower.payload import (
     apply_update,
     mean_plain,
     records_to_encoded,
+    records_to_layers,
     records_to_plain,
 )
 from rpsagg_flower.settings import AUTO_BLOCK_SIZE, AUTO_BLOCK_THRESHOLD, RoundEncoding
@@ -42,12 +43,13 @@ class _RoundPlan:
     estimator: Estimator
     layout: Layout
     arrays: ArrayRecord
+    layers: list[Estimator] | None = None  # per-layer compression
 
 
 @dataclass
 class _Accepted:
     content_index: int
-    encoded: Encoded
+    encoded: Encoded | list[Encoded]
     weight: float
     wire_bytes: int
     plain: dict[str, NDArray[np.generic]]
@@ -127,6 +129,13 @@ class RandProjSpatialFedAvg(FedAvg):
         (:mod:`rpsagg_flower.optim`: ``ServerSGD(lr, momentum)`` for a server learning rate
         and FedAvgM, ``ServerAdam``, ``ServerYogi``, ``ServerAdagrad``). Default: a step of
         1, as FedAvg.
+    per_layer : bool or mapping of str to int
+        Compress each compressed array on its own (one estimator message per array, its
+        own seed) instead of the flattened update: ``True`` splits the budget ``k`` in
+        proportion to the arrays' sizes (``max(1, round(k d_j / d))``; for ``"eden"`` and
+        ``"qsgd"`` each array is quantized on its own), a mapping gives each array's ``k``
+        by name. ``rpsagg.r-hat`` and ``rpsagg.beta`` are not reported per layer, and
+        ``transform="auto"`` then stays at ``"avg"``.
     solver : {"auto", "exact", "cg"}
         The spatial decoders' joint solver (``rpsagg.make_estimator``'s ``method``). At
         ``n k <= 512`` ``"auto"`` builds the dense ``nk x nk`` Gram matrix, which at
@@ -159,6 +168,7 @@ class RandProjSpatialFedAvg(FedAvg):
         server_optimizer: ServerOptimizer | None = None,
         error_feedback: bool = False,
         solver: str = "auto",
+        per_layer: bool | Mapping[str, int] = False,
         **kwargs: object,
     ) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
@@ -194,6 +204,7 @@ class RandProjSpatialFedAvg(FedAvg):
         if solver not in ("auto", "exact", "cg"):
             raise ValueError(f"solver must be 'auto', 'exact' or 'cg'; got {solver!r}")
         self.solver = solver
+        self.per_layer = dict(per_layer) if isinstance(per_layer, Mapping) else bool(per_layer)
         self._plan: _RoundPlan | None = None
 
     def summary(self) -> None:
@@ -218,6 +229,19 @@ class RandProjSpatialFedAvg(FedAvg):
         """The encoding of a round that sends ``arrays`` (``ValueError`` when the settings
         do not fit the model, e.g. ``k > d`` or no floating-point array)."""
         layout = Layout.of(arrays, self.uncompressed)
+        layer_k: tuple[int, ...] = ()
+        layer_block: tuple[int, ...] = ()
+        if self.per_layer:
+            sizes, keys = layout.compressed_sizes, layout.compressed_keys
+            if isinstance(self.per_layer, dict):
+                missing = [key for key in keys if key not in self.per_layer]
+                if missing:
+                    raise ValueError(f"per_layer gives no k for the arrays {missing}")
+                layer_k = tuple(int(self.per_layer[key]) for key in keys)
+            else:
+                layer_k = tuple(max(1, round(self.k * size / layout.d)) if self.k else 0
+                                for size in sizes)
+            layer_block = tuple(self._block_size(size) or 0 for size in sizes)
         enc = RoundEncoding(
             scheme=self.estimator_name,
             k=self.k,
@@ -230,8 +254,14 @@ class RandProjSpatialFedAvg(FedAvg):
             weight_key=self.weighted_by_key if self.weighted else "",
             uncompressed=self.uncompressed,
             error_feedback=self.server_optimizer.lr if self.error_feedback else 0.0,
+            layer_k=layer_k,
+            layer_block=layer_block,
         )
-        enc.estimator(n=1, transform=self.transform)  # raises for settings that do not fit
+        # raises for settings that do not fit
+        if layer_k:
+            enc.layer_estimators(layout.compressed_sizes, n=1, transform=self.transform)
+        else:
+            enc.estimator(n=1, transform=self.transform)
         return enc
 
     def configure_train(
@@ -260,9 +290,11 @@ class RandProjSpatialFedAvg(FedAvg):
         if messages:
             n = len(messages)
             prior = self.tracker.prior(n) if self.transform == "auto" else None
-            est = enc.estimator(n, self.transform, prior, self.solver)
-            self._plan = _RoundPlan(server_round, enc, est,
-                                    Layout.of(arrays, self.uncompressed), arrays)
+            layout = Layout.of(arrays, self.uncompressed)
+            layers = (enc.layer_estimators(layout.compressed_sizes, n, self.transform, prior,
+                                           self.solver) if enc.layer_k else None)
+            est = layers[0] if layers else enc.estimator(n, self.transform, prior, self.solver)
+            self._plan = _RoundPlan(server_round, enc, est, layout, arrays, layers)
         return messages
 
     def aggregate_train(
@@ -288,9 +320,17 @@ class RandProjSpatialFedAvg(FedAvg):
         if weights.sum() <= 0:
             log.warning("aggregate_train: the replies' weights sum to 0; the model stays")
             return None, None
-        msgs = [a.encoded for a in accepted]
-        result = plan.estimator.decode_with_info(msgs)
-        update = result.estimate / weights.mean()
+        if plan.layers:
+            per_layer = [est.decode_with_info([a.encoded[j] for a in accepted])  # type: ignore[index]
+                         for j, est in enumerate(plan.layers)]
+            estimate = np.concatenate([r.estimate for r in per_layer])
+            seconds = sum(r.seconds for r in per_layer)
+            msgs = [m for a in accepted for m in a.encoded]  # type: ignore[union-attr]
+        else:
+            msgs = [a.encoded for a in accepted]
+            result = plan.estimator.decode_with_info(msgs)
+            estimate, seconds = result.estimate, result.seconds
+        update = estimate / weights.mean()
         step = self.server_optimizer.step(update)
         plain = (mean_plain([a.plain for a in accepted], weights.tolist(), plan.layout)
                  if plan.layout.plain_keys else None)
@@ -309,13 +349,15 @@ class RandProjSpatialFedAvg(FedAvg):
         metrics["rpsagg.bytes-up-uncompressed"] = raw
         metrics["rpsagg.compression-ratio"] = raw / up
         metrics["rpsagg.payload-bytes"] = sum(m.payload_bytes for m in msgs)
+        metrics["rpsagg.decode-seconds"] = float(seconds)
+        if plan.layers:
+            return new_arrays, metrics
         metrics["rpsagg.beta"] = float(result.beta)
-        metrics["rpsagg.decode-seconds"] = float(result.seconds)
-        estimate = r_hat(plan.estimator, msgs)
-        if estimate is not None:
-            metrics["rpsagg.r-hat"] = estimate
+        rhat = r_hat(plan.estimator, msgs)
+        if rhat is not None:
+            metrics["rpsagg.r-hat"] = rhat
             if len(msgs) >= 2:
-                frac = float(np.clip(estimate / (len(msgs) - 1), 0.0, 1.0))
+                frac = float(np.clip(rhat / (len(msgs) - 1), 0.0, 1.0))
                 t = self.tracker
                 t.fraction = frac if t.fraction is None else (
                     (1.0 - t.alpha) * t.fraction + t.alpha * frac
@@ -344,8 +386,11 @@ class RandProjSpatialFedAvg(FedAvg):
                 if len(arrays) != 1:
                     raise ValueError(f"{len(arrays)} ArrayRecords in a compressed reply")
                 meta = msg.content.config_records[REPLY_CONFIG]
-                encoded = records_to_encoded(plan.estimator, arrays[0], meta,
-                                             plan.encoding.nonce, node)
+                encoded: Encoded | list[Encoded] = (
+                    records_to_layers(plan.layers, arrays[0], meta, plan.encoding.nonce, node)
+                    if plan.layers else
+                    records_to_encoded(plan.estimator, arrays[0], meta, plan.encoding.nonce,
+                                       node))
                 plain = records_to_plain(arrays[0], plan.layout)
                 weight = self._weight(msg) if self.weighted else 1.0
             except ValueError as exc:

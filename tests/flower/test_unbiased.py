@@ -106,6 +106,8 @@ CASES = {
     "rand-k-wangni": {"estimator": "rand-k-wangni", "k": 12},
     "induced": {"estimator": "induced", "k": 12},
     "qsgd(2 bits)": {"estimator": "qsgd", "bits": 2},
+    "rand-proj-spatial(avg), per layer": {"estimator": "rand-proj-spatial", "k": 12,
+                                          "per_layer": True},
 }
 
 
