@@ -15,6 +15,7 @@ from flwr.app import (
     ConfigRecord,
     Context,
     Message,
+    MessageType,
     MetricRecord,
     RecordDict,
 )
@@ -315,3 +316,37 @@ def test_clipping_asked_but_not_done_is_refused() -> None:
     out = app(_delivered(msg), context(msg.metadata.dst_node_id))
     assert out.has_error() and "clipping to 1 but the update's norm is 7.74" in out.error.reason
     _assert_reply_to(out, msg)
+
+
+def test_clipping_mod_on_the_train_function_keeps_evaluate_working() -> None:
+    """Flower applies ``ClientApp(mods=...)`` to every message, and its clipping mods refuse
+    a message without ``clipping_norm`` (an evaluate round). With the clipping mod on the
+    train function only, ``@app.train(mods=[fixedclipping_mod])``, it runs inside the
+    app-level rpsagg_mod (the right order) and evaluate rounds pass."""
+    strategy = DifferentialPrivacyClientSideFixedClipping(
+        RandProjSpatialFedAvg("full", k=60), noise_multiplier=0.0, clipping_norm=1.0,
+        num_sampled_clients=2)
+    ups = {1: np.ones(60), 2: np.full(60, 0.01)}
+    app = ClientApp(mods=[rpsagg_mod])
+
+    @app.train(mods=[fixedclipping_mod])
+    def train(msg: Message, ctxt: Context) -> Message:
+        return adding_app(ups[ctxt.node_id], 100.0)(msg, ctxt)
+
+    @app.evaluate()
+    def evaluate(msg: Message, ctxt: Context) -> Message:
+        return Message(RecordDict({"metrics": MetricRecord({"acc": 0.5})}), reply_to=msg)
+
+    arrays = model(SHAPES)
+    messages = list(strategy.configure_train(1, arrays, ConfigRecord(), FakeGrid([1, 2])))  # type: ignore[arg-type]
+    replies = [app(m, context(m.metadata.dst_node_id)) for m in messages]
+    assert not any(r.has_error() for r in replies)
+    new, _ = strategy.aggregate_train(1, replies)
+    assert new is not None
+    got = np.concatenate([a.ravel() for a in new.to_numpy_ndarrays()])
+    want = (np.ones(60) / np.sqrt(60) + np.full(60, 0.01)) / 2  # norm 7.7 clipped to 1
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    ev = Message(RecordDict({"config": ConfigRecord({"x": 1})}), dst_node_id=1,
+                 message_type=MessageType.EVALUATE)
+    out = app(ev, context(1))
+    assert not out.has_error() and out.content["metrics"]["acc"] == 0.5
