@@ -86,10 +86,11 @@ if [ "$role" = test ]; then
     export PIP_DISABLE_PIP_VERSION_CHECK=1
     echo "[setup] installing rpsagg, rpsagg-flower (flwr) and the test tools into .venv-flower"
     .venv-flower/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-    # rpsagg is the math alone (numpy, scipy): it installs beside flwr's protobuf pin
-    .venv-flower/bin/python -m pip install -q -e "common[blas]" -e flower \
+    # rpsagg is the math alone (numpy, scipy): it installs beside flwr's protobuf pin;
+    # flower[simulation] brings Ray for Flower's simulation engine (tests/flower/test_e2e.py)
+    .venv-flower/bin/python -m pip install -q -e "common[blas]" -e "flower[simulation]" \
       -r flower/requirements-test.txt 2>&1 | grep -v "^WARNING: Location" || true
-    .venv-flower/bin/python -c "import rpsagg, rpsagg_flower, flwr"
+    .venv-flower/bin/python -c "import rpsagg, rpsagg_flower, flwr, ray"
     echo "$fl_stamp" > "$fl_stamp_file"
     echo "[setup] .venv-flower ready"
   fi

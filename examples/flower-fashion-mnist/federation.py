@@ -1,10 +1,22 @@
-"""A local Flower federation: one SuperLink and N SuperNodes as processes on 127.0.0.1.
+"""A local Flower federation on 127.0.0.1: Flower's deployment or simulation engine.
 
-Flower's own deployment tools, nothing simulated: ``flower-superlink``, ``flower-supernode``
-(each node runs its ClientApps in subprocesses) and ``flwr run``, with a private
-``FLWR_HOME`` whose ``config.toml`` names the SuperLink. Every process runs in its own
-process group and the whole group is ended on exit, including the ``flower-superexec`` and
-``flwr-clientapp`` / ``flwr-serverapp`` children Flower starts.
+Flower's own tools, nothing emulated: ``flower-superlink`` and ``flwr run`` with a private
+``FLWR_HOME`` whose ``config.toml`` names the SuperLink, and either
+
+* the **deployment engine**: N ``flower-supernode`` processes (each runs its ClientApps in
+  subprocesses), or
+* the **simulation engine**: the SuperLink started with ``--simulation``; ``flwr run``
+  passes ``--federation-config num-supernodes=N`` and Flower runs the N virtual
+  SuperNodes' ClientApps on Ray (``flwr[simulation]``).
+
+Flower's runtime dependency installation (``uv sync`` of the app's dependencies from the
+package index before a run) is turned off (``--disable-runtime-dependency-installation``
+and ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1``): the app runs in the environment
+that runs the federation, where rpsagg-flower is installed from the repository.
+
+Every process runs in its own process group. On exit every process the federation started
+is ended, with all its descendants, including those Flower starts in sessions of their own
+(``flower-superexec``, ``flwr-serverapp``, ``flwr-clientapp``, Ray's workers).
 """
 
 from __future__ import annotations
@@ -49,18 +61,24 @@ class LocalFederation:
         Where ``FLWR_HOME`` and the logs go (default: a temporary folder, removed on exit).
     startup_timeout : float
         Seconds for the SuperLink to answer its health check.
+    simulation : bool
+        Flower's simulation engine (virtual SuperNodes on Ray) instead of N SuperNode
+        processes.
     """
 
     def __init__(self, nodes: int, workdir: Path | None = None,
-                 startup_timeout: float = 60.0) -> None:
+                 startup_timeout: float = 60.0, simulation: bool = False) -> None:
         self.nodes = nodes
+        self.simulation = simulation
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="flower-fed-"))
         self.home = self.workdir / "flwr-home"
         self.startup_timeout = startup_timeout
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.groups_ended: list[int] = []  # the process groups stop() ended
         self.port = 0
         self.env = dict(os.environ, FLWR_HOME=str(self.home), FLWR_DISABLE_UPDATE_CHECK="1",
+                        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
                         PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
 
     def _spawn(self, name: str, args: list[str], home: Path | None = None
@@ -74,7 +92,8 @@ class LocalFederation:
         return proc
 
     def start(self) -> LocalFederation:
-        """Start the SuperLink, wait for its health check, then start the SuperNodes."""
+        """Start the SuperLink, wait for its health check, then start the SuperNodes
+        (deployment engine)."""
         self.home.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         (self.home / "config.toml").write_text(
@@ -84,6 +103,7 @@ class LocalFederation:
         link = self._spawn("superlink", [
             _tool("flower-superlink"), "--insecure", "--disable-runtime-dependency-installation",
             "--host", "127.0.0.1", "--port", str(self.port),
+            *(["--simulation"] if self.simulation else []),
         ])
         deadline = time.monotonic() + self.startup_timeout
         while not self._healthy():
@@ -94,6 +114,8 @@ class LocalFederation:
                 raise TimeoutError(f"the SuperLink did not answer within "
                                    f"{self.startup_timeout} s; see {self.workdir}")
             time.sleep(0.2)
+        if self.simulation:
+            return self
         for i in range(self.nodes):
             self._spawn(f"supernode-{i}", [
                 _tool("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{self.port}",
@@ -122,31 +144,57 @@ class LocalFederation:
         overrides = " ".join(f"{k}={_toml(v)}" for k, v in run_config.items())
         cmd = [_tool("flwr"), "run", str(app_dir), "local-fed", "--stream",
                "--run-config", overrides]
-        try:
-            done = subprocess.run(cmd, env=self.env, capture_output=True, timeout=timeout,
-                                  start_new_session=True, check=False)
-        except subprocess.TimeoutExpired as exc:
-            raise TimeoutError(f"flwr run did not finish within {timeout} s") from exc
-        out = done.stdout.decode(errors="replace") + done.stderr.decode(errors="replace")
+        if self.simulation:
+            cmd += ["--federation-config", f"num-supernodes={self.nodes}"]
+        log = self.workdir / "flwr-run.log"
+        with open(log, "wb") as sink:
+            proc = subprocess.Popen(cmd, env=self.env, stdout=sink, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            self.procs.append(proc)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired as exc:
+                raise TimeoutError(f"flwr run did not finish within {timeout} s; see "
+                                   f"{log}") from exc
+            finally:  # Ctrl-C or a timeout: stop() ends it with the rest
+                if proc.poll() is not None:
+                    self.procs.remove(proc)
+        out = log.read_text(errors="replace")
+        done = proc
         if done.returncode != 0 or "ServerApp raised an exception" in out:
             raise RuntimeError(f"flwr run failed (exit {done.returncode}):\n{out[-4000:]}")
         return out
 
     def stop(self) -> None:
-        """End every process group (TERM, then KILL after 10 s) and remove a temporary dir."""
-        for proc in self.procs:
-            _signal_group(proc, signal.SIGTERM)
+        """End every process the federation started and all their descendants (TERM, then
+        KILL after 10 s), and remove a temporary dir.
+
+        Flower starts ``flower-superexec`` in a session of its own, so ending the
+        SuperLink's process group is not enough: the descendants are collected from
+        ``/proc`` (before any is signalled, while the tree is intact) and each one's
+        process group is ended too."""
+        tree = descendants([p.pid for p in self.procs])
+        groups = sorted({p.pid for p in self.procs} | {_pgid(pid) for pid in tree} - {0})
+        groups = [g for g in groups if g != os.getpgid(0)]  # never our own group
+        for g in groups:
+            _killpg(g, signal.SIGTERM)
         deadline = time.monotonic() + 10.0
         for proc in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        tree |= descendants([p.pid for p in self.procs])  # started while we waited
+        groups = sorted(set(groups) | {_pgid(pid) for pid in tree} - {0, os.getpgid(0)})
+        for g in groups:
+            _killpg(g, signal.SIGKILL)
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         for proc in self.procs:
-            _signal_group(proc, signal.SIGKILL)  # children (superexec, clientapps) too
             proc.wait()
-        groups = [p.pid for p in self.procs]
         deadline = time.monotonic() + 10.0
         while any(live_members(g) for g in groups) and time.monotonic() < deadline:
             time.sleep(0.05)  # SIGKILL is delivered asynchronously
+        self.groups_ended = groups
         self.procs.clear()
         if self._own_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -180,9 +228,38 @@ def live_members(pgid: int) -> list[int]:
     return out
 
 
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, sig)
+def _stat(pid: int) -> list[str] | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, session, ...
+
+
+def _pgid(pid: int) -> int:
+    fields = _stat(pid)
+    return int(fields[2]) if fields else 0
+
+
+def descendants(pids: list[int]) -> set[int]:
+    """Every live process below ``pids`` in the process tree (Linux ``/proc``)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat(int(entry.name))) is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: set[int] = set()
+    todo = list(pids)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
 
 
 def _toml(value: object) -> str:

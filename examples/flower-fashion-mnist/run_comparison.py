@@ -1,12 +1,15 @@
 """Run the Fashion-MNIST app once per method on a local Flower federation; table and plot.
 
     python run_comparison.py                      # 10 SuperNodes, 20 rounds, k = 785 (d/10)
-    python run_comparison.py --rounds 3 --methods fedavg rand-proj-spatial --quick
+    python run_comparison.py --quick              # 2 nodes, 2 rounds, 300 images each
+    python run_comparison.py --engine simulation  # Flower's simulation engine (Ray)
 
 Each method is one ``flwr run`` of the app in this folder on the same federation (a
-SuperLink and ``--clients`` SuperNodes on 127.0.0.1). The ServerApp writes one JSON file
-per method into ``--out``; this script prints the table (test accuracy after chosen rounds
-and the bytes sent up per round) and writes ``accuracy.png`` beside the JSON files.
+SuperLink and ``--clients`` SuperNodes on 127.0.0.1, or a simulation SuperLink with as
+many virtual SuperNodes). The ServerApp writes one JSON file per method into ``--out``;
+this script prints the table (test accuracy after chosen rounds and the bytes sent up per
+round, counted from the replies) and writes ``accuracy.png`` beside the JSON files.
+Ctrl-C ends every Flower process the script started (exit status 130).
 """
 
 from __future__ import annotations
@@ -96,20 +99,47 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--value-bits", type=int, default=32)
     ap.add_argument("--methods", nargs="+", default=METHODS)
     ap.add_argument("--examples-per-client", type=int, default=0)
+    ap.add_argument("--engine", choices=["deployment", "simulation"], default="deployment")
+    ap.add_argument("--seed", type=int, default=1,
+                    help="nonces and client seeds derived from it (0: fresh randomness)")
+    ap.add_argument("--server-optimizer", default="sgd", help="sgd, adagrad, adam or yogi")
+    ap.add_argument("--server-lr", type=float, default=1.0)
+    ap.add_argument("--server-momentum", type=float, default=0.0)
+    ap.add_argument("--error-feedback", action="store_true")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run: 2 nodes, 2 rounds, 300 images each, FedAvg and "
+                         "Rand-Proj-Spatial (unless --methods is given)")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     ap.add_argument("--report-only", action="store_true",
                     help="print the table and plot from the JSON files already in --out")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.clients, args.rounds, args.examples_per_client = 2, 2, 300
+        if args.methods == METHODS:
+            args.methods = ["fedavg", "rand-proj-spatial"]
     args.out.mkdir(parents=True, exist_ok=True)
     if args.report_only:
         results = [json.loads((args.out / f"{m}.json").read_text()) for m in args.methods]
         print(table(results))
         plot(results, args.out / "accuracy.png")
         return 0
+    try:
+        results = _run(args)
+    except KeyboardInterrupt:  # the federation's with-block has ended every process
+        print("[fmnist] interrupted; every Flower process stopped", file=sys.stderr)
+        return 130
+    print(table(results))
+    plot(results, args.out / "accuracy.png")
+    print(f"[fmnist] plot: {args.out / 'accuracy.png'}")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> list[dict]:
     results = []
-    with LocalFederation(args.clients) as fed:
-        print(f"[fmnist] SuperLink on 127.0.0.1:{fed.port}, {args.clients} SuperNodes", flush=True)
+    with LocalFederation(args.clients, simulation=args.engine == "simulation") as fed:
+        print(f"[fmnist] SuperLink on 127.0.0.1:{fed.port}, {args.clients} "
+              f"{'virtual ' if fed.simulation else ''}SuperNodes", flush=True)
         for method in args.methods:
             path = args.out / f"{method}.json"
             path.unlink(missing_ok=True)
@@ -117,17 +147,16 @@ def main(argv: list[str] | None = None) -> int:
                 "method": method, "k": args.k, "transform": args.transform,
                 "value-bits": args.value_bits, "clients": args.clients,
                 "num-server-rounds": args.rounds, "results-path": str(path),
-                "examples-per-client": args.examples_per_client,
+                "examples-per-client": args.examples_per_client, "seed": args.seed,
+                "server-optimizer": args.server_optimizer, "server-lr": args.server_lr,
+                "server-momentum": args.server_momentum, "error-feedback": args.error_feedback,
             }, timeout=args.timeout)
             res = json.loads(path.read_text())
             last = res["rounds"][str(args.rounds)]
             print(f"[fmnist] {label(res)}: accuracy {last['test-accuracy']:.4f} after "
                   f"{args.rounds} rounds", flush=True)
             results.append(res)
-    print(table(results))
-    plot(results, args.out / "accuracy.png")
-    print(f"[fmnist] plot: {args.out / 'accuracy.png'}")
-    return 0
+    return results
 
 
 if __name__ == "__main__":

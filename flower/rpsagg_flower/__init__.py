@@ -16,6 +16,14 @@ Examples
 """
 
 from rpsagg_flower.mod import make_rpsagg_mod, rpsagg_mod
+from rpsagg_flower.optim import (
+    ServerAdagrad,
+    ServerAdam,
+    ServerOptimizer,
+    ServerSGD,
+    ServerYogi,
+    make_server_optimizer,
+)
 from rpsagg_flower.payload import Layout, apply_update, flatten
 from rpsagg_flower.settings import RoundEncoding
 from rpsagg_flower.strategy import RandProjSpatialFedAvg
@@ -26,9 +34,15 @@ __all__ = [
     "Layout",
     "RandProjSpatialFedAvg",
     "RoundEncoding",
+    "ServerAdagrad",
+    "ServerAdam",
+    "ServerOptimizer",
+    "ServerSGD",
+    "ServerYogi",
     "__version__",
     "apply_update",
     "flatten",
     "make_rpsagg_mod",
+    "make_server_optimizer",
     "rpsagg_mod",
 ]

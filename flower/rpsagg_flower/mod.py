@@ -3,14 +3,23 @@
 Put :data:`rpsagg_mod` into the ``ClientApp``'s mods (``ClientApp(mods=[rpsagg_mod])``) and
 use :class:`~rpsagg_flower.strategy.RandProjSpatialFedAvg` on the server. In a round that the
 strategy configured (its ``ConfigRecord`` has ``rpsagg.scheme``), the mod runs the
-``ClientApp``, takes the difference between the arrays it returned and those it received,
-flattened across the ``ArrayRecord``, and sends only the estimator's message: ``k`` values
-(or their codes) and a 64-bit client seed. Every other message passes through unchanged.
+``ClientApp``, takes the difference between the floating-point arrays it returned and those
+it received, flattened across the ``ArrayRecord``, and sends only the estimator's message:
+``k`` values (or their codes) and a 64-bit client seed. Arrays that are not floating point
+(integer counters, boolean masks) and those the strategy names ``uncompressed`` travel as
+they are beside the sketch. Every other message passes through unchanged.
 
 The client seed comes from ``secrets.randbits(64)``; the transform seed is
 ``derive_round_seed(client_seed, nonce, str(node_id))`` with the round's nonce from the
 strategy, exactly as in the rpsagg service (``docs/wire-format.md``), so the server can
 regenerate the transform and no client can choose it.
+
+Differential privacy with client-side clipping: list rpsagg_mod *before* Flower's clipping
+mod, ``ClientApp(mods=[rpsagg_mod, fixedclipping_mod])`` (or ``adaptiveclipping_mod``), so
+that the clipping mod runs inside it and clips the uncompressed update that rpsagg_mod then
+compresses. In the other order the clipping mod would receive the compressed reply; the mod
+detects that order and answers with an error reply, and it also refuses a round that asks
+for clipping (``clipping_norm`` in the config) whose update comes back unclipped.
 """
 
 from __future__ import annotations
@@ -18,20 +27,41 @@ from __future__ import annotations
 import logging
 import math
 import secrets
+import sys
 from collections.abc import Callable
 
-from flwr.app import Context, Error, Message, MessageType
+import numpy as np
+from flwr.app import Array, ArrayRecord, Context, Error, Message, MessageType
+from flwr.clientapp.mod import adaptiveclipping_mod, fixedclipping_mod
 from flwr.clientapp.typing import ClientAppCallable, Mod
 from flwr.common.constant import ErrorCode
+from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
 from rpsagg.spec import derive_round_seed
-from rpsagg_flower.payload import REPLY_CONFIG, Layout, encoded_to_records, flatten
+from rpsagg_flower.payload import (
+    REPLY_CONFIG,
+    FloatArray,
+    Layout,
+    encoded_to_records,
+    flatten,
+    layer_seed,
+    layers_to_records,
+    plain_arrays,
+)
 from rpsagg_flower.settings import KEY_SCHEME, RoundEncoding
 
 log = logging.getLogger("flwr.rpsagg_flower")  # through Flower's log handlers
 
+#: Key of the error-feedback memory in the ClientApp's ``context.state``.
+MEMORY_KEY = "rpsagg.memory"
+
+_CLIPPING_MODS = {fixedclipping_mod.__code__: "fixedclipping_mod",
+                  adaptiveclipping_mod.__code__: "adaptiveclipping_mod"}
+
 
 def _error(msg: Message, reason: str) -> Message:
+    """An error reply to the instruction ``msg`` (never to a reply: a reply's source and
+    destination are the other way round and the SuperNode could not route it)."""
     log.error("rpsagg_mod: %s", reason)
     return Message(Error(code=ErrorCode.MOD_FAILED_PRECONDITION, reason=f"rpsagg_mod: {reason}"),
                    reply_to=msg)
@@ -44,9 +74,50 @@ def _round_encoding(msg: Message) -> RoundEncoding | None:
     return None
 
 
-def make_rpsagg_mod(client_seeds: Callable[[], int] | None = None) -> Mod:
-    """A mod that compresses training replies; ``client_seeds`` draws each reply's 64-bit
-    client seed (default ``secrets.randbits(64)``; tests pass a fixed sequence).
+def _clipping_norm(msg: Message) -> float | None:
+    for config in msg.content.config_records.values():
+        if KEY_CLIPPING_NORM in config:
+            return float(config[KEY_CLIPPING_NORM])  # type: ignore[arg-type]
+    return None
+
+
+def _outer_clipping_mod() -> str | None:
+    """The name of a Flower clipping mod that called this mod (so runs outside it)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = _CLIPPING_MODS.get(frame.f_code)
+        if name is not None:
+            return name
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
+def _memory(ctxt: Context, d: int) -> FloatArray:
+    record = ctxt.state.array_records.get(MEMORY_KEY)
+    if record is not None and "e" in record:
+        e = record["e"].numpy()
+        if e.shape == (d,):
+            return np.asarray(e, dtype=np.float64)
+        log.warning("rpsagg_mod: error-feedback memory of %d coordinates for a model of %d; "
+                    "starting from zero", e.size, d)
+    return np.zeros(d)
+
+
+def make_rpsagg_mod(
+    client_seeds: Callable[[], int] | None = None,
+    *,
+    context_seeds: Callable[[Message, Context], int] | None = None,
+) -> Mod:
+    """A mod that compresses training replies.
+
+    Parameters
+    ----------
+    client_seeds : callable, optional
+        Draws each reply's 64-bit client seed (default ``secrets.randbits(64)``; tests pass
+        a fixed sequence).
+    context_seeds : callable, optional
+        ``(instruction, context) -> seed`` instead: e.g. a seed derived from the run
+        config, the node and the round for a reproducible run.
 
     Returns
     -------
@@ -64,28 +135,42 @@ def make_rpsagg_mod(client_seeds: Callable[[], int] | None = None) -> Mod:
             return _error(msg, str(exc))
         if enc is None:  # not a round of RandProjSpatialFedAvg
             return call_next(msg, ctxt)
+        outer = _outer_clipping_mod()
+        if outer is not None:
+            return _error(msg, f"{outer} runs outside rpsagg_mod and would receive the "
+                               f"compressed reply; list rpsagg_mod first: "
+                               f"ClientApp(mods=[rpsagg_mod, {outer}])")
         received = list(msg.content.array_records.values())
         if len(received) != 1:
             return _error(msg, f"expects one ArrayRecord in the message; got {len(received)}")
         try:
-            layout = Layout.of(received[0])
+            layout = Layout.of(received[0], enc.uncompressed)
             base = flatten(received[0], layout)
         except ValueError as exc:
             return _error(msg, str(exc))
         if layout.d != enc.d:
-            return _error(msg, f"the model has {layout.d} coordinates; the round says {enc.d}")
+            return _error(msg, f"the model has {layout.d} coordinates to compress; the round "
+                               f"says {enc.d}")
+        clip = _clipping_norm(msg)
 
         out = call_next(msg, ctxt)
         if out.has_error():
             return out
         replies = list(out.content.array_records.items())
         if len(replies) != 1:
-            return _error(out, f"expects one ArrayRecord in the reply; got {len(replies)}")
+            return _error(msg, f"expects one ArrayRecord in the reply; got {len(replies)}")
         key, record = replies[0]
         try:
             delta = flatten(record, layout) - base
+            plain = plain_arrays(record, layout)
         except ValueError as exc:
             return _error(msg, f"the ClientApp's reply: {exc}")
+        if clip is not None:
+            norm = float(np.linalg.norm(delta))
+            if norm > clip * (1.0 + 1e-5) + 1e-6:  # float32 rounding of the clipped arrays
+                return _error(msg, f"the round asks for clipping to {clip:g} but the update's "
+                                   f"norm is {norm:g}: add Flower's clipping mod after "
+                                   f"rpsagg_mod, ClientApp(mods=[rpsagg_mod, fixedclipping_mod])")
         if enc.weight_key:
             weights = [m[enc.weight_key] for m in out.content.metric_records.values()
                        if enc.weight_key in m]
@@ -95,20 +180,40 @@ def make_rpsagg_mod(client_seeds: Callable[[], int] | None = None) -> Mod:
                 return _error(msg, f"the reply needs one finite, non-negative metric "
                                    f"{enc.weight_key!r} to weight its update; got {weights}")
             delta *= float(weights[0])
-        client_seed = draw()
+        if enc.error_feedback:
+            delta += _memory(ctxt, layout.d)
+        client_seed = context_seeds(msg, ctxt) if context_seeds else draw()
+        node = msg.metadata.dst_node_id
         try:
-            est = enc.estimator(n=1)  # an encode depends on neither n nor the transform
-            seed = derive_round_seed(client_seed, enc.nonce, str(msg.metadata.dst_node_id))
-            encoded = est.encode(delta, seed)
+            # an encode depends on neither n nor the transform
+            if enc.layer_k:  # one message per compressed array
+                ests = enc.layer_estimators(layout.compressed_sizes, n=1)
+                cuts = np.cumsum(layout.compressed_sizes)[:-1]
+                msgs = [e.encode(part, layer_seed(client_seed, enc.nonce, node, j))
+                        for j, (e, part) in enumerate(zip(ests, np.split(delta, cuts),
+                                                          strict=True))]
+                arrays, meta = layers_to_records(msgs, client_seed, enc.nonce, plain)
+                scheme = msgs[0].scheme
+            else:
+                est = enc.estimator(n=1)
+                ests = [est]
+                msgs = [est.encode(delta, derive_round_seed(client_seed, enc.nonce, str(node)))]
+                arrays, meta = encoded_to_records(msgs[0], client_seed, enc.nonce, plain)
+                scheme = msgs[0].scheme
+            if enc.error_feedback:
+                # what the server applies of this message, by itself: gamma times its
+                # unbiased decode; the rest is carried to the next round
+                sent = enc.error_feedback * np.concatenate(
+                    [e.decode([m]) for e, m in zip(ests, msgs, strict=True)])
+                ctxt.state.array_records[MEMORY_KEY] = ArrayRecord({"e": Array(delta - sent)})
         except ValueError as exc:
             return _error(msg, f"cannot encode the update: {exc}")
-        arrays, meta = encoded_to_records(encoded, client_seed, enc.nonce)
         raw = record.count_bytes()
         out.content.array_records[key] = arrays
         out.content[REPLY_CONFIG] = meta
         log.info(
             "rpsagg_mod: %s update of %d coordinates sent as %d B instead of %d B",
-            encoded.scheme, layout.d, arrays.count_bytes() + meta.count_bytes(), raw,
+            scheme, layout.d, arrays.count_bytes() + meta.count_bytes(), raw,
         )
         return out
 
@@ -118,4 +223,4 @@ def make_rpsagg_mod(client_seeds: Callable[[], int] | None = None) -> Mod:
 #: The mod with fresh ``secrets.randbits(64)`` client seeds.
 rpsagg_mod: Mod = make_rpsagg_mod()
 
-__all__ = ["make_rpsagg_mod", "rpsagg_mod"]
+__all__ = ["MEMORY_KEY", "make_rpsagg_mod", "rpsagg_mod"]

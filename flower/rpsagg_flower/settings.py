@@ -28,6 +28,10 @@ KEY_BLOCK_SIZE = PREFIX + "block-size"
 KEY_PROJECTION = PREFIX + "projection"
 KEY_WEIGHT = PREFIX + "weight-key"
 KEY_SPEC = PREFIX + "spec-version"
+KEY_UNCOMPRESSED = PREFIX + "uncompressed"
+KEY_ERROR_FEEDBACK = PREFIX + "error-feedback"
+KEY_LAYER_K = PREFIX + "layer-k"
+KEY_LAYER_BLOCK = PREFIX + "layer-block-size"
 
 #: Models with more coordinates than this are encoded blockwise by ``block_size="auto"``
 #: (Rand-Proj-Spatial with float32 values only), in blocks of :data:`AUTO_BLOCK_SIZE`.
@@ -73,6 +77,17 @@ class RoundEncoding:
         Rand-Proj-Spatial's projection (``"auto"``, ``"srht"``, ``"dct"``, ``"hblocks"``).
     weight_key : str
         The reply ``MetricRecord`` key a client scales its update by (``""``: unweighted).
+    uncompressed : tuple of str
+        Arrays sent uncompressed although floating point (non-floating arrays always are).
+    error_feedback : float
+        0: no client memory. Otherwise the step ``gamma`` the server applies to the decoded
+        mean: each client keeps ``e`` in its context state, encodes ``v = update + e`` and
+        keeps ``e = v - gamma * decode(own message)`` (:mod:`rpsagg_flower.mod`).
+    layer_k : tuple of int
+        Per-layer compression: one estimator message per compressed array, with these
+        ``k`` (0 for ``"eden"`` and ``"qsgd"``); empty: one message of the flattened update.
+    layer_block : tuple of int
+        Per-layer Rand-Proj-Spatial block sizes (0: one transform per layer).
     """
 
     scheme: str
@@ -84,6 +99,10 @@ class RoundEncoding:
     block_size: int | None = None
     projection: str = "auto"
     weight_key: str = ""
+    uncompressed: tuple[str, ...] = ()
+    error_feedback: float = 0.0
+    layer_k: tuple[int, ...] = ()
+    layer_block: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.scheme not in ESTIMATOR_NAMES + QUANTIZER_NAMES:
@@ -93,10 +112,12 @@ class RoundEncoding:
             )
 
     def estimator(
-        self, n: int, transform: str | float = "avg", prior_r: float | None = None
+        self, n: int, transform: str | float = "avg", prior_r: float | None = None,
+        method: str = "auto",
     ) -> Estimator:
         """The estimator for ``n`` clients (the clients' choice of ``n`` does not matter:
-        an encode depends on neither ``n`` nor the transform)."""
+        an encode depends on neither ``n`` nor the transform, nor the decoder's joint
+        solver ``method``)."""
         spatial = scheme_traits(self.scheme).takes_transform
         return make_estimator(
             self.scheme,
@@ -109,7 +130,26 @@ class RoundEncoding:
             bits=self.bits,
             value_bits=self.value_bits,
             projection=self.projection,
+            method=method if spatial else "auto",
         )
+
+    def layer_estimators(
+        self, sizes: tuple[int, ...], n: int, transform: str | float = "avg",
+        prior_r: float | None = None, method: str = "auto",
+    ) -> list[Estimator]:
+        """Per-layer compression: one estimator per compressed array of ``sizes``
+        coordinates (``ValueError`` when ``sizes`` does not match ``layer_k``)."""
+        if len(sizes) != len(self.layer_k) or len(self.layer_block) != len(self.layer_k):
+            raise ValueError(f"the round has {len(self.layer_k)} layers; the model "
+                             f"{len(sizes)}")
+        if sum(sizes) != self.d:
+            raise ValueError(f"layers of {sum(sizes)} coordinates; the round says {self.d}")
+        out = []
+        for size, k, block in zip(sizes, self.layer_k, self.layer_block, strict=True):
+            layer = RoundEncoding(self.scheme, k or None, size, self.nonce, self.value_bits,
+                                  self.bits, block or None, self.projection, self.weight_key)
+            out.append(layer.estimator(n, transform, prior_r, method))
+        return out
 
     def to_config(self, config: ConfigRecord) -> None:
         """Write the keys into ``config`` (in place)."""
@@ -122,6 +162,10 @@ class RoundEncoding:
         config[KEY_BLOCK_SIZE] = 0 if self.block_size is None else int(self.block_size)
         config[KEY_PROJECTION] = self.projection
         config[KEY_WEIGHT] = self.weight_key
+        config[KEY_UNCOMPRESSED] = list(self.uncompressed)
+        config[KEY_ERROR_FEEDBACK] = float(self.error_feedback)
+        config[KEY_LAYER_K] = [int(k) for k in self.layer_k]
+        config[KEY_LAYER_BLOCK] = [int(b) for b in self.layer_block]
 
     @classmethod
     def from_config(cls, config: ConfigRecord) -> RoundEncoding | None:
@@ -144,6 +188,10 @@ class RoundEncoding:
                 block_size=block or None,
                 projection=str(config[KEY_PROJECTION]),
                 weight_key=str(config[KEY_WEIGHT]),
+                uncompressed=tuple(str(u) for u in config.get(KEY_UNCOMPRESSED, [])),  # type: ignore[union-attr]
+                error_feedback=float(config.get(KEY_ERROR_FEEDBACK, 0.0)),  # type: ignore[arg-type]
+                layer_k=tuple(int(k) for k in config.get(KEY_LAYER_K, [])),  # type: ignore[union-attr]
+                layer_block=tuple(int(b) for b in config.get(KEY_LAYER_BLOCK, [])),  # type: ignore[union-attr]
             )
         except KeyError as exc:
             raise ValueError(f"the round's config lacks {exc.args[0]!r}") from None

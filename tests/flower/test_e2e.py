@@ -1,15 +1,27 @@
-"""End to end with Flower's own processes on 127.0.0.1: a SuperLink, two SuperNodes and
-``flwr run`` of the Fashion-MNIST example app with Rand-Proj-Spatial.
+"""End to end with Flower's own processes on 127.0.0.1, both engines, and Ctrl-C.
 
-Bounded: the SuperLink must answer within 60 s, the run must finish within 300 s
-(pytest-timeout ends the test at 420 s); every process runs in its own process group and
-the test checks that none is left afterwards.
+* the deployment engine: a SuperLink, two SuperNodes and ``flwr run`` of the Fashion-MNIST
+  example app with Rand-Proj-Spatial;
+* the simulation engine: a SuperLink started with ``--simulation`` and ``flwr run`` with
+  two virtual SuperNodes on Ray (``flwr[simulation]``);
+* ``run_comparison.py --quick`` interrupted with SIGINT while a run is in flight: no
+  Flower process outlives it.
+
+Flower's runtime dependency installation is off in every process (``federation.py``): the
+app runs in .venv-flower, where rpsagg-flower is installed from the repository. Bounded:
+the SuperLink must answer within 60 s, a run must finish within 300 s (pytest-timeout
+ends a test at 420 s); every process runs in its own process group and each test checks
+that none of the processes the federation started, nor their descendants, is left.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,23 +29,13 @@ import pytest
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flower-fashion-mnist"
 sys.path.insert(0, str(EXAMPLE))
 
-from federation import LocalFederation, live_members  # noqa: E402
+from federation import LocalFederation, descendants, live_members  # noqa: E402
+
+RUN = {"method": "rand-proj-spatial", "k": 785, "clients": 2, "num-server-rounds": 2,
+       "examples-per-client": 300, "seed": 7}
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(420)
-def test_two_supernodes_train_with_compressed_updates(tmp_path: Path) -> None:
-    results = tmp_path / "rps.json"
-    fed = LocalFederation(2, workdir=tmp_path / "fed")
-    with fed:
-        groups = [p.pid for p in fed.procs]
-        fed.run(EXAMPLE, {
-            "method": "rand-proj-spatial", "k": 785, "clients": 2, "num-server-rounds": 2,
-            "examples-per-client": 300, "results-path": str(results),
-        }, timeout=300)
-    assert not any(live_members(g) for g in groups), "a Flower process outlived the federation"
-
-    out = json.loads(results.read_text())
+def _check_run(out: dict) -> None:
     assert out["d"] == 7850 and sorted(out["rounds"]) == ["0", "1", "2"]
     for rnd in ("1", "2"):
         r = out["rounds"][rnd]
@@ -42,8 +44,91 @@ def test_two_supernodes_train_with_compressed_updates(tmp_path: Path) -> None:
         assert r["rpsagg.payload-bytes"] == 2 * (8 + 4 * 785)
         assert r["rpsagg.compression-ratio"] > 8
         assert r["train-loss"] > 0  # the ClientApps' metrics, aggregated as by FedAvg
+    # the int64 step counter travelled uncompressed: 300 images in batches of 64 are
+    # 5 steps a round on each node, and its mean over the nodes is exact
+    assert [out["rounds"][r]["steps"] for r in ("0", "1", "2")] == [0, 5, 10]
     # the zero model predicts one class (accuracy 0.1 on the balanced test set); two rounds
     # of SGD on 600 images, sent compressed, must have learnt something real
     acc = [out["rounds"][r]["test-accuracy"] for r in ("0", "1", "2")]
     assert acc[0] == pytest.approx(0.1)
     assert acc[2] > 0.4, f"test accuracy per round: {acc}"
+
+
+def _run(tmp_path: Path, simulation: bool) -> dict:
+    results = tmp_path / "rps.json"
+    fed = LocalFederation(2, workdir=tmp_path / "fed", simulation=simulation)
+    with fed:
+        fed.run(EXAMPLE, {**RUN, "results-path": str(results)}, timeout=300)
+    assert fed.groups_ended, "stop() ended no process group"
+    assert not any(live_members(g) for g in fed.groups_ended), (
+        "a Flower process outlived the federation")
+    return dict(json.loads(results.read_text()))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_deployment_engine_trains_with_compressed_updates(tmp_path: Path) -> None:
+    _check_run(_run(tmp_path, simulation=False))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_simulation_engine_trains_with_compressed_updates(tmp_path: Path) -> None:
+    """The same app and run config on Flower's simulation engine (Ray): the same checks
+    (the virtual SuperNodes get their partition ids from the engine)."""
+    out = _run(tmp_path, simulation=True)
+    _check_run(out)
+    assert "ray" in (tmp_path / "fed" / "flwr-run.log").read_text().lower()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_ctrl_c_leaves_no_flower_process(tmp_path: Path) -> None:
+    """SIGINT to run_comparison.py while a ServerApp runs: it exits with 130 and every
+    process it had started (SuperLink, SuperNodes, flower-superexec in its own session,
+    flwr-serverapp, flwr-clientapp) is gone."""
+    proc = subprocess.Popen(
+        [sys.executable, str(EXAMPLE / "run_comparison.py"), "--quick", "--rounds", "50",
+         "--out", str(tmp_path / "out")],
+        cwd=EXAMPLE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True)
+    seen: set[int] = set()
+    deadline = time.monotonic() + 180
+    try:
+        while True:  # until a flwr-serverapp runs under the script (bounded)
+            tree = descendants([proc.pid])
+            seen |= tree
+            names = {_cmdline(p) for p in tree}
+            if any("flwr-serverapp" in n for n in names) and any(
+                    "flwr-clientapp" in n for n in names):
+                break
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            assert time.monotonic() < deadline, f"no ServerApp within 180 s: {names}"
+            time.sleep(0.2)
+        os.kill(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, out.decode()
+    assert b"interrupted" in out
+    deadline = time.monotonic() + 10
+    while (alive := [p for p in seen if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive, [_cmdline(p) for p in alive]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"

@@ -8,7 +8,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
 from rpsagg import ESTIMATOR_NAMES, Encoded, estimate_correlation, make_estimator
-from rpsagg.spec import derive_round_seed
+from rpsagg.spec import derive_round_seed, mix64
 from rpsagg_flower import RandProjSpatialFedAvg, make_rpsagg_mod
 from rpsagg_flower.payload import REPLY_CONFIG, Layout, flatten
 from rpsagg_flower.settings import KEY_NONCE, RoundEncoding
@@ -240,8 +240,8 @@ def test_big_model_is_encoded_blockwise() -> None:
 
 def test_replies_that_do_not_fit_are_dropped() -> None:
     """A reply of another round (its nonce), a second reply of one node and an uncompressed
-    reply are left out; the round decodes the others."""
-    strategy = RandProjSpatialFedAvg("rand-k", k=15, weighted=False)
+    reply (with ``missing_payload="drop"``) are left out; the round decodes the others."""
+    strategy = RandProjSpatialFedAvg("rand-k", k=15, weighted=False, missing_payload="drop")
     arrays = model(SHAPES)
     ups = updates(60)
     old = run_round(strategy, arrays, ups, server_round=1)
@@ -337,3 +337,60 @@ def test_transform_auto_uses_the_tracked_correlation() -> None:
     want = make_estimator("rand-proj-spatial", n=5, k=30, d=60, transform="auto",
                           prior_r=prior)
     assert plan.estimator.transform == want.transform  # type: ignore[attr-defined]
+
+
+def test_solver_cg_decodes_as_the_exact_solver() -> None:
+    """``solver="cg"`` (Krylov) against ``"auto"`` (nk = 40 <= 512: the exact solver) on
+    the same replies: the same estimate to the Krylov solver's tolerance (rtol 1e-10 on the
+    residual; 1e-6 on the estimate leaves room for the conditioning)."""
+    arrays = model(SHAPES)
+    ups = updates(60)
+    got = []
+    for solver in ("auto", "cg"):
+        strategy = RandProjSpatialFedAvg("rand-proj-spatial", k=10, weighted=False,
+                                         solver=solver, nonces=iter(seeds(3)).__next__)
+        by_node = make_rpsagg_mod(context_seeds=lambda msg, ctxt: mix64(9 + ctxt.node_id))
+        rnd = run_round(strategy, arrays, ups, mod=by_node)  # FedAvg samples in random order
+        assert rnd.arrays is not None
+        got.append(np.concatenate([a.ravel() for a in rnd.arrays.to_numpy_ndarrays()]))
+    np.testing.assert_allclose(got[1], got[0], rtol=1e-6, atol=1e-6 * np.abs(got[0]).max())
+    with pytest.raises(ValueError, match="solver must be"):
+        RandProjSpatialFedAvg("rand-proj-spatial", k=10, solver="lu")
+
+
+@pytest.mark.parametrize("per_layer, ks", [(True, (10, 2)), ({"w": 6, "b": 6}, (6, 6))])
+def test_per_layer_matches_rpsagg_decode_of_each_layer(per_layer, ks) -> None:  # type: ignore[no-untyped-def]
+    """Per-layer compression: each array is its own estimator message (budget k = 12 split
+    10/2 by size, or given by name), seeded with ``"<node>/<layer>"``; the new model is
+    each layer's rpsagg decode of the replies, weighted as FedAvg does."""
+    arrays = model(SHAPES)
+    ups = updates(60)
+    weights = {n: float(n) for n in NODES}
+    strategy = RandProjSpatialFedAvg("rand-proj-spatial", k=12, per_layer=per_layer,
+                                     nonces=iter(seeds(31)).__next__)
+    by_node = make_rpsagg_mod(context_seeds=lambda msg, ctxt: mix64(31 + ctxt.node_id))
+    rnd = run_round(strategy, arrays, ups, weights=weights, mod=by_node)
+    assert rnd.arrays is not None and rnd.metrics is not None
+    enc = RoundEncoding.from_config(rnd.messages[0].content["config"])
+    assert enc is not None and enc.layer_k == ks
+    sent = rnd.replies[0].content["arrays"]
+    assert sorted(sent.keys()) == ["values/0", "values/1"]
+    assert [sent[f"values/{j}"].shape for j in (0, 1)] == [(ks[0],), (ks[1],)]
+    nodes = [r.metadata.src_node_id for r in rnd.replies]
+    want = []
+    for j, (lo, hi) in enumerate([(0, 48), (48, 60)]):
+        est = make_estimator("rand-proj-spatial", n=len(NODES), k=ks[j], d=hi - lo)
+        msgs = [est.encode(weights[n] * ups[n][lo:hi],
+                           derive_round_seed(mix64(31 + n), enc.nonce, f"{n}/{j}"))
+                for n in nodes]
+        want.append(est.decode(msgs))
+    expect = np.concatenate(want) / np.mean([weights[n] for n in nodes])
+    got = flatten(rnd.arrays, Layout.of(rnd.arrays)) - flatten(arrays, Layout.of(arrays))
+    np.testing.assert_allclose(got, expect, rtol=1e-9, atol=1e-12)  # a float64 model
+    assert rnd.metrics["rpsagg.n-prime"] == len(NODES) and "rpsagg.beta" not in rnd.metrics
+
+
+def test_per_layer_mapping_must_name_every_compressed_array() -> None:
+    with pytest.raises(ValueError, match=r"no k for the arrays \['b'\]"):
+        RandProjSpatialFedAvg("rand-k", k=4, per_layer={"w": 4}).configure_train(
+            1, model(SHAPES), ConfigRecord(), FakeGrid(NODES))  # type: ignore[arg-type]

@@ -33,6 +33,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
+from rpsagg.spec import mix64
 from rpsagg_flower import RandProjSpatialFedAvg, make_rpsagg_mod
 from rpsagg_flower.payload import Layout, flatten
 
@@ -60,8 +61,11 @@ def max_z(settings: dict[str, object], missing: tuple[int, ...] = (), seed: int 
     updates = client_updates()
     nonces = seeds(10_000 + seed)
     strategy = RandProjSpatialFedAvg(nonces=lambda: next(nonces), **settings)  # type: ignore[arg-type]
-    client_seeds = seeds(20_000 + seed)
-    mod = make_rpsagg_mod(client_seeds=lambda: next(client_seeds))
+    # client seeds by node and round: FedAvg samples the nodes in random order (Python's
+    # unseeded random.sample), so a sequence of seeds would reach different nodes each run
+    mod = make_rpsagg_mod(context_seeds=lambda msg, ctxt: mix64(
+        20_000_000 + 1_000_000 * seed + 100 * int(msg.content["config"]["server-round"])
+        + ctxt.node_id))
     arrays = model(SHAPES)
     layout = Layout.of(arrays)
     base = flatten(arrays, layout)
@@ -106,6 +110,8 @@ CASES = {
     "rand-k-wangni": {"estimator": "rand-k-wangni", "k": 12},
     "induced": {"estimator": "induced", "k": 12},
     "qsgd(2 bits)": {"estimator": "qsgd", "bits": 2},
+    "rand-proj-spatial(avg), per layer": {"estimator": "rand-proj-spatial", "k": 12,
+                                          "per_layer": True},
 }
 
 

@@ -1,21 +1,38 @@
-"""The ClientApp: local SGD on this node's shard; rpsagg_mod compresses what it sends back."""
+"""The ClientApp: local SGD on this node's shard; rpsagg_mod compresses what it sends back.
+
+With ``seed`` > 0 in the run config the mod's client seeds are derived from it, the node
+and the round (a reproducible run); with 0 they are fresh ``secrets.randbits(64)``.
+"""
 
 from __future__ import annotations
+
+import secrets
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fmnist_app.task import partition, train
-from rpsagg_flower import rpsagg_mod
+from fmnist_app.task import partition, steps_per_epoch, train
+from rpsagg.spec import mix64
+from rpsagg_flower import make_rpsagg_mod
 
-app = ClientApp(mods=[rpsagg_mod])
+
+def client_seed(msg: Message, context: Context) -> int:
+    """This reply's 64-bit client seed: from the run config's ``seed``, or fresh."""
+    seed = int(context.run_config.get("seed", 0))
+    if seed == 0:
+        return secrets.randbits(64)
+    rnd = int(msg.content.config_records["config"]["server-round"])  # type: ignore[arg-type]
+    return mix64(mix64(seed) ^ mix64(context.node_id) ^ rnd)
+
+
+app = ClientApp(mods=[make_rpsagg_mod(context_seeds=client_seed)])
 
 
 @app.train()
 def local_train(msg: Message, context: Context) -> Message:
     """Train from the received model; reply with the new model (the mod sends its update)."""
-    w, b = msg.content.array_records["arrays"].to_numpy_ndarrays()
+    w, b, steps = msg.content.array_records["arrays"].to_numpy_ndarrays()
     config = msg.content.config_records["config"]
     pid = int(context.node_config["partition-id"])
     x, y = partition(pid, int(context.node_config["num-partitions"]),
@@ -25,7 +42,10 @@ def local_train(msg: Message, context: Context) -> Message:
         lr=float(context.run_config["lr"]), batch=int(context.run_config["batch-size"]),
         seed=1000 * int(config["server-round"]) + pid,  # type: ignore[arg-type]
     )
+    epochs, batch = int(context.run_config["local-epochs"]), int(context.run_config["batch-size"])
     arrays = ArrayRecord({"weight": Array(new_w.astype(np.float32)),
-                          "bias": Array(new_b.astype(np.float32))})
+                          "bias": Array(new_b.astype(np.float32)),
+                          "steps": Array(np.asarray(steps + epochs * steps_per_epoch(len(y), batch),
+                                                    np.int64))})
     metrics = MetricRecord({"train-loss": loss, "num-examples": len(y)})
     return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)

@@ -1,24 +1,47 @@
 """The ServerApp: FedAvg uncompressed, or RandProjSpatialFedAvg with one of rpsagg's estimators.
 
 Run config (``pyproject.toml``, or ``flwr run --run-config``): ``method`` (``fedavg`` or an
-estimator name), ``k``, ``transform``, ``value-bits``, ``bits``, ``num-server-rounds``, the
-training settings and ``results-path`` (a JSON file with one entry per round).
+estimator name), ``k``, ``transform``, ``value-bits``, ``bits``, the server step
+(``server-optimizer``, ``server-lr``, ``server-momentum``, ``error-feedback``), the spatial
+decoders' ``solver``, ``seed``
+(> 0: nonces and client seeds derived from it), ``num-server-rounds``, the training
+settings and ``results-path`` (a JSON file with one entry per round). Bytes up are counted
+from the replies for every method, FedAvg's too.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 from fmnist_app.task import evaluate, init_model, load
+from rpsagg.spec import mix64
 from rpsagg_flower import RandProjSpatialFedAvg
+from rpsagg_flower.optim import make_server_optimizer
 
 app = ServerApp()
+
+
+class CountingFedAvg(FedAvg):
+    """Flower's FedAvg, plus ``rpsagg.bytes-up``: the replies' ``ArrayRecord`` bytes as
+    Flower's ``count_bytes`` counts them (what the compressed runs report too)."""
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if metrics is not None:
+            metrics["rpsagg.bytes-up"] = sum(
+                rec.count_bytes() for r in replies if not r.has_error()
+                for rec in r.content.array_records.values())
+        return arrays, metrics
 
 
 @app.main()
@@ -27,28 +50,37 @@ def main(grid: Grid, context: Context) -> None:
     rc = context.run_config
     method = str(rc["method"])
     nodes = int(rc["clients"])
+    seed = int(rc.get("seed", 0))
     strategy: FedAvg
     if method == "fedavg":
-        strategy = FedAvg(fraction_evaluate=0.0, min_train_nodes=nodes,
-                          min_available_nodes=nodes)
+        strategy = CountingFedAvg(fraction_evaluate=0.0, min_train_nodes=nodes,
+                                  min_available_nodes=nodes)
     else:
         bits = int(rc["bits"])
+        rounds = iter(range(1, 1 << 30))
         strategy = RandProjSpatialFedAvg(
             method, k=None if method in ("eden", "qsgd") else int(rc["k"]),
             transform=str(rc["transform"]), value_bits=int(rc["value-bits"]),
             bits=bits or None, fraction_evaluate=0.0, min_train_nodes=nodes,
             min_available_nodes=nodes,
+            nonces=(lambda: mix64(mix64(seed) + next(rounds))) if seed else None,
+            server_optimizer=make_server_optimizer(
+                str(rc.get("server-optimizer", "sgd")), float(rc.get("server-lr", 1.0)),
+                float(rc.get("server-momentum", 0.0))),
+            error_feedback=bool(rc.get("error-feedback", False)),
+            solver=str(rc.get("solver", "auto")),
         )
     w, b = init_model()
-    initial = ArrayRecord({"weight": Array(w), "bias": Array(b)})
+    initial = ArrayRecord({"weight": Array(w), "bias": Array(b),
+                           "steps": Array(np.zeros((), np.int64))})
     x_test, y_test = load("t10k")
     log: dict[int, dict[str, float]] = {}
     started = time.monotonic()
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        weight, bias = arrays.to_numpy_ndarrays()
+        weight, bias, steps = arrays.to_numpy_ndarrays()
         loss, acc = evaluate(weight, bias, x_test, y_test)
-        log[server_round] = {"test-loss": loss, "test-accuracy": acc,
+        log[server_round] = {"test-loss": loss, "test-accuracy": acc, "steps": float(steps),
                              "elapsed-s": time.monotonic() - started}
         return MetricRecord({"test-loss": loss, "test-accuracy": acc})
 
@@ -56,16 +88,17 @@ def main(grid: Grid, context: Context) -> None:
         grid=grid, initial_arrays=initial, num_rounds=int(rc["num-server-rounds"]),
         train_config=ConfigRecord({}), evaluate_fn=evaluate_fn,
     )
-    raw_reply = initial.count_bytes()
     for rnd, metrics in result.train_metrics_clientapp.items():
         entry = log.setdefault(rnd, {})
         entry.update({key: float(v) for key, v in metrics.items()
                       if isinstance(v, int | float)})
-        entry.setdefault("rpsagg.bytes-up", float(nodes * raw_reply))  # FedAvg: every reply raw
     path = str(rc["results-path"])
     if path:
         out = {"method": method, "k": int(rc["k"]), "transform": str(rc["transform"]),
-               "value-bits": int(rc["value-bits"]), "clients": nodes,
-               "d": sum(a.size for a in initial.to_numpy_ndarrays()),
+               "value-bits": int(rc["value-bits"]), "clients": nodes, "seed": seed,
+               "server-optimizer": str(rc.get("server-optimizer", "sgd")),
+               "server-lr": float(rc.get("server-lr", 1.0)),
+               "error-feedback": bool(rc.get("error-feedback", False)),
+               "d": int(w.size + b.size),
                "rounds": {str(r): v for r, v in sorted(log.items())}}
         Path(path).write_text(json.dumps(out, indent=1))

@@ -1,7 +1,9 @@
 """Data and model: Fashion-MNIST (Debian's ``dataset-fashion-mnist``) and softmax regression.
 
 The model is multinomial logistic regression on the 784 pixels (a 784 x 10 weight matrix
-and 10 biases, d = 7,850 parameters), trained with plain minibatch SGD in numpy.
+and 10 biases, d = 7,850 parameters), trained with plain minibatch SGD in numpy, and an
+int64 counter of the SGD steps behind the model (like BatchNorm's ``num_batches_tracked``:
+an integer array, which travels uncompressed beside the sketch).
 """
 
 from __future__ import annotations
@@ -57,6 +59,11 @@ def partition(partition_id: int, num_partitions: int, limit: int = 0) -> tuple[F
 def init_model() -> list[FloatArray]:
     """Zero weights and biases, float32 as a framework would keep them."""
     return [np.zeros((FEATURES, CLASSES), np.float32), np.zeros(CLASSES, np.float32)]
+
+
+def steps_per_epoch(examples: int, batch: int) -> int:
+    """Minibatches in one epoch of ``examples`` examples."""
+    return -(-examples // batch)
 
 
 def _logits(w: FloatArray, b: FloatArray, x: FloatArray) -> FloatArray:
