@@ -219,8 +219,7 @@ case "$cmd" in
         export DOCKER_HOST="unix://$sock"
       fi
     fi
-    ensure_compose
-    use_our_config
+    ensure_compose  # exports DOCKER_CONFIG when it supplies the plugin
     write_proxies
     ensure_base_image
     print_env

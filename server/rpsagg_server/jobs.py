@@ -136,7 +136,7 @@ def archive_finished_job(db: str) -> Path | None:
     for suffix in ("-wal", "-shm", ""):  # the log first: never a log without its database
         with contextlib.suppress(FileNotFoundError):
             Path(str(path) + suffix).unlink()
-    _fsync_dir(path.parent if str(path.parent) else Path("."))
+    _fsync_dir(path.parent)
     log.info("[Jobs] the job in %s is %s: moved to %s; starting a new job", db, job.state,
              final)
     return final

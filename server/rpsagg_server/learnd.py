@@ -34,10 +34,10 @@ from rpsagg_server.auth import TokenBook, TokenInterceptor, abort, authorize
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.live import Rejected, check_client_id
 from rpsagg_server.startup import (
+    bind_grpc,
     check_database,
     check_tls,
     check_tokens,
-    grpc_bind_error,
     probe_grpc_address,
 )
 from rpsagg_server.store import Store
@@ -163,18 +163,7 @@ async def learn_d(cfg: ServerConfig,
             options=[("grpc.so_reuseport", 0)])
         first = _FirstJoin(cfg, store)
         server.add_generic_rpc_handlers((first.handler(),))
-        busy = probe_grpc_address(cfg.host, cfg.grpc_port)
-        if busy is not None:
-            raise busy
-        address = f"{cfg.host}:{cfg.grpc_port}"
-        try:
-            creds = credentials()
-            port = (server.add_secure_port(address, creds) if creds is not None
-                    else server.add_insecure_port(address))
-        except RuntimeError:
-            port = 0
-        if not port:
-            raise grpc_bind_error(cfg.host, cfg.grpc_port)
+        port = bind_grpc(server, cfg.host, cfg.grpc_port, credentials())
         await server.start()
         log.info("[Server] listening on %s:%d; the job takes d from the first client's join",
                  cfg.host, port)

@@ -48,13 +48,12 @@ from rpsagg_server.rounds import RoundEngine
 from rpsagg_server.servicer import AggregationServicer
 from rpsagg_server.startup import (
     StartupError,
+    bind_grpc,
     bind_http_sockets,
     check_database,
     check_tls,
     check_tokens,
-    grpc_bind_error,
     load_http_tokens,
-    probe_grpc_address,
 )
 from rpsagg_server.state import ServerState
 from rpsagg_server.store import Store, WriteError
@@ -168,17 +167,8 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
         server.add_generic_rpc_handlers((AggregationServicer(engine).generic_handler(),))
         health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
-        address = f"{cfg.host}:{cfg.grpc_port}"
-        busy = probe_grpc_address(cfg.host, cfg.grpc_port)
-        if busy is not None:
-            raise busy
-        try:  # bind before recovery, so a port in use is reported before anything is logged
-            port = (server.add_secure_port(address, creds) if creds is not None
-                    else server.add_insecure_port(address))
-        except RuntimeError:
-            port = 0
-        if not port:
-            raise grpc_bind_error(cfg.host, cfg.grpc_port)
+        # bind before recovery, so a port in use is reported before anything is logged
+        port = bind_grpc(server, cfg.host, cfg.grpc_port, creds)
         try:
             await engine.start()
         except sqlite3.Error as exc:  # e.g. a read-only file or directory

@@ -15,6 +15,7 @@ import socket
 import sqlite3
 import ssl
 from pathlib import Path
+from typing import Any
 
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.http.auth import HttpTokens
@@ -228,3 +229,23 @@ def grpc_bind_error(host: str, port: int) -> StartupError:
     """The error for an address gRPC refused (after :func:`probe_grpc_address` passed)."""
     return probe_grpc_address(host, port) or StartupError(
         f"--host/--grpc-port {host}:{port}: gRPC could not listen there")
+
+
+def bind_grpc(server: Any, host: str, port: int, creds: Any) -> int:
+    """Add the listening port to a ``grpc.aio`` ``server`` (TLS with ``creds``, else plain
+    text); returns the bound port. A :class:`StartupError` naming the address and the reason
+    when it cannot listen there (probed first: gRPC's own failure says only "Failed to
+    bind")."""
+    busy = probe_grpc_address(host, port)
+    if busy is not None:
+        raise busy
+    address = f"{host}:{port}"
+    try:
+        bound = (server.add_secure_port(address, creds) if creds is not None
+                 else server.add_insecure_port(address))
+    except RuntimeError:
+        bound = 0
+    if not bound:
+        raise grpc_bind_error(host, port)
+    return int(bound)
+
