@@ -12,6 +12,7 @@ on 127.0.0.1 at free ports that compose picks, every wait bounded, and ``down -v
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -103,7 +104,8 @@ def wait_for(what: str, fn: Callable[[], T | None], timeout: float, every: float
             value = fn()
             if value is not None and value is not False:
                 return value
-        except (OSError, ValueError, AssertionError) as exc:
+        except (OSError, ValueError, AssertionError, http.client.HTTPException) as exc:
+            # a published port whose server is not up yet: docker-proxy accepts, then drops
             last = exc
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}"
