@@ -81,6 +81,29 @@ def test_matrix_free_path_equals_dense_formula(transform: str | float) -> None:
     assert rel_diff(result.estimate, dense_rps(est, msgs)) <= 1e-9
 
 
+@pytest.mark.parametrize(("n", "k", "d", "chosen"), [
+    (5, 60, 20586, "cg"),  # (nk)^2 d = 1.9e9, under EXACT_FLOPS_LIMIT, yet CG is ~14x cheaper
+    (5, 78, 7850, "cg"),  # the old Fashion-MNIST example at k = d/100 (exact: 36-260 ms)
+    (5, 10, 20586, "exact-cholesky"),  # (nk)^2 <= 2 n log2(d) * 20: the Gram matrix
+    (3, 20, 50, "exact-cholesky"),  # a trivial Gram matrix (1.8e5 multiply-adds)
+    (4, 100, 4096, "exact-cholesky"),  # the SRHT's Gram costs n^2/2 FWHTs: always built
+])
+def test_auto_builds_the_gram_matrix_only_where_it_is_cheaper(n: int, k: int, d: int,
+                                                               chosen: str) -> None:
+    """``method="auto"`` on a small system (nk <= 512): the hblocks' and DCT's Gram matrix
+    (from dense rows, (nk)^2 d) only when it costs less than a Krylov solve, the SRHT's
+    always. The Krylov answer agrees with the exact one to cond(M) * rtol (M's eigenvalues
+    lie in [1 - c, 1 - c + c lambda_max(K)] with c = 0.625 and lambda_max(K) <= n, so
+    cond(M) <= 9 and 9 * 1e-6 bounds the relative difference)."""
+    xs = np.random.default_rng(5).standard_normal((n, d))
+    auto = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d)
+    exact = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d, method="exact")
+    msgs = [auto.encode(x, 300 + i) for i, x in enumerate(xs)]
+    result = auto.decode_with_info(msgs)
+    assert result.solve is not None and result.solve.method == chosen
+    assert rel_diff(result.estimate, exact.decode(msgs)) <= 9e-6
+
+
 def test_rank_deficient_system_decodes_like_the_pseudo_inverse() -> None:
     # d' = nk = 32: the paper saw rank 31 in ~2% of trials. Find such a seed set among the
     # Monte Carlo samples and check that both solvers match the dense pseudo-inverse.

@@ -13,7 +13,10 @@ spectrum of K. For the affine ``T(l) = (1 - c) + c l`` this is ``A^T ((1-c) I + 
   conditioned than any Krylov method on K itself.
 
 ``method="auto"`` (:func:`choose_method`) picks the exact solver when nk is small, and for
-``c = 1`` when nk is close to d' (where LSQR stalls); the matrix-free one otherwise. Neither
+``c = 1`` when nk is close to d' (where LSQR stalls); the matrix-free one otherwise. For the
+randomized DCT and hblocks, whose Gram matrix is built from dense rows (``(nk)^2 d``), a
+small system still goes to the matrix-free solver unless the Gram matrix is the cheaper of
+the two (``JointDCT.exact_cheaper``). Neither
 raises on a singular system.
 """
 
@@ -254,6 +257,21 @@ def _exact_affordable(op: JointOperator) -> bool:
     return True if check is None else bool(check())
 
 
+def _needs_exact(nk: int, d_pad: int, c: float) -> bool:
+    """Whether :func:`choose_method` picks the exact solver for conditioning (``c = 1`` with
+    nk close to d', where LSQR stalls), not only because the system is small."""
+    return c == 1.0 and 4 * nk > d_pad
+
+
+def _exact_cheaper(op: JointOperator) -> bool:
+    """Whether the operator's Gram matrix is cheaper to build and factorize than a Krylov
+    solve. The SRHT's costs ``n^2 / 2`` FWHTs against the Krylov solve's ``~40 n``: always
+    cheaper where :func:`choose_method` picks it; the DCT's and hblocks' say so themselves
+    (:meth:`rpsagg._dct.JointDCT.exact_cheaper`)."""
+    check = getattr(op, "exact_cheaper", None)
+    return True if check is None else bool(check())
+
+
 def joint_solve(
     op: JointOperator,
     y: FloatArray,
@@ -290,6 +308,9 @@ def joint_solve(
     chosen = choose_method(nk, op.d_pad, c) if method == "auto" else method
     if method == "auto" and chosen == "exact" and not _exact_affordable(op):
         chosen = "cg"  # the DCT's Gram matrix costs (nk)^2 d: too much at large d
+    if method == "auto" and chosen == "exact" and not _needs_exact(nk, op.d_pad, c) \
+            and not _exact_cheaper(op):
+        chosen = "cg"  # small but not tiny: the Krylov solve costs less than the Gram
     if chosen == "cg" and c == 1.0:
         xt, iterations, converged, residual = solve_lsqr(op, flat, rtol=rtol)
         if converged or nk > 2 * EXACT_LIMIT:
