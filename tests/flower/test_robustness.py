@@ -187,6 +187,50 @@ def test_plain_arrays_are_counted_in_bytes_up() -> None:
     assert wire - sketch > 2 * (12 * 4 + 8 + 5)  # the plain arrays' data at least
 
 
+def test_plain_arrays_travel_raw_and_a_bad_one_drops_its_reply() -> None:
+    """The uncompressed arrays are raw little-endian bytes, exactly their data (no NumPy
+    header); a reply in the NumPy format of rpsagg-flower 0.1.0 still reads the same; a raw
+    array whose byte count does not match its shape drops its reply, not the round. (The
+    ``"full"`` estimator decodes exactly, so rounds 1 and 2 must give the same model.)"""
+    strategy = RandProjSpatialFedAvg("full", k=60, uncompressed=["bn.running_mean"],
+                                     nonces=iter(seeds(20)).__next__)
+    mod = make_rpsagg_mod(iter(seeds(60)).__next__)
+
+    def replies(rnd: int) -> list[Message]:
+        grid = FakeGrid([1, 2, 3])
+        msgs = list(strategy.configure_train(rnd, model(BN), ConfigRecord(), grid))  # type: ignore[arg-type]
+        return [mod(m, context(m.metadata.dst_node_id),
+                    _bn_app(m.metadata.dst_node_id, np.ones(60))) for m in msgs]
+
+    first = replies(1)
+    for reply in first:
+        sent = reply.content["arrays"]
+        for key in ("bn.running_mean", "bn.num_batches_tracked", "mask"):
+            arr = sent[PLAIN_PREFIX + key]
+            shape, dtype = BN[key]
+            assert arr.stype == "rpsagg.raw-le" and tuple(arr.shape) == shape
+            assert len(arr.data) == np.zeros(shape, dtype).nbytes
+    fine, _ = strategy.aggregate_train(1, first)
+    old = replies(2)  # the same, with the plain arrays in NumPy's format
+    for reply in old:
+        sent = reply.content["arrays"]
+        for key in [k for k in sent if k.startswith(PLAIN_PREFIX)]:
+            arr = sent[key]
+            value = np.frombuffer(arr.data, np.dtype(arr.dtype).newbyteorder("<"))
+            sent[key] = Array(value.astype(arr.dtype).reshape(tuple(arr.shape)))
+            assert sent[key].stype != "rpsagg.raw-le"
+    again, _ = strategy.aggregate_train(2, old)
+    assert fine is not None and again is not None
+    for a, b in zip(fine.to_numpy_ndarrays(), again.to_numpy_ndarrays(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    third = replies(3)  # one truncated raw array: that reply is left out
+    bad = third[1].content["arrays"][PLAIN_PREFIX + "bn.running_mean"]
+    third[1].content["arrays"][PLAIN_PREFIX + "bn.running_mean"] = Array(
+        dtype=bad.dtype, shape=tuple(bad.shape), stype=bad.stype, data=bad.data[:-4])
+    _, metrics = strategy.aggregate_train(3, third)
+    assert metrics is not None and metrics["rpsagg.n-prime"] == 2
+
+
 def test_excluding_an_unknown_array_or_everything_fails_before_sending() -> None:
     grid = FakeGrid([1, 2])
     with pytest.raises(ValueError, match=r"lacks: \['bn\.nope'\]"):
