@@ -1,25 +1,31 @@
 """Benchmark: FedAvg against rpsagg's estimators at matched bytes up, with and without
-variance control, on Fashion-MNIST and on a 2,002,001-parameter model.
+variance control, on Fashion-MNIST (a small CNN with BatchNorm) and on a 2,002,001-parameter
+model.
 
-    python benchmark.py --quick        # a few minutes on 2 cores
-    python benchmark.py                # more clients and rounds
-    python benchmark.py --report-only  # table and plot from the JSON in --out
+    python benchmark.py --quick                  # both tasks, 5 clients: ~10 min on 2 cores
+    python benchmark.py --quick --decode-sweep   # plus decode times for k = 10 .. d/2
+    python benchmark.py --quick --tasks fmnist --seeds 1 2 3 --only 4-bit EDEN
+    python benchmark.py                          # 10 clients, 10 rounds, whole shards
+    python benchmark.py --report-only --out DIR  # tables and plots from DIR's JSON
 
 Each run drives Flower's own objects in this process: the strategy (Flower's ``FedAvg`` or
 ``RandProjSpatialFedAvg``) configures each round, a real ``ClientApp`` with
 ``mods=[rpsagg_mod]`` answers every node's message with a ``Context`` kept per node across
 rounds (as a SuperNode keeps it: the error-feedback memory lives there), and the replies
 go to ``aggregate_train``. Only the transport is left out (``run_comparison.py`` and
-``tests/flower/test_e2e.py`` run the same app over real SuperLinks and SuperNodes).
+``tests/flower/test_e2e.py`` run the example app over real SuperLinks and SuperNodes).
 Bytes up are counted from the replies (Flower's ``count_bytes`` of every reply's
 ``ArrayRecord`` and, for compressed replies, the ``rpsagg`` config record); decode time is
-the strategy's ``rpsagg.decode-seconds``. Seeds are fixed (``--seed``): nonces, client
-seeds, data and minibatch order.
+the strategy's ``rpsagg.decode-seconds``. Seeds are fixed (``--seed``/``--seeds``): model
+initialization, nonces, client seeds and minibatch order.
 
 Tasks:
 
-* ``fmnist``: softmax regression on Fashion-MNIST (d = 7,850; ``fmnist_app.task``), IID
-  shards, one local epoch of SGD; metric: test accuracy.
+* ``fmnist``: the CNN of ``fmnist_app.cnn`` (two conv-BatchNorm-ReLU-pool blocks and a
+  linear layer: d = 20,586 trainable parameters, plus BatchNorm's running statistics,
+  sent uncompressed, and int64 counters), sent as PyTorch state dicts in
+  ArrayRecords; IID shards, one local epoch of SGD with momentum; metric: test
+  accuracy on the 10,000 test images.
 * ``wide``: a linear model y = x W + b + s with W float32 1000 x 2000, b float16 (2000),
   s float64 (a scalar): 2,002,001 parameters. Each client holds synthetic data from the
   same teacher plus client noise and takes a few gradient steps on the mean squared error;
@@ -46,7 +52,8 @@ from flwr.supercore.task_identity import TaskIdentity
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from fmnist_app.task import evaluate, load, partition, train  # noqa: E402
+from fmnist_app import cnn  # noqa: E402
+from fmnist_app.task import load, partition  # noqa: E402
 
 from rpsagg.spec import mix64  # noqa: E402
 from rpsagg_flower import RandProjSpatialFedAvg, ServerSGD, make_rpsagg_mod  # noqa: E402
@@ -72,30 +79,31 @@ class Task:
     train: Callable[[int, ArrayRecord, int], tuple[ArrayRecord, float, int]]
     evaluate: Callable[[ArrayRecord], dict[str, float]]
     metric: str  # the headline metric's key
+    uncompressed: tuple[str, ...] = ()  # float arrays sent uncompressed (BatchNorm buffers)
 
 
 def fmnist_task(clients: int, examples: int, seed: int) -> Task:
+    """The small CNN with BatchNorm (``fmnist_app.cnn``) on IID shards of Fashion-MNIST."""
     x_test, y_test = load("t10k")
+    test_images = cnn.images(x_test)
     shards = [partition(i, clients, examples) for i in range(clients)]
+    shard_images = [cnn.images(x) for x, _ in shards]
 
     def initial() -> ArrayRecord:
-        return ArrayRecord({"weight": Array(np.zeros((784, 10), np.float32)),
-                            "bias": Array(np.zeros(10, np.float32))})
+        return cnn.initial(seed)
 
     def train_fn(node: int, arrays: ArrayRecord, rnd: int) -> tuple[ArrayRecord, float, int]:
-        w, b = arrays.to_numpy_ndarrays()
-        x, y = shards[node - 1]
-        w2, b2, loss = train(w, b, x, y, epochs=1, lr=0.05, batch=64,
-                             seed=mix64(seed * 1_000_003 + 1000 * rnd + node) % 2**32)
-        return ArrayRecord({"weight": Array(w2.astype(np.float32)),
-                            "bias": Array(b2.astype(np.float32))}), loss, len(y)
+        y = shards[node - 1][1]
+        new, loss = cnn.train(arrays, shard_images[node - 1], y, epochs=1, lr=0.01, batch=32,
+                              seed=mix64(seed * 1_000_003 + 1000 * rnd + node) % 2**63)
+        return new, loss, len(y)
 
     def eval_fn(arrays: ArrayRecord) -> dict[str, float]:
-        w, b = arrays.to_numpy_ndarrays()
-        loss, acc = evaluate(w, b, x_test, y_test)
+        loss, acc = cnn.evaluate(arrays, test_images, y_test)
         return {"test-loss": loss, "test-accuracy": acc}
 
-    return Task("fmnist", initial, train_fn, eval_fn, "test-accuracy")
+    return Task("fmnist", initial, train_fn, eval_fn, "test-accuracy",
+                uncompressed=tuple(cnn.buffer_names()))
 
 
 def wide_task(clients: int, examples: int, seed: int, steps: int = 3,
@@ -157,6 +165,7 @@ class Config:
     optimizer: Callable[[], ServerOptimizer] | None = None
     error_feedback: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    budget: str = ""  # the plot's panel: "~30x", "~100x", "1-bit"
 
 
 def client_app(task: Task, seed: int) -> ClientApp:
@@ -177,7 +186,7 @@ def client_app(task: Task, seed: int) -> ClientApp:
 
 
 def run(task: Task, cfg: Config, clients: int, rounds: int, seed: int,
-        solver: str = "cg") -> dict[str, Any]:
+        solver: str = "auto") -> dict[str, Any]:
     strategy: FedAvg
     common = {"fraction_evaluate": 0.0, "min_train_nodes": clients,
               "min_available_nodes": clients}
@@ -189,7 +198,8 @@ def run(task: Task, cfg: Config, clients: int, rounds: int, seed: int,
             cfg.method, k=cfg.k, value_bits=cfg.value_bits, bits=cfg.bits,
             nonces=lambda: mix64(mix64(seed) + next(counter)),
             server_optimizer=cfg.optimizer() if cfg.optimizer else None,
-            error_feedback=cfg.error_feedback, solver=solver, **cfg.extra,
+            error_feedback=cfg.error_feedback, solver=solver,
+            uncompressed=task.uncompressed, **cfg.extra,
             **common)  # type: ignore[arg-type]
     app = client_app(task, seed)
     contexts = {n: Context(run_id=1, node_id=n, node_config={}, state=RecordDict(),
@@ -223,36 +233,62 @@ def run(task: Task, cfg: Config, clients: int, rounds: int, seed: int,
               f"{task.metric} {entry[task.metric]:.4f}, {up:,} B up"
               + (f", decode {decode:.3f} s" if decode is not None else ""), flush=True)
     return {"task": task.name, "label": cfg.label, "solver": solver, "method": cfg.method,
+            "budget": cfg.budget,
             "k": cfg.k,
             "value-bits": cfg.value_bits, "bits": cfg.bits, "control": cfg.control,
             "clients": clients, "rounds": log, "metric": task.metric, "seed": seed}
 
 
+def compressed_size(task: Task) -> int:
+    """d: the coordinates the mod compresses (floating-point arrays not sent as they are)."""
+    model = task.initial()
+    return sum(int(np.prod(model[key].shape)) for key in model
+               if np.issubdtype(np.dtype(model[key].dtype), np.floating)
+               and key not in task.uncompressed)
+
+
+def budgets(task: str, d: int) -> list[tuple[int, int, int, int]]:
+    """``(ratio, k, k8, k4)``: the budgets of the sparsifiers and projections, as k float32
+    values, k8 8-bit or k4 4-bit codes per reply, for about ``ratio`` times fewer bytes up
+    than FedAvg (the table prints the ratio counted from the replies).
+
+    fmnist: FedAvg's reply is 84,996 B (the state_dict in NumPy's format); a compressed
+    reply carries about 640 B besides its values (BatchNorm's statistics and counters raw,
+    400 B, their keys, the rpsagg config record), so >= 30x leaves 2,833 - 640 B for values
+    (k = 540, k8 = 2,160, k4 = 4,320) and ~100x leaves 850 - 640 B (k = 50, k8 = 200,
+    k4 = 400). wide: the overhead is negligible beside d = 2,002,001 floats (k = d/100)."""
+    if task == "fmnist":
+        return [(30, 540, 2160, 4320), (100, 50, 200, 400)]
+    k = d // 100
+    return [(100, k, 4 * k, 8 * k)]
+
+
 def configs(task: str, d: int, n: int) -> list[Config]:
-    """FedAvg and the estimators at matched bytes up, each with and without variance
-    control. Budgets: for Fashion-MNIST about 32x fewer bytes than FedAvg's float32 model
-    (what EDEN and QSGD reach at 1 bit per coordinate) and about 100x for the sparsifiers;
-    for the wide model about 100x."""
+    """FedAvg and the estimators at matched bytes up (:func:`budgets`), each with and
+    without variance control; QSGD and EDEN at 1 bit per coordinate (what they can do:
+    ~18x for fmnist's CNN, whose d pads to 2^15 for EDEN; 16x and 30x for the wide
+    model). The wide model's quantized Rand-Proj-Spatial is 8-bit only: at 8 d/100 = 0.8 d
+    4-bit codes are no compression at all."""
     out = [Config("FedAvg", "fedavg")]
-    # k floats: >= 30x and ~100x fewer bytes than FedAvg (fmnist), ~100x (wide)
-    budgets = [(32, d // 33), (100, d // 100)] if task == "fmnist" else [(100, d // 100)]
-    for ratio, k in budgets:
+    for i, (ratio, k, k8, k4) in enumerate(budgets(task, d)):
         kinds = [
             (f"Rand-k k={k}", "rand-k", {"k": k}),
             (f"Rand-k-Spatial k={k}", "rand-k-spatial", {"k": k}),
             (f"Rand-Proj-Spatial k={k}", "rand-proj-spatial", {"k": k}),
-            (f"Rand-Proj-Spatial k={4 * k}, 8-bit", "rand-proj-spatial",
-             {"k": 4 * k, "value_bits": 8}),
+            (f"Rand-Proj-Spatial k={k8}, 8-bit", "rand-proj-spatial",
+             {"k": k8, "value_bits": 8}),
         ]
-        if ratio == 32 or task == "wide":
+        if task == "fmnist":
+            kinds.append((f"Rand-Proj-Spatial k={k4}, 4-bit", "rand-proj-spatial",
+                          {"k": k4, "value_bits": 4}))
+        if i == 0:
             kinds += [("QSGD 1-bit", "qsgd", {"bits": 1}), ("EDEN 1-bit", "eden", {"bits": 1})]
         for label, method, kw in kinds:
-            if task == "wide" and method in ("qsgd", "eden"):
-                label += " (~32x)"
-            out.append(Config(label, method, **kw))  # type: ignore[arg-type]
+            budget = "1-bit" if method in ("qsgd", "eden") else f"~{ratio}x"
+            out.append(Config(label, method, budget=budget, **kw))  # type: ignore[arg-type]
             name, opt, ef = _control(task, method, kw, d, n)
             out.append(Config(label, method, control=name, optimizer=opt, error_feedback=ef,
-                              **kw))  # type: ignore[arg-type]
+                              budget=budget, **kw))  # type: ignore[arg-type]
     return out
 
 
@@ -262,9 +298,12 @@ def _control(task: str, cfg_method: str, kw: dict[str, Any], d: int, n: int
     variance. A decoded mean of n independent unbiased estimates with relative variance
     ``w`` (``E||g - u||^2 <= w ||u||^2 / n`` for identical updates ``u``) changes the
     squared error by ``(1 - lr)^2 + lr^2 w / n`` per round (``docs/flower.md``), least at
-    ``lr = 1 / (1 + w / n)``. ``w``: ``d/k - 1`` for the sparsifiers (the spatial decoders
-    only do better), plus the 8-bit rounding's ``(d/k) / 4^8``-order term, which is
-    negligible; QSGD with one level ``sqrt(d)``; EDEN 1-bit about 0.6 (its paper's bound).
+    ``lr = 1 / (1 + w / n)``. ``w``: ``(d/k)(1 + q) - 1`` for the sparsifiers (the spatial
+    decoders only do better), where ``q`` is the b-bit codes' rounding: stochastic rounding
+    to ``2^b - 1`` steps over ``[-s, s]`` (s the largest of k near-Gaussian values, s^2 about
+    ``2 ln(k)`` times their mean square) adds at most ``s^2 / (2^b - 1)^2`` per value, so
+    ``q = 2 ln(k) / (2^b - 1)^2`` (0.075 at 4 bits, k = 4,320; 2e-4 at 8 bits; 0 for
+    float32); QSGD with one level ``sqrt(d)``; EDEN 1-bit about 0.6 (its paper's bound).
     Rand-k additionally keeps error feedback at ``lr = k/d`` (its contractive form)."""
     k = kw.get("k")
     if cfg_method == "rand-k" and k is not None:
@@ -275,7 +314,9 @@ def _control(task: str, cfg_method: str, kw: dict[str, Any], d: int, n: int
         w = 0.6
     else:
         assert k is not None
-        w = d / k - 1.0
+        bits = int(kw.get("value_bits", 32))
+        q = 0.0 if bits >= 32 else 2.0 * np.log(k) / (2**bits - 1) ** 2
+        w = d / k * (1.0 + q) - 1.0
     lr = 1.0 / (1.0 + w / n)
     return (f"server lr {lr:.3g}", lambda: ServerSGD(lr=lr), False)
 
@@ -283,62 +324,160 @@ def _control(task: str, cfg_method: str, kw: dict[str, Any], d: int, n: int
 # --- report ----------------------------------------------------------------------------------
 
 def table(results: list[dict[str, Any]]) -> str:
+    """The markdown table: one row per configuration; with several seeds the metric is the
+    mean over seeds and the gap to FedAvg is given per seed too (each seed's FedAvg)."""
     task = results[0]["task"]
     metric = results[0]["metric"]
     last = max(int(r) for r in results[0]["rounds"])
-    base = next(r for r in results if r["method"] == "fedavg")
-    base_up = np.mean([base["rounds"][str(r)]["bytes-up"] for r in range(1, last + 1)])
-    base_final = base["rounds"][str(last)][metric]
+    seeds = sorted({r["seed"] for r in results})
+    base = {r["seed"]: r for r in results if r["method"] == "fedavg"}
+    base_up = np.mean([base[seeds[0]]["rounds"][str(r)]["bytes-up"] for r in range(1, last + 1)])
     head = ["method", "variance control", *[f"{metric} r{r}" for r in range(0, last + 1)],
             "bytes up / round", "vs FedAvg", f"gap to FedAvg (r{last})",
             "decode s / round (after r1)"]
-    rows = []
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for res in results:
-        rounds = res["rounds"]
-        up = np.mean([rounds[str(r)]["bytes-up"] for r in range(1, last + 1)])
-        dec = [rounds[str(r)].get("rpsagg.decode-seconds") for r in range(2, last + 1)]
+        groups.setdefault((res["label"], res["control"]), []).append(res)
+    rows = []
+    for (label, control), runs in groups.items():
+        def mean(r: int, key: str = metric, runs: list[dict[str, Any]] = runs) -> float:
+            return float(np.mean([x["rounds"][str(r)][key] for x in runs]))
+
+        up = np.mean([mean(r, "bytes-up") for r in range(1, last + 1)])
+        dec = [x["rounds"][str(r)].get("rpsagg.decode-seconds") for x in runs
+               for r in range(2, last + 1)]
         dec_s = "-" if not dec or dec[0] is None else f"{np.mean(dec):.3f} (max {max(dec):.3f})"
-        gap = rounds[str(last)][metric] - base_final
-        gap_s = f"{100 * gap:+.2f} pt" if metric == "test-accuracy" else f"{gap:+.4g}"
-        rows.append([res["label"], res["control"],
-                     *[f"{rounds[str(r)][metric]:.4g}" for r in range(0, last + 1)],
+        gaps = [x["rounds"][str(last)][metric] - base[x["seed"]]["rounds"][str(last)][metric]
+                for x in runs]
+        scale, unit = (100, " pt") if metric == "test-accuracy" else (1, "")
+        gap_s = f"{scale * np.mean(gaps):+.2f}{unit}" if unit else f"{np.mean(gaps):+.4g}"
+        if len(gaps) > 1:
+            gap_s += " (" + ", ".join(f"{scale * g:+.2f}" if unit else f"{g:+.3g}"
+                                      for g in gaps) + ")"
+        rows.append([label, control, *[f"{mean(r):.4g}" for r in range(0, last + 1)],
                      f"{up:,.0f}", f"{base_up / up:.1f}x less" if up < base_up else "1x",
                      gap_s, dec_s])
-    lines = [f"**{task}**, {results[0]['clients']} clients, {last} rounds", "",
+    seeds_s = f"seed {seeds[0]}" if len(seeds) == 1 else (
+        f"seeds {', '.join(map(str, seeds))} (metric: the mean; gap: the mean, then per seed)")
+    lines = [f"**{task}**, {results[0]['clients']} clients, {last} rounds, {seeds_s}", "",
              "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
+    """One panel per budget (its runs and FedAvg; dashed: with variance control), and the
+    metric per MiB sent up of every run."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    results = [r for r in results if r["seed"] == results[0]["seed"]]  # the first seed's
     metric = results[0]["metric"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
-    colors = [plt.get_cmap("tab20")(i / 19) for i in range(20)]
-    for i, res in enumerate(results):
+    base = next(r for r in results if r["method"] == "fedavg")
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for res in results:
+        if res["method"] != "fedavg":
+            groups.setdefault(res.get("budget") or "compressed", []).append(res)
+    panels = len(groups) + 1
+    fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 5.2), squeeze=False)
+    cmap = plt.get_cmap("tab10")
+    families = sorted({(r["method"], r["value-bits"]) for r in results})
+    hue = {fam: cmap(i % 10) for i, fam in enumerate(families)}  # one per estimator
+    color = {r["label"]: "black" if r["method"] == "fedavg"
+             else hue[(r["method"], r["value-bits"])] for r in results}
+
+    def curve(ax: Any, res: dict[str, Any], per_byte: bool) -> None:
         rounds = sorted(int(r) for r in res["rounds"])
         vals = [res["rounds"][str(r)][metric] for r in rounds]
         style = "-" if res["control"] == "none" else "--"
         label = res["label"] + ("" if res["control"] == "none" else " + VC")
-        color = colors[i % len(colors)]
-        ax1.plot(rounds, vals, style, marker=".", label=label, color=color)
-        sent = np.cumsum([res["rounds"][str(r)]["bytes-up"] for r in rounds[1:]])  # from r1
-        ax2.plot(sent / 2**20, vals[1:], style, marker=".", label=label, color=color)
-    ax1.set(xlabel="round", ylabel=metric, title=f"{results[0]['task']}: {metric} per round")
-    ax2.set(xlabel="MiB sent up (cumulative)", ylabel=metric, xscale="log",
-            title="per byte sent")
-    if metric == "test-loss":
-        ax1.set_yscale("log")
-        ax2.set_yscale("log")
-    for ax in (ax1, ax2):
+        if per_byte:
+            sent = np.cumsum([res["rounds"][str(r)]["bytes-up"] for r in rounds[1:]])
+            ax.plot(sent / 2**20, vals[1:], style, marker=".", color=color[res["label"]],
+                    label=label)
+        else:
+            ax.plot(rounds, vals, style, marker=".", color=color[res["label"]], label=label)
+
+    for ax, (name, runs) in zip(axes[0], groups.items(), strict=False):
+        for res in [base, *runs]:
+            curve(ax, res, per_byte=False)
+        ax.set(xlabel="round", ylabel=metric, title=f"{results[0]['task']}: {name} fewer bytes"
+               if name.endswith("x") else f"{results[0]['task']}: {name} quantizers")
+        ax.legend(fontsize=7, loc="best")
+    ax = axes[0][-1]
+    for res in results:
+        curve(ax, res, per_byte=True)
+    ax.set(xlabel="MiB sent up (cumulative)", ylabel=metric, xscale="log",
+           title="per byte sent (dashed: + variance control)")
+    for ax in axes[0]:
         ax.grid(alpha=0.3)
-    ax1.legend(fontsize=6, ncol=2)
+        if metric == "test-loss":
+            ax.set_yscale("log")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def decode_sweep(d: int, clients: list[int], seed: int, rounds: int = 4) -> list[dict[str, Any]]:
+    """Decode time per round of the spatial decoders with the strategy's defaults
+    (``make_estimator`` with ``method="auto"``, ``projection="auto"``) at dimension ``d``,
+    for k from 1 to d/2 (float32 values; 8-bit codes too): ``rounds`` rounds of fresh seeds
+    on correlated updates; round 1 pays beta's Monte Carlo (cached afterwards)."""
+    import rpsagg
+
+    rng = np.random.default_rng(seed)
+    out = []
+    ks = sorted({max(1, d // r) for r in (2000, 1000, 400, 200, 100, 50, 38, 20, 10, 4, 2)})
+    for n in clients:
+        base = rng.standard_normal(d)
+        xs = [base + 0.5 * rng.standard_normal(d) for _ in range(n)]
+        for name, bits in (("rand-k-spatial", 32), ("rand-proj-spatial", 32),
+                           ("rand-proj-spatial", 8)):
+            for k in ks:
+                est = rpsagg.make_estimator(name, n=n, k=k, d=d, value_bits=bits)
+                times, solver = [], ""
+                for rnd in range(rounds):
+                    msgs = [est.encode(x, seed=mix64(seed * 7919 + rnd * 1009 + i))
+                            for i, x in enumerate(xs)]
+                    started = time.perf_counter()
+                    result = est.decode_with_info(msgs)
+                    times.append(time.perf_counter() - started)
+                    solver = result.solve.method if result.solve is not None else "-"
+                row = {"estimator": name, "value-bits": bits, "n": n, "k": k, "d": d,
+                       "round-1-s": times[0], "after-round-1-max-s": max(times[1:]),
+                       "solver": solver}
+                out.append(row)
+                print(f"[bench] decode {name} {bits}-bit n={n} k={k}: round 1 "
+                      f"{times[0]:.3f} s, after {max(times[1:]):.4f} s ({solver})", flush=True)
+    return out
+
+
+def sweep_table(rows: list[dict[str, Any]]) -> str:
+    """Decode milliseconds per round after round 1 (the slowest of rounds 2+), one row per
+    estimator and n, one column per k; the solver ``"auto"`` chose in brackets where it
+    built the Gram matrix."""
+    ks = sorted({r["k"] for r in rows})
+    head = ["estimator", "values", "n", *[f"k={k:,}" for k in ks]]
+    lines = [f"**decode ms per round after round 1** (slowest of rounds 2-4), "
+             f"d = {rows[0]['d']:,}", "",
+             "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    cells: dict[tuple[str, int, int], dict[int, str]] = {}
+    for r in rows:
+        mark = " (exact)" if r["solver"].startswith("exact") else ""
+        cells.setdefault((r["estimator"], r["value-bits"], r["n"]), {})[r["k"]] = (
+            f"{1000 * r['after-round-1-max-s']:.1f}{mark}")
+    for (name, bits, n), by_k in cells.items():
+        lines.append(f"| {name} | {bits}-bit | {n} | "
+                     + " | ".join(by_k.get(k, "-") for k in ks) + " |")
+    worst = max(rows, key=lambda r: r["after-round-1-max-s"])
+    first = max(rows[1:], key=lambda r: r["round-1-s"])  # rows[0] pays scipy's import
+    lines += ["", f"Slowest after round 1: {1000 * worst['after-round-1-max-s']:.1f} ms "
+              f"({worst['estimator']}, {worst['value-bits']}-bit, n = {worst['n']}, "
+              f"k = {worst['k']:,}); slowest round 1 (beta's Monte Carlo where it is not "
+              f"cached yet): {1000 * first['round-1-s']:.1f} ms."]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -349,14 +488,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--examples-per-client", type=int, default=0,
                     help="fmnist shard size (0: all of it); wide: 400")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--solver", default="cg", choices=["auto", "exact", "cg"],
+    ap.add_argument("--seeds", type=int, nargs="+",
+                    help="run every configuration once per seed (default: --seed alone); the "
+                         "table gives the mean and each seed's gap to that seed's FedAvg")
+    ap.add_argument("--only", nargs="+", metavar="TEXT",
+                    help="only the configurations whose label contains one of these (FedAvg "
+                         "always runs)")
+    ap.add_argument("--solver", default="auto", choices=["auto", "exact", "cg"],
                     help="the spatial decoders' joint solver (RandProjSpatialFedAvg(solver=))")
     ap.add_argument("--quick", action="store_true",
-                    help="5 clients; fmnist 5 rounds on 1,000 images each, wide 3 rounds")
+                    help="5 clients; fmnist 5 rounds on 1,000 images each, wide 3 rounds on "
+                         "200 examples each")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "benchmark")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--decode-sweep", action="store_true",
+                    help="also time the spatial decoders at fmnist's d for k from 1 to d/2 "
+                         "(n = 5 and 10), without training")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.decode_sweep:
+        sweep = args.out / "decode-sweep.json"
+        if not args.report_only:
+            d = sum(p.numel() for p in cnn.Net().parameters())  # fmnist's compressed part
+            sweep.write_text(json.dumps(decode_sweep(d, [5, 10], args.seed), indent=1))
+        print(sweep_table(json.loads(sweep.read_text())))
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0  # the ServerApp
     for name in args.tasks:
         path = args.out / f"{name}.json"
@@ -365,14 +520,22 @@ def main(argv: list[str] | None = None) -> int:
             if name == "fmnist":
                 rounds = 5 if args.quick else args.rounds
                 task = fmnist_task(clients, 1000 if args.quick else args.examples_per_client,
-                                   args.seed)
-                d = 7850
+                                   (args.seeds or [args.seed])[0])
             else:
                 rounds = 3 if args.quick else args.rounds
-                task = wide_task(clients, 200 if args.quick else 400, args.seed)
-                d = 2_002_001
-            results = [run(task, cfg, clients, rounds, args.seed, args.solver)
-                       for cfg in configs(name, d, clients)]
+                task = wide_task(clients, 200 if args.quick else 400,
+                                 (args.seeds or [args.seed])[0])
+            results = []
+            for seed in args.seeds or [args.seed]:
+                if seed != (args.seeds or [args.seed])[0]:  # the data and model of this seed
+                    task = (fmnist_task(clients, 1000 if args.quick else
+                                        args.examples_per_client, seed) if name == "fmnist"
+                            else wide_task(clients, 200 if args.quick else 400, seed))
+                chosen = [cfg for cfg in configs(name, compressed_size(task), clients)
+                          if cfg.method == "fedavg" or not args.only
+                          or any(text in cfg.label for text in args.only)]
+                results += [run(task, cfg, clients, rounds, seed, args.solver)
+                            for cfg in chosen]
             path.write_text(json.dumps(results, indent=1))
         results = json.loads(path.read_text())
         print(table(results))

@@ -95,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--k", type=int, default=785)
+    ap.add_argument("--model", choices=["softmax", "cnn"], default="softmax",
+                    help="softmax regression (d = 7,850), or the small CNN with BatchNorm of "
+                         "fmnist_app/cnn.py (PyTorch; d = 20,586; lr 0.01, batches of 32)")
     ap.add_argument("--transform", default="avg")
     ap.add_argument("--value-bits", type=int, default=32)
     ap.add_argument("--methods", nargs="+", default=METHODS)
@@ -150,6 +153,8 @@ def _run(args: argparse.Namespace) -> list[dict]:
                 "examples-per-client": args.examples_per_client, "seed": args.seed,
                 "server-optimizer": args.server_optimizer, "server-lr": args.server_lr,
                 "server-momentum": args.server_momentum, "error-feedback": args.error_feedback,
+                "model": args.model,
+                **({"lr": 0.01, "batch-size": 32} if args.model == "cnn" else {}),
             }, timeout=args.timeout)
             res = json.loads(path.read_text())
             last = res["rounds"][str(args.rounds)]

@@ -137,10 +137,10 @@ class RandProjSpatialFedAvg(FedAvg):
         by name. ``rpsagg.r-hat`` and ``rpsagg.beta`` are not reported per layer, and
         ``transform="auto"`` then stays at ``"avg"``.
     solver : {"auto", "exact", "cg"}
-        The spatial decoders' joint solver (``rpsagg.make_estimator``'s ``method``). At
-        ``n k <= 512`` ``"auto"`` builds the dense ``nk x nk`` Gram matrix, which at
-        d = 7,850 costs 0.1-0.6 s a round on 2 cores where ``"cg"`` takes 2-20 ms with
-        a relative difference of ~1e-6.
+        The spatial decoders' joint solver (``rpsagg.make_estimator``'s ``method``):
+        ``"auto"`` builds the dense ``nk x nk`` Gram matrix of a small system only where
+        that is cheaper than the Krylov solver (``docs/flower.md``, "Decode time");
+        ``"cg"`` and ``"exact"`` force one or the other.
     error_feedback : bool
         Clients keep the part of their update the server did not apply in their context
         state and add it to the next round's update (error feedback); the server applies

@@ -73,6 +73,28 @@ def test_deployment_engine_trains_with_compressed_updates(tmp_path: Path) -> Non
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
+def test_deployment_engine_trains_a_batchnorm_cnn(tmp_path: Path) -> None:
+    """``model="cnn"``: the PyTorch CNN with BatchNorm (fmnist_app/cnn.py) as its state_dict,
+    k = d/10 of its 20,586 weights, the running statistics and int64 counters uncompressed.
+    300 images in batches of 32 are 10 steps a round on each node: the counter's mean is
+    exact (0, 10, 20). Two rounds on 600 images must beat chance (0.1) by far."""
+    results = tmp_path / "cnn.json"
+    fed = LocalFederation(2, workdir=tmp_path / "fed")
+    with fed:
+        fed.run(EXAMPLE, {**RUN, "model": "cnn", "k": 2058, "lr": 0.01, "batch-size": 32,
+                          "results-path": str(results)}, timeout=300)
+    out = json.loads(results.read_text())
+    assert out["model"] == "cnn" and out["d"] == 20586
+    assert [out["rounds"][r]["steps"] for r in ("0", "1", "2")] == [0, 10, 20]
+    for rnd in ("1", "2"):
+        assert out["rounds"][rnd]["rpsagg.n-prime"] == 2
+        assert out["rounds"][rnd]["rpsagg.payload-bytes"] == 2 * (8 + 4 * 2058)
+    acc = [out["rounds"][r]["test-accuracy"] for r in ("0", "1", "2")]
+    assert acc[2] > 0.4, f"test accuracy per round: {acc}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
 def test_simulation_engine_trains_with_compressed_updates(tmp_path: Path) -> None:
     """The same app and run config on Flower's simulation engine (Ray): the same checks
     (the virtual SuperNodes get their partition ids from the engine)."""

@@ -1,5 +1,8 @@
 """The ClientApp: local SGD on this node's shard; rpsagg_mod compresses what it sends back.
 
+The model is the run config's ``model``: ``softmax`` (numpy) or ``cnn`` (``fmnist_app.cnn``,
+PyTorch, sent as its ``state_dict``).
+
 With ``seed`` > 0 in the run config the mod's client seeds are derived from it, the node
 and the round (a reproducible run); with 0 they are fresh ``secrets.randbits(64)``.
 """
@@ -32,11 +35,21 @@ app = ClientApp(mods=[make_rpsagg_mod(context_seeds=client_seed)])
 @app.train()
 def local_train(msg: Message, context: Context) -> Message:
     """Train from the received model; reply with the new model (the mod sends its update)."""
-    w, b, steps = msg.content.array_records["arrays"].to_numpy_ndarrays()
     config = msg.content.config_records["config"]
     pid = int(context.node_config["partition-id"])
     x, y = partition(pid, int(context.node_config["num-partitions"]),
                      int(context.run_config["examples-per-client"]))
+    if str(context.run_config.get("model", "softmax")) == "cnn":
+        from fmnist_app import cnn  # PyTorch only where the CNN is asked for
+
+        rc = context.run_config
+        arrays, loss = cnn.train(
+            msg.content.array_records["arrays"], cnn.images(x), y,
+            epochs=int(rc["local-epochs"]), lr=float(rc["lr"]), batch=int(rc["batch-size"]),
+            seed=1000 * int(config["server-round"]) + pid)  # type: ignore[arg-type]
+        metrics = MetricRecord({"train-loss": loss, "num-examples": len(y)})
+        return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+    w, b, steps = msg.content.array_records["arrays"].to_numpy_ndarrays()
     new_w, new_b, loss = train(
         w, b, x, y, epochs=int(context.run_config["local-epochs"]),
         lr=float(context.run_config["lr"]), batch=int(context.run_config["batch-size"]),

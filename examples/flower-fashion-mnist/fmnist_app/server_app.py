@@ -1,6 +1,7 @@
 """The ServerApp: FedAvg uncompressed, or RandProjSpatialFedAvg with one of rpsagg's estimators.
 
-Run config (``pyproject.toml``, or ``flwr run --run-config``): ``method`` (``fedavg`` or an
+Run config (``pyproject.toml``, or ``flwr run --run-config``): ``model`` (``softmax``, or
+``cnn``: the small CNN with BatchNorm of ``fmnist_app.cnn``), ``method`` (``fedavg`` or an
 estimator name), ``k``, ``transform``, ``value-bits``, ``bits``, the server step
 (``server-optimizer``, ``server-lr``, ``server-momentum``, ``error-feedback``), the spatial
 decoders' ``solver``, ``seed``
@@ -51,6 +52,9 @@ def main(grid: Grid, context: Context) -> None:
     method = str(rc["method"])
     nodes = int(rc["clients"])
     seed = int(rc.get("seed", 0))
+    use_cnn = str(rc.get("model", "softmax")) == "cnn"
+    if use_cnn:
+        from fmnist_app import cnn  # PyTorch only where the CNN is asked for
     strategy: FedAvg
     if method == "fedavg":
         strategy = CountingFedAvg(fraction_evaluate=0.0, min_train_nodes=nodes,
@@ -69,18 +73,32 @@ def main(grid: Grid, context: Context) -> None:
                 float(rc.get("server-momentum", 0.0))),
             error_feedback=bool(rc.get("error-feedback", False)),
             solver=str(rc.get("solver", "auto")),
+            # BatchNorm's running statistics travel as they are, beside the counters
+            uncompressed=cnn.buffer_names() if use_cnn else (),
         )
-    w, b = init_model()
-    initial = ArrayRecord({"weight": Array(w), "bias": Array(b),
-                           "steps": Array(np.zeros((), np.int64))})
+    if use_cnn:
+        initial = cnn.initial(seed)
+    else:
+        w, b = init_model()
+        initial = ArrayRecord({"weight": Array(w), "bias": Array(b),
+                               "steps": Array(np.zeros((), np.int64))})
+    plain = set(cnn.buffer_names()) if use_cnn else set()
+    d = sum(int(np.prod(initial[key].shape)) for key in initial
+            if np.issubdtype(np.dtype(initial[key].dtype), np.floating) and key not in plain)
     x_test, y_test = load("t10k")
+    test_images = cnn.images(x_test) if use_cnn else None
     log: dict[int, dict[str, float]] = {}
     started = time.monotonic()
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        weight, bias, steps = arrays.to_numpy_ndarrays()
-        loss, acc = evaluate(weight, bias, x_test, y_test)
-        log[server_round] = {"test-loss": loss, "test-accuracy": acc, "steps": float(steps),
+        if test_images is not None:
+            loss, acc = cnn.evaluate(arrays, test_images, y_test)
+            steps = float(arrays["bn1.num_batches_tracked"].numpy())
+        else:
+            weight, bias, counter = arrays.to_numpy_ndarrays()
+            loss, acc = evaluate(weight, bias, x_test, y_test)
+            steps = float(counter)
+        log[server_round] = {"test-loss": loss, "test-accuracy": acc, "steps": steps,
                              "elapsed-s": time.monotonic() - started}
         return MetricRecord({"test-loss": loss, "test-accuracy": acc})
 
@@ -94,11 +112,12 @@ def main(grid: Grid, context: Context) -> None:
                       if isinstance(v, int | float)})
     path = str(rc["results-path"])
     if path:
-        out = {"method": method, "k": int(rc["k"]), "transform": str(rc["transform"]),
+        out = {"method": method, "model": "cnn" if use_cnn else "softmax",
+               "k": int(rc["k"]), "transform": str(rc["transform"]),
                "value-bits": int(rc["value-bits"]), "clients": nodes, "seed": seed,
                "server-optimizer": str(rc.get("server-optimizer", "sgd")),
                "server-lr": float(rc.get("server-lr", 1.0)),
                "error-feedback": bool(rc.get("error-feedback", False)),
-               "d": int(w.size + b.size),
+               "d": d,
                "rounds": {str(r): v for r, v in sorted(log.items())}}
         Path(path).write_text(json.dumps(out, indent=1))
