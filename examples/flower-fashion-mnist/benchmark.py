@@ -204,7 +204,7 @@ def run(task: Task, cfg: Config, clients: int, rounds: int, seed: int,
             **common)  # type: ignore[arg-type]
     # Flower's node sampling (strategy_utils.sample_nodes) draws from Python's global
     # random: its order is the order of the replies and so of FedAvg's float sums, which
-    # chaotic training amplifies (unseeded, two runs of FedAvg differed by 0.1 point).
+    # chaotic training amplifies (unseeded, four FedAvg runs ended 0.8438 to 0.8458).
     random.seed(seed)
     app = client_app(task, seed)
     contexts = {n: Context(run_id=1, node_id=n, node_config={}, state=RecordDict(),
