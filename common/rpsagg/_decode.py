@@ -247,29 +247,23 @@ def solve_lsqr(
     return np.asarray(x), int(itn), istop in (1, 2, 4), residual
 
 
-def _exact_affordable(op: JointOperator) -> bool:
-    """Whether the operator's Gram matrix is cheap enough for ``method="auto"`` to build it.
+def _gram_worth_building(op: JointOperator, nk: int, c: float) -> bool:
+    """Whether ``method="auto"``, having picked the exact solver, should build the Gram matrix.
 
-    The SRHT's costs ``n^2`` FWHTs (always affordable where :func:`choose_method` picks it);
-    the DCT's is built from its dense sampled rows and says so itself.
+    The SRHT's costs ``n^2 / 2`` FWHTs: always affordable, and cheaper than a Krylov solve's
+    ``~40 n``, where :func:`choose_method` picks it. The DCT's and hblocks' are built from
+    their dense sampled rows (``(nk)^2 d``) and answer for themselves: affordable
+    (:meth:`rpsagg._dct.JointDCT.exact_affordable`), and cheaper than a Krylov solve
+    (:meth:`rpsagg._dct.JointDCT.exact_cheaper`) unless the system needs the exact solver
+    for conditioning (``c = 1`` with nk close to d', where LSQR stalls).
     """
-    check = getattr(op, "exact_affordable", None)
-    return True if check is None else bool(check())
+    def says(name: str) -> bool:
+        check = getattr(op, name, None)
+        return True if check is None else bool(check())
 
-
-def _needs_exact(nk: int, d_pad: int, c: float) -> bool:
-    """Whether :func:`choose_method` picks the exact solver for conditioning (``c = 1`` with
-    nk close to d', where LSQR stalls), not only because the system is small."""
-    return c == 1.0 and 4 * nk > d_pad
-
-
-def _exact_cheaper(op: JointOperator) -> bool:
-    """Whether the operator's Gram matrix is cheaper to build and factorize than a Krylov
-    solve. The SRHT's costs ``n^2 / 2`` FWHTs against the Krylov solve's ``~40 n``: always
-    cheaper where :func:`choose_method` picks it; the DCT's and hblocks' say so themselves
-    (:meth:`rpsagg._dct.JointDCT.exact_cheaper`)."""
-    check = getattr(op, "exact_cheaper", None)
-    return True if check is None else bool(check())
+    if not says("exact_affordable"):
+        return False
+    return (c == 1.0 and 4 * nk > op.d_pad) or says("exact_cheaper")
 
 
 def joint_solve(
@@ -306,11 +300,8 @@ def joint_solve(
     if method not in ("auto", "exact", "cg"):
         raise ValueError(f"method must be 'auto', 'exact' or 'cg'; got {method!r}")
     chosen = choose_method(nk, op.d_pad, c) if method == "auto" else method
-    if method == "auto" and chosen == "exact" and not _exact_affordable(op):
-        chosen = "cg"  # the DCT's Gram matrix costs (nk)^2 d: too much at large d
-    if method == "auto" and chosen == "exact" and not _needs_exact(nk, op.d_pad, c) \
-            and not _exact_cheaper(op):
-        chosen = "cg"  # small but not tiny: the Krylov solve costs less than the Gram
+    if method == "auto" and chosen == "exact" and not _gram_worth_building(op, nk, c):
+        chosen = "cg"  # the DCT's/hblocks' Gram matrix costs more than a Krylov solve
     if chosen == "cg" and c == 1.0:
         xt, iterations, converged, residual = solve_lsqr(op, flat, rtol=rtol)
         if converged or nk > 2 * EXACT_LIMIT:

@@ -59,6 +59,7 @@ from fmnist_app.task import load, partition  # noqa: E402
 from rpsagg.spec import mix64  # noqa: E402
 from rpsagg_flower import RandProjSpatialFedAvg, ServerSGD, make_rpsagg_mod  # noqa: E402
 from rpsagg_flower.optim import ServerOptimizer  # noqa: E402
+from rpsagg_flower.payload import Layout  # noqa: E402
 
 
 class Nodes:
@@ -246,10 +247,7 @@ def run(task: Task, cfg: Config, clients: int, rounds: int, seed: int,
 
 def compressed_size(task: Task) -> int:
     """d: the coordinates the mod compresses (floating-point arrays not sent as they are)."""
-    model = task.initial()
-    return sum(int(np.prod(model[key].shape)) for key in model
-               if np.issubdtype(np.dtype(model[key].dtype), np.floating)
-               and key not in task.uncompressed)
+    return Layout.of(task.initial(), task.uncompressed).d
 
 
 def budgets(task: str, d: int) -> list[tuple[int, int, int, int]]:
@@ -514,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.decode_sweep:
         sweep = args.out / "decode-sweep.json"
         if not args.report_only:
-            d = sum(p.numel() for p in cnn.Net().parameters())  # fmnist's compressed part
+            d = Layout.of(cnn.initial(args.seed), cnn.buffer_names()).d  # fmnist's
             sweep.write_text(json.dumps(decode_sweep(d, [5, 10], args.seed), indent=1))
         print(sweep_table(json.loads(sweep.read_text())))
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0  # the ServerApp
@@ -522,20 +520,12 @@ def main(argv: list[str] | None = None) -> int:
         path = args.out / f"{name}.json"
         if not args.report_only:
             clients = 5 if args.quick else args.clients
-            if name == "fmnist":
-                rounds = 5 if args.quick else args.rounds
-                task = fmnist_task(clients, 1000 if args.quick else args.examples_per_client,
-                                   (args.seeds or [args.seed])[0])
-            else:
-                rounds = 3 if args.quick else args.rounds
-                task = wide_task(clients, 200 if args.quick else 400,
-                                 (args.seeds or [args.seed])[0])
+            rounds = (5 if name == "fmnist" else 3) if args.quick else args.rounds
             results = []
-            for seed in args.seeds or [args.seed]:
-                if seed != (args.seeds or [args.seed])[0]:  # the data and model of this seed
-                    task = (fmnist_task(clients, 1000 if args.quick else
-                                        args.examples_per_client, seed) if name == "fmnist"
-                            else wide_task(clients, 200 if args.quick else 400, seed))
+            for seed in args.seeds or [args.seed]:  # each seed: its data and initial model
+                task = (fmnist_task(clients, 1000 if args.quick else args.examples_per_client,
+                                    seed) if name == "fmnist"
+                        else wide_task(clients, 200 if args.quick else 400, seed))
                 chosen = [cfg for cfg in configs(name, compressed_size(task), clients)
                           if cfg.method == "fedavg" or not args.only
                           or any(text in cfg.label for text in args.only)]

@@ -200,28 +200,26 @@ def mean_plain(parts: Sequence[Mapping[str, NDArray[np.generic]]], weights: Sequ
     return out
 
 
-def _raw(arr: NDArray[np.generic], dtype: str) -> Array:
-    data = np.ascontiguousarray(arr, dtype=np.dtype(dtype).newbyteorder("<")).tobytes()
-    return Array(dtype=dtype, shape=(int(arr.size),), stype=STYPE_RAW, data=data)
-
-
-def _raw_shaped(arr: NDArray[np.generic]) -> Array:
-    """An uncompressed array as raw little-endian bytes in its own dtype and shape (no NumPy
-    header: 128 bytes less per array than ``Array(ndarray)``)."""
+def _raw(arr: NDArray[np.generic], dtype: str | None = None) -> Array:
+    """``arr`` as raw little-endian bytes (no NumPy header: 128 bytes less per array than
+    ``Array(ndarray)``): 1-D in ``dtype`` when given (the sketch's values, codes, scales,
+    indices), else in its own dtype and shape (the uncompressed arrays)."""
+    arr = np.asarray(arr) if dtype is None else np.asarray(arr, dtype=dtype).reshape(-1)
     data = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
     return Array(dtype=str(arr.dtype), shape=tuple(int(s) for s in arr.shape), stype=STYPE_RAW,
                  data=data)
 
 
-def _from_raw_shaped(arr: Array, key: str) -> NDArray[np.generic]:
+def _raw_values(arr: Array, what: str) -> NDArray[np.generic]:
+    """A raw array's values, in its dtype and shape; ``ValueError`` naming ``what`` when its
+    dtype is unknown or its byte count does not match its shape."""
     try:
         dtype = np.dtype(arr.dtype)
     except TypeError:
-        raise ValueError(f"uncompressed array {key!r} has an unknown dtype {arr.dtype!r}") from None
+        raise ValueError(f"{what} has an unknown dtype {arr.dtype!r}") from None
     count = int(np.prod(arr.shape, dtype=np.int64))
     if len(arr.data) != dtype.itemsize * count:
-        raise ValueError(f"uncompressed array {key!r} has {len(arr.data)} bytes for {count} "
-                         f"items of {dtype}")
+        raise ValueError(f"{what} has {len(arr.data)} bytes for {count} items of {dtype}")
     flat = np.frombuffer(arr.data, dtype=dtype.newbyteorder("<")).astype(dtype)
     return flat.reshape(tuple(arr.shape))
 
@@ -232,10 +230,7 @@ def _from_raw(record: ArrayRecord, key: str, dtype: str) -> NDArray[np.generic]:
     arr = record[key]
     if arr.stype != STYPE_RAW or arr.dtype != dtype or len(arr.shape) != 1:
         raise ValueError(f"array {key!r} is not a raw 1-D {dtype} array")
-    itemsize = np.dtype(dtype).itemsize
-    if len(arr.data) != itemsize * arr.shape[0]:
-        raise ValueError(f"array {key!r} has {len(arr.data)} bytes for {arr.shape[0]} items")
-    return np.frombuffer(arr.data, dtype=np.dtype(dtype).newbyteorder("<")).astype(dtype)
+    return _raw_values(arr, f"array {key!r}")
 
 
 def encoded_to_records(
@@ -249,7 +244,7 @@ def encoded_to_records(
     arrays: dict[str, Array] = {}
     _put(arrays, msg, "")
     for key, value in (plain or {}).items():
-        arrays[PLAIN_PREFIX + key] = _raw_shaped(np.asarray(value))
+        arrays[PLAIN_PREFIX + key] = _raw(np.asarray(value))
     meta = ConfigRecord(
         {
             "seed": nonce_to_bytes(client_seed),
@@ -285,7 +280,7 @@ def layers_to_records(
     for j, msg in enumerate(msgs):
         _put(arrays, msg, f"/{j}")
     for key, value in (plain or {}).items():
-        arrays[PLAIN_PREFIX + key] = _raw_shaped(np.asarray(value))
+        arrays[PLAIN_PREFIX + key] = _raw(np.asarray(value))
     meta = ConfigRecord(
         {
             "seed": nonce_to_bytes(client_seed),
@@ -394,7 +389,7 @@ def records_to_plain(arrays: ArrayRecord, layout: Layout) -> dict[str, NDArray[n
             raise ValueError(f"the compressed reply lacks the uncompressed array {key!r}")
         arr = arrays[name]
         if arr.stype == STYPE_RAW:
-            value = _from_raw_shaped(arr, key)
+            value = _raw_values(arr, f"uncompressed array {key!r}")
         else:  # NumPy's format, as rpsagg-flower 0.1.0's mod sent them
             try:
                 value = arr.numpy()

@@ -54,11 +54,12 @@ def _check_run(out: dict) -> None:
     assert acc[2] > 0.4, f"test accuracy per round: {acc}"
 
 
-def _run(tmp_path: Path, simulation: bool) -> dict:
+def _run(tmp_path: Path, simulation: bool, **config: object) -> dict:
+    """One run of the example app with ``RUN`` updated by ``config``; its results JSON."""
     results = tmp_path / "rps.json"
     fed = LocalFederation(2, workdir=tmp_path / "fed", simulation=simulation)
     with fed:
-        fed.run(EXAMPLE, {**RUN, "results-path": str(results)}, timeout=300)
+        fed.run(EXAMPLE, {**RUN, **config, "results-path": str(results)}, timeout=300)
     assert fed.groups_ended, "stop() ended no process group"
     assert not any(live_members(g) for g in fed.groups_ended), (
         "a Flower process outlived the federation")
@@ -78,12 +79,8 @@ def test_deployment_engine_trains_a_batchnorm_cnn(tmp_path: Path) -> None:
     k = d/10 of its 20,586 weights, the running statistics and int64 counters uncompressed.
     300 images in batches of 32 are 10 steps a round on each node: the counter's mean is
     exact (0, 10, 20). Two rounds on 600 images must beat chance (0.1) by far."""
-    results = tmp_path / "cnn.json"
-    fed = LocalFederation(2, workdir=tmp_path / "fed")
-    with fed:
-        fed.run(EXAMPLE, {**RUN, "model": "cnn", "k": 2058, "lr": 0.01, "batch-size": 32,
-                          "results-path": str(results)}, timeout=300)
-    out = json.loads(results.read_text())
+    out = _run(tmp_path, simulation=False, **{"model": "cnn", "k": 2058, "lr": 0.01,
+                                              "batch-size": 32})
     assert out["model"] == "cnn" and out["d"] == 20586
     assert [out["rounds"][r]["steps"] for r in ("0", "1", "2")] == [0, 10, 20]
     for rnd in ("1", "2"):

@@ -85,7 +85,7 @@ def train(arrays: ArrayRecord, x: torch.Tensor, y: NDArray[np.int64], *, epochs:
     model = _model(arrays)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    labels = torch.from_numpy(np.asarray(y, dtype=np.int64))
+    labels = torch.tensor(y, dtype=torch.int64)  # a copy: y may be read-only (cached)
     gen = torch.Generator().manual_seed(seed)
     total, count = 0.0, 0
     for _ in range(epochs):
@@ -107,7 +107,7 @@ def evaluate(arrays: ArrayRecord, x: torch.Tensor, y: NDArray[np.int64]) -> tupl
     BatchNorm uses its running statistics)."""
     model = _model(arrays)
     model.eval()
-    labels = torch.from_numpy(np.asarray(y, dtype=np.int64))
+    labels = torch.tensor(y, dtype=torch.int64)  # a copy: y may be read-only (cached)
     loss, correct = 0.0, 0
     for lo in range(0, len(labels), 2000):
         out = model(x[lo : lo + 2000])

@@ -26,6 +26,7 @@ from fmnist_app.task import evaluate, init_model, load
 from rpsagg.spec import mix64
 from rpsagg_flower import RandProjSpatialFedAvg
 from rpsagg_flower.optim import make_server_optimizer
+from rpsagg_flower.payload import Layout
 
 app = ServerApp()
 
@@ -55,6 +56,8 @@ def main(grid: Grid, context: Context) -> None:
     use_cnn = str(rc.get("model", "softmax")) == "cnn"
     if use_cnn:
         from fmnist_app import cnn  # PyTorch only where the CNN is asked for
+    # BatchNorm's running statistics travel as they are, beside the counters
+    plain = cnn.buffer_names() if use_cnn else []
     strategy: FedAvg
     if method == "fedavg":
         strategy = CountingFedAvg(fraction_evaluate=0.0, min_train_nodes=nodes,
@@ -73,8 +76,7 @@ def main(grid: Grid, context: Context) -> None:
                 float(rc.get("server-momentum", 0.0))),
             error_feedback=bool(rc.get("error-feedback", False)),
             solver=str(rc.get("solver", "auto")),
-            # BatchNorm's running statistics travel as they are, beside the counters
-            uncompressed=cnn.buffer_names() if use_cnn else (),
+            uncompressed=plain,
         )
     if use_cnn:
         initial = cnn.initial(seed)
@@ -82,9 +84,7 @@ def main(grid: Grid, context: Context) -> None:
         w, b = init_model()
         initial = ArrayRecord({"weight": Array(w), "bias": Array(b),
                                "steps": Array(np.zeros((), np.int64))})
-    plain = set(cnn.buffer_names()) if use_cnn else set()
-    d = sum(int(np.prod(initial[key].shape)) for key in initial
-            if np.issubdtype(np.dtype(initial[key].dtype), np.floating) and key not in plain)
+    d = Layout.of(initial, plain).d
     x_test, y_test = load("t10k")
     test_images = cnn.images(x_test) if use_cnn else None
     log: dict[int, dict[str, float]] = {}

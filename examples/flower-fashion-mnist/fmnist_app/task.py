@@ -8,6 +8,7 @@ an integer array, which travels uncompressed beside the sketch).
 
 from __future__ import annotations
 
+import functools
 import gzip
 import os
 from pathlib import Path
@@ -35,10 +36,12 @@ def _idx(path: Path, magic: int) -> NDArray[np.uint8]:
     return np.frombuffer(raw[4 + 4 * ndim :], dtype=np.uint8).reshape(dims)
 
 
+@functools.lru_cache(maxsize=2)  # partition() reads the training set once per client
 def load(split: str) -> tuple[FloatArray, NDArray[np.int64]]:
     """Images (``(N, 784)`` in [0, 1]) and labels of ``"train"`` (60,000) or ``"t10k"``."""
     x = _idx(DATA_DIR / f"{split}-images-idx3-ubyte.gz", 2051).reshape(-1, FEATURES) / 255.0
     y = _idx(DATA_DIR / f"{split}-labels-idx1-ubyte.gz", 2049).astype(np.int64)
+    x.flags.writeable = y.flags.writeable = False  # cached: shared by every caller
     return x, y
 
 
