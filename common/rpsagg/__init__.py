@@ -36,6 +36,8 @@ from rpsagg._correlation import (
 from rpsagg._dct import dct_matrix
 from rpsagg._decode import SolveInfo
 from rpsagg._encoded import Encoded
+from rpsagg._error import ErrorEstimate
+from rpsagg._error_coef import ErrorCoefficients
 from rpsagg._estimators import (
     ESTIMATOR_NAMES,
     QUANTIZABLE,
@@ -68,6 +70,8 @@ __all__ = [
     "CorrelationTracker",
     "DecodeResult",
     "Encoded",
+    "ErrorCoefficients",
+    "ErrorEstimate",
     "Estimator",
     "FullEstimator",
     "Induced",

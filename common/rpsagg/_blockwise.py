@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 
 from rpsagg._decode import DEFAULT_RTOL, SolveInfo
 from rpsagg._encoded import Encoded
+from rpsagg._error import ErrorEstimate, combine
 from rpsagg._estimator import DecodeResult, Estimator
 from rpsagg._spatial import SCHEME, RandProjSpatial
 from rpsagg._srht import srht_encode
@@ -172,10 +173,12 @@ class BlockwiseRandProjSpatial(Estimator):
         return {kb: sub.beta_for(n_prime) for kb, sub in self._sub.items()}
 
     def assemble(
-        self, parts: list[FloatArray], infos: list[SolveInfo], c: float, n_prime: int
+        self, parts: list[FloatArray], infos: list[SolveInfo], c: float, n_prime: int,
+        batch: Sequence[Encoded] | None = None,
     ) -> DecodeResult:
         """The :class:`DecodeResult` of all blocks from the in-order results of
-        :meth:`decode_blocks` over consecutive ranges covering every block."""
+        :meth:`decode_blocks` over consecutive ranges covering every block; with the
+        decoded ``batch`` it carries the error estimate (the sum of the blocks')."""
         out = np.concatenate(parts)
         if out.shape[0] != self.blocks * self.block_size:
             raise ValueError("the parts do not cover every block")
@@ -186,11 +189,35 @@ class BlockwiseRandProjSpatial(Estimator):
             max((i.residual for i in infos), default=0.0),
             sum(i.seconds for i in infos),
         )
-        return DecodeResult(out[: self.d], n_prime, self._beta(n_prime), c, info, 0.0)
+        error = None
+        if batch is not None and len(infos) == self.blocks:
+            error = self._block_errors(list(batch), infos, c)
+        return DecodeResult(out[: self.d], n_prime, self._beta(n_prime), c, info, 0.0, error)
+
+    def _block_errors(self, batch: list[Encoded], infos: list[SolveInfo],
+                      c: float) -> ErrorEstimate:
+        """The error estimate: the sum over blocks of each block's (blocks are independent
+        Rand-Proj-Spatial problems); the zero padding of the last block is not discounted."""
+        betas = self.block_betas(len(batch))
+        parts = []
+        offset = 0
+        for j, (kb, info) in enumerate(zip(self.budgets, infos, strict=True)):
+            msgs = self._block_batch(batch, j, offset)
+            y = np.stack([m.values.astype(np.float64) for m in msgs])
+            adjoint_sq = info.adjoint_sq
+            if adjoint_sq is None:
+                from rpsagg._srht import JointSRHT
+
+                back = JointSRHT.from_seeds([m.seed for m in msgs], kb,
+                                            self.block_size).adjoint(y)
+                adjoint_sq = float(back @ back)
+            parts.append(self._sub[kb].error_from_sketches(msgs, y, adjoint_sq, c, betas[kb]))
+            offset += kb
+        return combine(parts)
 
     def _decode(self, batch: list[Encoded]) -> DecodeResult:
         out, infos, c = self.decode_blocks(batch, 0, self.blocks)
-        return self.assemble([out], infos, c, len(batch))
+        return self.assemble([out], infos, c, len(batch), batch)
 
     def _beta(self, n_prime: int) -> float:
         """beta of the first block (blocks with one float fewer have their own)."""
@@ -217,6 +244,14 @@ class BlockwiseRandProjSpatial(Estimator):
             self.n, self.k, self.d, self.block_size, "auto", prior_r, sub.method, sub.rtol,
             device=sub.device, threads=sub.threads,
         )
+
+    def predicted_relative_error(self, r: float) -> float:
+        """The blocks' predicted relative error, weighted by their share of the values
+        (each block sees the correlation R; energy is assumed spread evenly over blocks)."""
+        total = 0.0
+        for kb in self.budgets:
+            total += self._sub[kb].predicted_relative_error(r)
+        return total / self.blocks
 
     def __repr__(self) -> str:
         return (

@@ -7,6 +7,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rpsagg._encoded import Encoded
+from rpsagg._error import (
+    ErrorEstimate,
+    per_message_error,
+    quantization_variance,
+    sketch_error,
+    zero_error,
+)
+from rpsagg._error_coef import ErrorCoefficients, quantized_relative_extra, randk_coefficients
 from rpsagg._estimator import DecodeResult, Estimator, FloatArray
 from rpsagg._wireprofile import SchemeTraits
 from rpsagg.spec import TAG_INDUCED, TAG_WANGNI, randk_indices, sample_distinct, uniforms
@@ -39,7 +47,11 @@ class FullEstimator(Estimator):
     def _decode(self, batch: list[Encoded]) -> DecodeResult:
         total = np.sum([m.values.astype(np.float64) for m in batch], axis=0)
         beta = self._beta(len(batch))
-        return DecodeResult(beta * total, len(batch), beta, None, None, 0.0)
+        est = beta * total
+        return DecodeResult(est, len(batch), beta, None, None, 0.0, zero_error(est))
+
+    def predicted_relative_error(self, r: float) -> float:
+        return 0.0
 
     def _beta(self, n_prime: int) -> float:
         return 1.0 / n_prime
@@ -66,10 +78,22 @@ class RandK(Estimator):
     def _decode(self, batch: list[Encoded]) -> DecodeResult:
         sums, _ = self._scatter(batch)
         beta = self._beta(len(batch))
-        return DecodeResult(beta * sums, len(batch), beta, None, None, 0.0)
+        error = self._sketch_error(batch, sums, randk_coefficients(len(batch), self.k, self.d))
+        return DecodeResult(beta * sums, len(batch), beta, None, None, 0.0, error)
+
+    def _sketch_error(self, batch: list[Encoded], sums: FloatArray,
+                      coef: ErrorCoefficients) -> ErrorEstimate:
+        """The error estimate from the sketches (``sums`` is ``sum_i E_i^T y_i``)."""
+        y = np.stack([m.values.astype(np.float64) for m in batch])
+        qvar = np.array([quantization_variance(m) for m in batch])
+        return sketch_error(y, float(sums @ sums), self.d, self.k, coef, qvar=qvar)
 
     def _beta(self, n_prime: int) -> float:
         return self.d / (n_prime * self.k)
+
+    def predicted_relative_error(self, r: float) -> float:
+        coef = randk_coefficients(self.n, self.k, self.d)
+        return coef.relative_error(r) + quantized_relative_extra(coef, self.k, self.value_bits, r)
 
 
 def wangni_probabilities(x: FloatArray, k: int) -> FloatArray:
@@ -90,6 +114,29 @@ def wangni_probabilities(x: FloatArray, k: int) -> FloatArray:
     first = int(np.argmax(ok))  # j = k-1 always satisfies the condition when nnz > k
     c = scale[first]
     return np.minimum(1.0, c * mag)
+
+
+def wangni_error(values: FloatArray, d: int) -> float:
+    """Estimate of ``E||x_hat_i - x_i||^2 = sum_j x_j^2 (1/p_j - 1)`` from one message.
+
+    A kept coordinate with ``p_j < 1`` carries ``+-1/c`` (the smallest magnitude sent), one
+    with ``p_j = 1`` carries ``x_j`` itself and adds no error. With ``m`` values at ``1/c``
+    and ``d_s`` coordinates below ``p = 1`` (``d`` minus those sent exactly),
+    ``E[m / c^2] = sum_{p < 1} x_j^2 / p_j``; subtracting ``sum x_j^2 = sum p_j^2 / c^2``,
+    estimated as ``m p_bar / c^2`` with ``p_bar = m / d_s`` (exact when those p_j are
+    equal), gives ``m (1 - p_bar) / c^2``.
+    """
+    if values.size == 0:
+        return 0.0
+    mag = np.abs(values)
+    inv_c = float(mag.min())
+    small = mag <= inv_c * (1.0 + 1e-6)
+    m = int(np.count_nonzero(small))
+    sure = values.size - m
+    if m == 0 or d - sure <= 0:
+        return 0.0
+    p_bar = min(1.0, m / (d - sure))
+    return m * (1.0 - p_bar) * inv_c * inv_c
 
 
 class RandKWangni(Estimator):
@@ -113,7 +160,9 @@ class RandKWangni(Estimator):
 
     def _decode(self, batch: list[Encoded]) -> DecodeResult:
         beta = self._beta(len(batch))
-        return DecodeResult(beta * _sparse_sum(batch, self.d), len(batch), beta, None, None, 0.0)
+        est = beta * _sparse_sum(batch, self.d)
+        terms = [wangni_error(m.values.astype(np.float64), self.d) for m in batch]
+        return DecodeResult(est, len(batch), beta, None, None, 0.0, per_message_error(est, terms))
 
     def _beta(self, n_prime: int) -> float:
         return 1.0 / n_prime
@@ -141,7 +190,14 @@ class Induced(Estimator):
 
     def _decode(self, batch: list[Encoded]) -> DecodeResult:
         beta = self._beta(len(batch))
-        return DecodeResult(beta * _sparse_sum(batch, self.d), len(batch), beta, None, None, 0.0)
+        est = beta * _sparse_sum(batch, self.d)
+        k_rand = self.k - self.k // 2
+        # the Rand-k part: E||v - r||^2 = (d/k_r - 1)||r||^2, ||r||^2 ~ (k_r/d) ||v_r||^2
+        terms = []
+        for m in batch:
+            v = m.values[self.k // 2:].astype(np.float64)
+            terms.append((1.0 - k_rand / self.d) * float(v @ v))
+        return DecodeResult(est, len(batch), beta, None, None, 0.0, per_message_error(est, terms))
 
     def _beta(self, n_prime: int) -> float:
         return 1.0 / n_prime

@@ -67,12 +67,18 @@ class SolveInfo:
         ``||A^T (A x - y)|| / (||A|| ||A x - y||)`` instead.
     seconds : float
         Wall-clock time of the solve.
+    adjoint_sq : float or None
+        ``||A^T y||^2 = y^T K y`` of the received sketches, which the error estimate needs
+        (:mod:`rpsagg._error`). Every solver computes ``K y`` or ``A^T y`` on its way (the
+        first Krylov product, the first LSQR step, the Gram matrix, the direct adjoint), so
+        it costs one dot product; None where a solver did not record it.
     """
 
     method: str
     iterations: int
     residual: float
     seconds: float
+    adjoint_sq: float | None = None
 
 
 def choose_method(nk: int, d_pad: int, c: float = 1.0) -> str:
@@ -149,8 +155,15 @@ def solve_exact(gram: FloatArray, y: FloatArray, c: float, d_pad: int) -> tuple[
     return _spectral_apply(gram, y, c, d_pad)
 
 
-def system_operator(op: JointOperator, c: float) -> LinearOperator:
-    """``M = (1 - c) I + c K`` as a matrix-free operator on vectors of length nk."""
+def system_operator(
+    op: JointOperator, c: float, first: dict[str, FloatArray] | None = None
+) -> LinearOperator:
+    """``M = (1 - c) I + c K`` as a matrix-free operator on vectors of length nk.
+
+    ``first``, when given, receives the first product's input (``"v"``) and ``K v``
+    (``"kv"``): conjugate gradients from a zero start multiply y first, and ``y^T K y`` is
+    what the error estimate needs.
+    """
     from scipy.sparse.linalg import LinearOperator
 
     n, k = op.n, op.k
@@ -158,6 +171,8 @@ def system_operator(op: JointOperator, c: float) -> LinearOperator:
     def matvec(v: FloatArray) -> FloatArray:
         v = np.asarray(v, dtype=np.float64).reshape(n, k)
         kv = op.forward(op.adjoint(v))
+        if first is not None and not first:
+            first["v"], first["kv"] = v.reshape(-1).copy(), kv.reshape(-1).copy()
         return ((1.0 - c) * v + c * kv).reshape(-1)
 
     return LinearOperator((n * k, n * k), matvec=matvec, rmatvec=matvec, dtype=np.float64)
@@ -197,10 +212,12 @@ def solve_krylov(
     rtol: float = DEFAULT_RTOL,
     maxiter: int | None = None,
     x0: FloatArray | None = None,
+    first: dict[str, FloatArray] | None = None,
 ) -> tuple[FloatArray, int, bool]:
     """``((1 - c) I + c K)^-1 y`` by conjugate gradients (``c < 1``).
 
-    Returns the solution, the iteration count and whether the tolerance was reached.
+    Returns the solution, the iteration count and whether the tolerance was reached;
+    ``first`` receives the first product (see :func:`system_operator`).
     """
     from scipy.sparse.linalg import cg
 
@@ -215,25 +232,35 @@ def solve_krylov(
     nk = op.n * op.k
     maxiter = maxiter if maxiter is not None else max(200, min(nk, 2000))
     with one_blas_thread():  # the products run their own threads
-        z, info = cg(system_operator(op, c), y, x0=x0, rtol=rtol, maxiter=maxiter,
+        z, info = cg(system_operator(op, c, first), y, x0=x0, rtol=rtol, maxiter=maxiter,
                      callback=count)
     return np.asarray(z), iters, info == 0
 
 
 def solve_lsqr(
-    op: JointOperator, y: FloatArray, *, rtol: float = DEFAULT_RTOL, maxiter: int | None = None
+    op: JointOperator, y: FloatArray, *, rtol: float = DEFAULT_RTOL, maxiter: int | None = None,
+    first: dict[str, FloatArray] | None = None,
 ) -> tuple[FloatArray, int, bool, float]:
     """``A^+ y = A^T K^+ y`` (length d') by LSQR on the matrix-free A.
 
-    Returns the solution, iterations, convergence flag and the stopping residual.
+    Returns the solution, iterations, convergence flag and the stopping residual. ``first``,
+    when given, receives the first adjoint product's input (``"u"``, LSQR's ``y / ||y||``)
+    and output (``"atu"``).
     """
     from scipy.sparse.linalg import LinearOperator, lsqr
 
     n, k, d_pad = op.n, op.k, op.d_pad
+
+    def rmatvec(z: FloatArray) -> FloatArray:
+        out = op.adjoint(np.asarray(z, dtype=np.float64).reshape(n, k))
+        if first is not None and not first:
+            first["u"], first["atu"] = np.asarray(z, dtype=np.float64).copy(), out.copy()
+        return out
+
     a_op = LinearOperator(
         (n * k, d_pad),
         matvec=lambda u: op.forward(np.asarray(u, dtype=np.float64)).reshape(-1),
-        rmatvec=lambda z: op.adjoint(np.asarray(z, dtype=np.float64).reshape(n, k)),
+        rmatvec=rmatvec,
         dtype=np.float64,
     )
     limit = maxiter if maxiter is not None else max(200, min(n * k, 4000))
@@ -294,24 +321,31 @@ def joint_solve(
     flat = np.asarray(y, dtype=np.float64).reshape(-1)
     if c == 0.0 or op.n == 1:
         # T(l) = 1 on the spectrum that A^T sees (or K = I): f(K) y = y.
-        return op.adjoint(flat.reshape(op.n, op.k)), SolveInfo(
-            "direct", 0, 0.0, time.perf_counter() - start
-        )
+        direct = op.adjoint(flat.reshape(op.n, op.k))
+        return direct, SolveInfo("direct", 0, 0.0, time.perf_counter() - start,
+                                 float(direct @ direct))
     if method not in ("auto", "exact", "cg"):
         raise ValueError(f"method must be 'auto', 'exact' or 'cg'; got {method!r}")
     chosen = choose_method(nk, op.d_pad, c) if method == "auto" else method
     if method == "auto" and chosen == "exact" and not _gram_worth_building(op, nk, c):
         chosen = "cg"  # the DCT's/hblocks' Gram matrix costs more than a Krylov solve
+    adjoint_sq: float | None = None
     if chosen == "cg" and c == 1.0:
-        xt, iterations, converged, residual = solve_lsqr(op, flat, rtol=rtol)
+        first: dict[str, FloatArray] = {}
+        xt, iterations, converged, residual = solve_lsqr(op, flat, rtol=rtol, first=first)
+        adjoint_sq = _first_adjoint_sq(first, flat)
         if converged or nk > 2 * EXACT_LIMIT:
-            return xt, SolveInfo("lsqr", iterations, residual, time.perf_counter() - start)
+            return xt, SolveInfo("lsqr", iterations, residual, time.perf_counter() - start,
+                                 adjoint_sq)
         log.warning("LSQR did not converge (nk=%d); falling back to the exact solver", nk)
         chosen = "exact"
     iterations = 0
     name = "cg"
     if chosen == "cg":
-        z, iterations, converged = solve_krylov(op, flat, c, rtol=rtol)
+        first = {}
+        z, iterations, converged = solve_krylov(op, flat, c, rtol=rtol, first=first)
+        if "v" in first and np.array_equal(first["v"], flat):
+            adjoint_sq = float(flat @ first["kv"])
         if not converged:
             if nk <= 2 * EXACT_LIMIT:
                 log.warning("CG did not converge (nk=%d); falling back to the exact solver", nk)
@@ -319,11 +353,26 @@ def joint_solve(
             else:
                 log.warning("CG did not converge (nk=%d); the estimate is approximate", nk)
     if chosen == "exact":
-        z, name = solve_exact(op.gram(), flat, c, op.d_pad)
+        gram = op.gram()
+        if adjoint_sq is None:
+            adjoint_sq = float(flat @ (gram @ flat))
+        z, name = solve_exact(gram, flat, c, op.d_pad)
     xt = op.adjoint(z.reshape(op.n, op.k))
     # Residual of M z = y, reusing A^T z: M z = (1 - c) z + c A (A^T z). For c = 1 and a
     # rank-deficient K it includes the part of y outside range(K), which A^T removes.
     m_z = (1.0 - c) * z + c * op.forward(xt).reshape(-1)
     norm_y = float(np.linalg.norm(flat)) or 1.0
     residual = float(np.linalg.norm(m_z - flat)) / norm_y
-    return xt, SolveInfo(name, iterations, residual, time.perf_counter() - start)
+    return xt, SolveInfo(name, iterations, residual, time.perf_counter() - start, adjoint_sq)
+
+
+def _first_adjoint_sq(first: dict[str, FloatArray], y: FloatArray) -> float | None:
+    """``||A^T y||^2`` from LSQR's first step (``A^T (y / ||y||)``), if it was that."""
+    if "u" not in first:
+        return None
+    norm = float(np.linalg.norm(y))
+    if norm == 0.0:
+        return 0.0
+    if not np.allclose(first["u"] * norm, y, rtol=1e-12, atol=0.0):
+        return None
+    return float(first["atu"] @ first["atu"]) * norm * norm

@@ -16,13 +16,16 @@ distortion): 0.5708 (= pi/2 - 1), 0.1331, 0.00959 and 4.1e-5 at 1, 2, 4 and 8 bi
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numpy.typing import NDArray
 
 from rpsagg._encoded import Encoded
+from rpsagg._error import per_message_error
 from rpsagg._estimator import DecodeResult, Estimator, FloatArray
 from rpsagg._fwht import fwht
-from rpsagg._lloyd_max import EDEN_BITS, boundaries, centroids
+from rpsagg._lloyd_max import EDEN_BITS, boundaries, centroids, distortion
 from rpsagg._wireprofile import SchemeTraits
 from rpsagg.spec import padded_dim, sign_factors
 
@@ -122,7 +125,19 @@ class Eden(Estimator):
         z = np.stack([m.values.astype(np.float64) for m in batch])
         total = unrotate_sum(z, [m.seed for m in batch])
         beta = self._beta(len(batch))
-        return DecodeResult(beta * total[: self.d], len(batch), beta, None, None, 0.0)
+        est = beta * total[: self.d]
+        # ||z_hat||^2 = ||x||^2 / (1 - D_b) in expectation and the error is ||z_hat||^2 -
+        # ||x||^2 (<z_hat, z> = ||x||^2 by the unbiased scale): D_b ||z_hat||^2 per message;
+        # the padded rotation spreads it over d' coordinates, d of them kept
+        keep = self.d / self.d_pad
+        terms = [keep * distortion(self.value_bits) * float(row @ row) for row in z]
+        return DecodeResult(est, len(batch), beta, None, None, 0.0,
+                            per_message_error(est, terms))
+
+    def predicted_relative_error(self, r: float) -> float:
+        """``vNMSE / (1 + R)`` with EDEN's ``vNMSE = D_b / (1 - D_b)`` (Gaussian limit)."""
+        dist = distortion(self.value_bits)
+        return math.inf if r <= -1.0 else dist / (1.0 - dist) / (1.0 + r) * self.d / self.d_pad
 
     def _beta(self, n_prime: int) -> float:
         return 1.0 / n_prime

@@ -20,6 +20,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from rpsagg._decode import SolveInfo
 from rpsagg._encoded import Encoded
+from rpsagg._error import ErrorEstimate
 from rpsagg._quantize import check_value_bits, dequantize, quantize_uniform
 from rpsagg._validation import check_batch, check_dims, check_vector
 from rpsagg._wireprofile import Payload, SchemeTraits, WireProfile
@@ -46,6 +47,10 @@ class DecodeResult:
         Solver details (Rand-Proj-Spatial).
     seconds : float
         Wall-clock decode time.
+    error_estimate : ErrorEstimate or None
+        The estimated error of this decode from its messages alone
+        (:class:`~rpsagg._error.ErrorEstimate`: squared and relative error, their standard
+        error, ``||x_bar||^2``); :meth:`Estimator.decode_with_info` always sets it.
     """
 
     estimate: FloatArray
@@ -54,6 +59,7 @@ class DecodeResult:
     c: float | None
     solve: SolveInfo | None
     seconds: float
+    error_estimate: ErrorEstimate | None = None
 
 
 class Estimator(ABC):
@@ -135,7 +141,8 @@ class Estimator(ABC):
         return self.decode_with_info(encoded).estimate
 
     def decode_with_info(self, encoded: Sequence[Encoded]) -> DecodeResult:
-        """Like :meth:`decode`, with beta, the transform and solver details."""
+        """Like :meth:`decode`, with beta, the transform, solver details and the estimated
+        error of the decode (:attr:`DecodeResult.error_estimate`)."""
         batch = check_batch(
             encoded,
             scheme=self.name,
@@ -155,6 +162,31 @@ class Estimator(ABC):
             result.c,
             result.solve,
             time.perf_counter() - start,
+            result.error_estimate,
+        )
+
+    def predicted_relative_error(self, r: float) -> float:
+        """The relative error ``E||x_hat - x_bar||^2 / ||x_bar||^2`` this configuration is
+        predicted to have at correlation ``R = sum_{i != l} <x_i, x_l> / sum_i ||x_i||^2``
+        with all n clients (for planning: choosing k, bits; ``docs/error-estimate.md``).
+
+        Parameters
+        ----------
+        r : float
+            The correlation, in ``[-1, n - 1]`` (0: orthogonal vectors, n - 1: identical).
+
+        Returns
+        -------
+        float
+
+        Raises
+        ------
+        NotImplementedError
+            For the data-adaptive schemes (rand-k-wangni, induced), whose error depends on
+            the vectors' shape, not on R alone.
+        """
+        raise NotImplementedError(
+            f"{self.name}: the predicted error depends on the vectors' shape, not on R alone"
         )
 
     @property

@@ -13,10 +13,14 @@ Unbiased, with variance ``E||x_hat - x||^2 = (||x|| / s)^2 sum_j p_j (1 - p_j)``
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import numpy as np
 from numpy.typing import NDArray
 
 from rpsagg._encoded import Encoded
+from rpsagg._error import per_message_error
 from rpsagg._estimator import DecodeResult, Estimator, FloatArray
 from rpsagg._quantize import float32_ceil, quantize_qsgd
 from rpsagg._wireprofile import SchemeTraits
@@ -68,7 +72,40 @@ class Qsgd(Estimator):
     def _decode(self, batch: list[Encoded]) -> DecodeResult:
         total = np.sum([m.values.astype(np.float64) for m in batch], axis=0)
         beta = self._beta(len(batch))
-        return DecodeResult(beta * total, len(batch), beta, None, None, 0.0)
+        est = beta * total
+        # E||x_hat_i||^2 = ||x_i||^2 + E||x_hat_i - x_i||^2 and the scale is ||x_i|| (float32):
+        # ||x_hat_i||^2 - scale^2 is unbiased. Its variance: each squared value takes lo^2 or
+        # hi^2 (hi - lo = step = scale/s), about (2 |x_hat_j| step)^2 / 6 on average.
+        terms, variances = [], []
+        for m in batch:
+            v = m.values.astype(np.float64)
+            scale = 0.0 if m.scales is None else float(m.scales[0])
+            terms.append(float(v @ v) - scale * scale)
+            step = scale / self.levels
+            variances.append((2.0 / 3.0) * step * step * float(v @ v))
+        return DecodeResult(est, len(batch), beta, None, None, 0.0,
+                            per_message_error(est, terms, variances))
+
+    def predicted_relative_error(self, r: float) -> float:
+        """For Gaussian vectors: ``(d/s^2) E[f (1 - f)] / (1 + R)`` with ``f`` the fractional
+        part of ``s |g| / sqrt(d)``, g standard normal (a numerical integral)."""
+        from scipy.integrate import quad
+        from scipy.stats import norm
+
+        s = self.levels
+        scale = s / math.sqrt(self.d)
+        if r <= -1.0:
+            return math.inf
+        if scale > 64.0:  # many levels per unit: the fraction is uniform, E[f(1-f)] = 1/6
+            return self.d / (s * s) / 6.0 / (1.0 + r)
+
+        def frac_var(t: float) -> float:
+            f = scale * t - math.floor(scale * t)
+            return 2.0 * f * (1.0 - f) * float(norm.pdf(t))
+
+        edges = [j / scale for j in range(0, int(8.0 * scale) + 2)]
+        total = sum(quad(frac_var, lo, hi)[0] for lo, hi in itertools.pairwise(edges))
+        return self.d / (s * s) * total / (1.0 + r)
 
     def _beta(self, n_prime: int) -> float:
         return 1.0 / n_prime

@@ -13,6 +13,13 @@ from rpsagg._beta import BetaEstimate, rps_beta, spatial_beta
 from rpsagg._coordinates import RandK
 from rpsagg._decode import DEFAULT_RTOL, joint_solve
 from rpsagg._encoded import Encoded
+from rpsagg._error import ErrorEstimate, quantization_variance, sketch_error
+from rpsagg._error_coef import (
+    ErrorCoefficients,
+    quantized_relative_extra,
+    rps_coefficients,
+    spatial_coefficients,
+)
 from rpsagg._estimator import DecodeResult, Estimator, FloatArray
 from rpsagg._projection import (
     REQUIRED_SPEC,
@@ -63,7 +70,14 @@ class RandKSpatial(RandK, _SpatialMixin):
         beta = self._beta(n_prime)
         t = (1.0 - c) + c * counts
         est = np.where(counts > 0, beta * sums / np.where(counts > 0, t, 1.0), 0.0)
-        return DecodeResult(est, n_prime, beta, c, None, 0.0)
+        coef = spatial_coefficients(n_prime, self.k, self.d, c, beta)
+        return DecodeResult(est, n_prime, beta, c, None, 0.0,
+                            self._sketch_error(batch, sums, coef))
+
+    def predicted_relative_error(self, r: float) -> float:
+        c = self.transform.c_for(self.n)
+        coef = spatial_coefficients(self.n, self.k, self.d, c, self._beta(self.n))
+        return coef.relative_error(r) + quantized_relative_extra(coef, self.k, self.value_bits, r)
 
     def _beta(self, n_prime: int) -> float:
         return spatial_beta(n_prime, self.k, self.d, self.transform.c_for(n_prime))
@@ -173,7 +187,41 @@ class RandProjSpatial(Estimator, _SpatialMixin):
                                 threads=self.threads)
             xt, info = joint_solve(op, y, c, method=self.method, rtol=self.rtol)
         beta = self._beta(n_prime) if beta is None else beta
-        return DecodeResult(beta * xt[: self.d], n_prime, beta, c, info, 0.0)
+        adjoint_sq = info.adjoint_sq
+        if adjoint_sq is None:  # a solver that did not record it: one more adjoint product
+            back = joint_operator(self.projection, seeds, self.k, self.d_pad,
+                                  threads=self.threads).adjoint(y)
+            adjoint_sq = float(back @ back)
+        error = self.error_from_sketches(batch, y, adjoint_sq, c, beta)
+        return DecodeResult(beta * xt[: self.d], n_prime, beta, c, info, 0.0, error)
+
+    def error_from_sketches(self, batch: list[Encoded], y: FloatArray, adjoint_sq: float,
+                            c: float, beta: float) -> ErrorEstimate:
+        """The error estimate of a decode of ``batch`` (values ``y``, ``||A^T y||^2``, its c
+        and beta): :func:`rpsagg._error.sketch_error` with this projection's coefficients;
+        the padded SRHT keeps ``d / d'`` of the error (it spreads evenly over d')."""
+        coef = rps_coefficients(len(batch), self.k, self.d_pad, c, beta, self.projection)
+        qvar = np.array([quantization_variance(m) for m in batch])
+        return sketch_error(y, adjoint_sq, self.d_pad, self.k, coef, qvar=qvar,
+                            keep=self.d / self.d_pad)
+
+    def coefficients(self, n_prime: int | None = None, r: float | None = None
+                     ) -> ErrorCoefficients:
+        """``a`` and ``b`` of the MSE's form for ``n_prime`` messages (default n); for
+        ``transform="auto"``, ``r`` is the prior correlation the transform is chosen for."""
+        n_prime = self.n if n_prime is None else n_prime
+        other = self.with_prior(r) if (self.transform.kind == "auto" and r is not None) else self
+        c = other._c_for(n_prime)
+        return rps_coefficients(n_prime, self.k, self.d_pad, c, other._beta(n_prime),
+                                self.projection)
+
+    def predicted_relative_error(self, r: float) -> float:
+        """Predicted relative error ``E||x_hat - x_bar||^2 / ||x_bar||^2`` at correlation R
+        for n messages (``auto`` takes R as its prior); float32 values, padded SRHT scaled
+        by ``d / d'``."""
+        coef = self.coefficients(None, r)
+        extra = quantized_relative_extra(coef, self.k, self.value_bits, r)
+        return (coef.relative_error(r) + extra) * self.d / self.d_pad
 
     def _c_for(self, n_prime: int) -> float:
         """c of T for ``n_prime`` messages.
