@@ -50,6 +50,7 @@ from rpsagg._estimators import (
 )
 from rpsagg._fwht import BACKEND as FWHT_BACKEND
 from rpsagg._fwht import fwht
+from rpsagg._planning import BudgetPlan, plan_budget, value_bytes
 from rpsagg._projection import PROJECTIONS
 from rpsagg._spatial import RandKSpatial, RandProjSpatial
 from rpsagg._srht import srht_matrix
@@ -67,6 +68,7 @@ __all__ = [
     "SPEC_VERSIONS",
     "BetaEstimate",
     "BlockwiseRandProjSpatial",
+    "BudgetPlan",
     "CorrelationTracker",
     "DecodeResult",
     "Encoded",
@@ -90,8 +92,10 @@ __all__ = [
     "fwht",
     "make_estimator",
     "padded_dim",
+    "plan_budget",
     "round_encoding",
     "spatial_beta",
     "srht_matrix",
+    "value_bytes",
     "wangni_probabilities",
 ]
