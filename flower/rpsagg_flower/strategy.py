@@ -6,7 +6,7 @@ import logging
 import secrets
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -18,7 +18,14 @@ from flwr.serverapp.strategy import (
 )
 from numpy.typing import NDArray
 
-from rpsagg import ESTIMATOR_NAMES, QUANTIZER_NAMES, CorrelationTracker, Encoded, Estimator
+from rpsagg import (
+    ESTIMATOR_NAMES,
+    QUANTIZER_NAMES,
+    CorrelationTracker,
+    Encoded,
+    Estimator,
+    plan_budget,
+)
 from rpsagg.schemes import DEFAULT_ESTIMATOR, scheme_traits
 from rpsagg_flower.correlation import r_hat
 from rpsagg_flower.optim import ServerOptimizer, ServerSGD
@@ -169,6 +176,8 @@ class RandProjSpatialFedAvg(FedAvg):
         error_feedback: bool = False,
         solver: str = "auto",
         per_layer: bool | Mapping[str, int] = False,
+        target_rel_error: float | None = None,
+        k_min: int = 1,
         **kwargs: object,
     ) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
@@ -205,6 +214,20 @@ class RandProjSpatialFedAvg(FedAvg):
             raise ValueError(f"solver must be 'auto', 'exact' or 'cg'; got {solver!r}")
         self.solver = solver
         self.per_layer = dict(per_layer) if isinstance(per_layer, Mapping) else bool(per_layer)
+        if target_rel_error is not None:
+            if not (isinstance(target_rel_error, int | float) and target_rel_error > 0):
+                raise ValueError(f"target_rel_error must be a positive number; got "
+                                 f"{target_rel_error!r}")
+            if not scheme_traits(estimator).takes_k or self.per_layer:
+                raise ValueError("target_rel_error chooses k: it needs an estimator that takes "
+                                 "k (not eden or qsgd) and per_layer=False")
+            if k is None or not 1 <= k_min <= k:
+                raise ValueError(f"target_rel_error needs k (the largest k a round may use) "
+                                 f">= k_min >= 1; got k={k!r}, k_min={k_min!r}")
+        self.target_rel_error = None if target_rel_error is None else float(target_rel_error)
+        self.k_min = int(k_min)
+        self._last_n: int | None = None  # replies decoded in the last round
+        self._round_k: int | None = None
         self._plan: _RoundPlan | None = None
 
     def summary(self) -> None:
@@ -257,12 +280,32 @@ class RandProjSpatialFedAvg(FedAvg):
             layer_k=layer_k,
             layer_block=layer_block,
         )
+        if self.target_rel_error is not None and self._last_n and self._last_n >= 1:
+            enc = replace(enc, k=self._target_k(enc))
+        self._round_k = enc.k
         # raises for settings that do not fit
         if layer_k:
             enc.layer_estimators(layout.compressed_sizes, n=1, transform=self.transform)
         else:
             enc.estimator(n=1, transform=self.transform)
         return enc
+
+    def _target_k(self, enc: RoundEncoding) -> int:
+        """The smallest k in ``[k_min, k]`` whose predicted relative error for the last
+        round's number of replies, at the smoothed R_hat of earlier rounds (0 before one is
+        known: the cautious choice), is at most ``target_rel_error``; ``k`` when none is."""
+        n = int(self._last_n or 1)
+        r = self.tracker.prior(n) or 0.0
+        prior = r if self.transform == "auto" else None
+        top = min(int(self.k or enc.d), enc.d)
+
+        def make(k: int, bits: int) -> Estimator:
+            return replace(enc, k=k, value_bits=bits).estimator(n, self.transform, prior)
+
+        assert self.target_rel_error is not None
+        plan = plan_budget(make, self.target_rel_error, r, k_min=min(self.k_min, top),
+                           k_max=top, value_bits=(self.value_bits,))
+        return plan.k
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -350,9 +393,18 @@ class RandProjSpatialFedAvg(FedAvg):
         metrics["rpsagg.compression-ratio"] = raw / up
         metrics["rpsagg.payload-bytes"] = sum(m.payload_bytes for m in msgs)
         metrics["rpsagg.decode-seconds"] = float(seconds)
+        self._last_n = len(accepted)
         if plan.layers:
             return new_arrays, metrics
         metrics["rpsagg.beta"] = float(result.beta)
+        metrics["rpsagg.k"] = int(plan.encoding.k or 0)
+        if self.target_rel_error is not None:
+            metrics["rpsagg.target-rel-error"] = self.target_rel_error
+        error = result.error_estimate
+        if error is not None:
+            metrics["rpsagg.estimated-squared-error"] = float(error.squared_error)
+            metrics["rpsagg.estimated-squared-error-stderr"] = float(error.squared_error_stderr)
+            metrics["rpsagg.estimated-relative-error"] = float(error.relative_error)
         rhat = r_hat(plan.estimator, msgs)
         if rhat is not None:
             metrics["rpsagg.r-hat"] = rhat

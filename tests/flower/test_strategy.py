@@ -394,3 +394,49 @@ def test_per_layer_mapping_must_name_every_compressed_array() -> None:
     with pytest.raises(ValueError, match=r"no k for the arrays \['b'\]"):
         RandProjSpatialFedAvg("rand-k", k=4, per_layer={"w": 4}).configure_train(
             1, model(SHAPES), ConfigRecord(), FakeGrid(NODES))  # type: ignore[arg-type]
+
+
+def test_target_rel_error_moves_k_to_the_smallest_that_meets_it() -> None:
+    """Round 1 has no R_hat yet: it sends the largest k. From round 2 on, k is the smallest
+    whose predicted relative error for the last round's replies at the smoothed R_hat meets
+    the target: identical updates (R ~ n - 1) need far fewer values than independent ones;
+    each round reports k, the target and the decode's estimated error."""
+    target = 0.5
+    ks = {}
+    for identical in (True, False):
+        strategy = RandProjSpatialFedAvg("rand-proj-spatial", k=60, weighted=False,
+                                         target_rel_error=target, k_min=2)
+        arrays = model(SHAPES)
+        ups = updates(60, identical=identical)
+        first = run_round(strategy, arrays, ups, server_round=1)
+        assert first.metrics is not None and first.metrics["rpsagg.k"] == 60
+        assert first.metrics["rpsagg.target-rel-error"] == target
+        assert "rpsagg.estimated-relative-error" in first.metrics
+        second = run_round(strategy, arrays, ups, server_round=2)
+        assert second.metrics is not None
+        k = int(second.metrics["rpsagg.k"])
+        r = strategy.tracker.prior(5)
+        assert r is not None
+        enc = RoundEncoding.from_config(second.messages[0].content["config"])
+        assert enc is not None and enc.k == k  # what the clients were told
+        est = make_estimator("rand-proj-spatial", n=5, k=k, d=60)
+        prior_r = strategy.tracker.fraction
+        assert prior_r is not None
+        ks[identical] = k
+        if k > 2:  # the smallest k: one value fewer misses the target at the planned R
+            r1 = first.metrics["rpsagg.r-hat"]
+            smaller = make_estimator("rand-proj-spatial", n=5, k=k - 1, d=60)
+            assert smaller.predicted_relative_error(min(4.0, max(0.0, r1))) > target
+        assert est.predicted_relative_error(min(4.0, max(0.0, first.metrics["rpsagg.r-hat"]))) \
+            <= target
+    assert ks[True] < ks[False]
+
+
+@pytest.mark.parametrize("bad", [dict(target_rel_error=0.0), dict(target_rel_error=0.1, k=None),
+                                 dict(target_rel_error=0.1, estimator="eden", bits=2),
+                                 dict(target_rel_error=0.1, k_min=0)])
+def test_target_rel_error_settings_are_checked(bad: dict) -> None:  # type: ignore[type-arg]
+    args: dict = {"estimator": "rand-proj-spatial", "k": 15}  # type: ignore[type-arg]
+    args.update(bad)
+    with pytest.raises(ValueError):
+        RandProjSpatialFedAvg(**args)
