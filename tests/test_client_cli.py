@@ -1,5 +1,6 @@
-"""``rpsagg-client`` prints one line per round (bytes sent, ack, how the round ended) unless
-``--quiet``; the bytes it prints are the bytes the server counted for its submission."""
+"""``rpsagg-client`` prints one line per round (bytes sent, ack, how the round ended, the
+estimated error) unless ``--quiet``; the bytes it prints are the bytes the server counted
+for its submission, the error the one the server estimated."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from service_util import base_config, client_command, in_process_server, kill_al
 
 ROUNDS = 3
 LINE = re.compile(r"^\[client-0\] round (\d+): sent (\d+) B \((\d+) floats \+ seed\), "
-                  r"acked as ([12]) of 2; round done with 2/2 clients$")
+                  r"acked as ([12]) of 2; round done with 2/2 clients, "
+                  r"estimated relative error (\S+) \+- (\S+)$")
 
 
 @pytest.mark.timeout(180)
@@ -42,6 +44,10 @@ def test_one_line_per_round_unless_quiet() -> None:
             assert len(mine) == 1
             assert int(m.group(2)) == mine[0].wire_bytes  # the server's count
             assert int(m.group(3)) == cfg.k
+            est = view.estimated_error
+            assert est is not None
+            assert m.group(5) == f"{est.relative_error:.4g}"
+            assert m.group(6) == f"{est.relative_error_stderr:.2g}"
         assert outs[1][0] == ""  # --quiet
 
 

@@ -153,6 +153,8 @@ def test_ray_blockwise_decode_equals_local_bitwise(ray_cluster: Cluster) -> None
         assert result.beta == want.beta and result.c == want.c
         assert result.solve is not None and want.solve is not None
         assert result.solve.iterations == want.solve.iterations
+        # the blocks' error estimates, summed on the server, as the local decode's
+        assert result.error_estimate == want.error_estimate
 
 
 def test_ray_whole_vector_decode_equals_local_bitwise(ray_cluster: Cluster) -> None:
@@ -161,7 +163,10 @@ def test_ray_whole_vector_decode_equals_local_bitwise(ray_cluster: Cluster) -> N
     batches = [encode_all(est, n, d, salt) for salt in (3, 4, 5)]
     got = raydecode.decode_vectors(est, batches)
     for batch, result in zip(batches, got, strict=True):
-        assert np.array_equal(result.estimate, est.decode(batch))
+        want = est.decode_with_info(batch)
+        assert np.array_equal(result.estimate, want.estimate)
+        assert result.error_estimate is not None
+        assert result.error_estimate == want.error_estimate
 
 
 def test_ray_decodes_each_vector_with_its_own_estimator(ray_cluster: Cluster) -> None:

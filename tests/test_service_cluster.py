@@ -18,7 +18,8 @@ import pytest
 
 CMD = [sys.executable, "-m", "rpsagg_server.cluster", "--n", "3", "--k", "8", "--d", "128",
        "--data", "synthetic", "--data-r", "1", "--http-port", "0"]
-ROUND_LINE = re.compile(r"^\s+(\d+)\s+3/3\s+120 B\s+1\.5 KiB\s+\S+\s+\S+\s+\S+\s+\d+ ms$")
+ROUND_LINE = re.compile(
+    r"^\s+(\d+)\s+3/3\s+120 B\s+1\.5 KiB\s+\S+\s+\S+\s+\S+\s+\S+\s+\d+ ms$")
 
 
 @pytest.mark.timeout(180)
@@ -108,13 +109,15 @@ def test_dashboard_stays_up_after_the_job_until_ctrl_c() -> None:
         # with the dashboard on, the error columns are relative to ||x_bar||^2
         assert any(x.split()[:5] == ["round", "clients", "bytes", "up", "raw"]
                    and "rel.error" in x for x in seen)
-        printed = {int(m.group(1)): m.group(0).split()[6:9]  # after "120 B" "1.5 KiB"
+        assert any("est.rel" in x for x in seen)
+        printed = {int(m.group(1)): m.group(0).split()[6:10]  # after "120 B" "1.5 KiB"
                    for m in map(ROUND_LINE.match, seen) if m}
         assert sorted(printed) == [1, 2]
         for r in rounds:
             rel = r["relative_error"]
-            assert printed[r["round_id"]] == [f"{rel[k]:.3e}" for k in
-                                              ("estimate", "rand_k", "rand_k_spatial")]
+            # the estimated relative error first, then the measured ones
+            assert printed[r["round_id"]] == [f"{r['error_estimate']['relative_error']:.3e}"] + [
+                f"{rel[k]:.3e}" for k in ("estimate", "rand_k", "rand_k_spatial")]
         os.killpg(pgid, signal.SIGINT)  # Ctrl-C in the terminal
         rest, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0

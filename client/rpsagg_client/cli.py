@@ -4,10 +4,11 @@
 built-in data, or with ``--vectors PATH`` the user's own vectors (``.npy``, ``.npz``, CSV,
 or ``-`` for a stream on standard input; :mod:`rpsagg_client.vectors`). It prints one line
 per round once the round is over (bytes this client sent, whether its submission was
-acknowledged, how the round ended); ``--quiet`` turns the lines off.
+acknowledged, how the round ended, and a done round's error as the server estimated it
+from the messages: relative error +- its standard error); ``--quiet`` turns the lines off.
 
 ``rpsagg-client result --round N --out FILE.npy`` saves a done round's estimate (the latest
-done round for ``--round 0``).
+done round for ``--round 0``) and prints what it is, with its estimated error.
 
 ``--server``, ``--client-id``, ``--token``, ``--token-file``, ``--tls-*``, ``--vectors`` and
 ``--quiet`` also read an environment variable ``RPSAGG_<FLAG>`` (``--vectors`` ->
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import sys
@@ -142,12 +144,30 @@ def round_line(client_id: str, round_id: int, sent: Submission | None, note: str
     if res is None:
         return f"{head} {body}"
     if res.state == "done":
-        end = f"round done with {res.n_prime}/{n} clients"
+        end = f"round done with {res.n_prime}/{n} clients{estimated_error_text(res)}"
     elif res.state == "failed":
         end = f"round failed: {res.reason}"
     else:
         end = f"round {res.state}"
     return f"{head} {body}; {end}"
+
+
+def estimated_error_text(res: RoundResult) -> str:
+    """``", estimated relative error 0.0123 +- 0.0004"`` for a result that carries the
+    server's estimate (its squared error where the relative one is not defined); empty
+    for one that does not (a server that does not send it)."""
+    rel, sq = res.est_relative_error, res.est_sq_error
+    if math.isfinite(rel):
+        mean = res.est_mean_sq_norm
+        err = res.est_sq_error_stderr / mean if mean > 0 else math.nan
+        return f", estimated relative error {rel:.4g}{_pm(err)}"
+    if math.isfinite(sq):
+        return f", estimated squared error {sq:.4g}{_pm(res.est_sq_error_stderr)}"
+    return ""
+
+
+def _pm(stderr: float) -> str:
+    return f" +- {stderr:.2g}" if math.isfinite(stderr) else ""
 
 
 def _client(args: argparse.Namespace) -> AggregationClient:
@@ -317,7 +337,8 @@ def fetch_result(args: argparse.Namespace) -> int:
     tmp.replace(out)
     print(f"round {res.round_id}: the mean of {res.n_prime} of {info.n} clients' vectors "
           f"({info.scheme}, transform {res.transform}, k={info.k}, d={info.d}, "
-          f"{fmt_bytes(res.wire_bytes)} received), shape {values.shape} -> {out}", flush=True)
+          f"{fmt_bytes(res.wire_bytes)} received{estimated_error_text(res)}), "
+          f"shape {values.shape} -> {out}", flush=True)
     return 0
 
 

@@ -2,7 +2,8 @@
 
 Starts ``rpsagg-server`` and ``n`` ``rpsagg-client`` processes on this machine, follows the
 rounds over gRPC and prints one line per round: round, clients, bytes up (vs raw float32),
-squared error next to Rand-k's (evaluation mode), decode time. After the job the server
+the error the server estimated from the messages (every mode), the measured error next to
+Rand-k's (evaluation mode), decode time. After the job the server
 and its dashboard stay up until Ctrl-C (``--exit``: finish with the job); Ctrl-C stops
 every process and exits with status 0. Runs on loopback with ``--insecure`` (no TLS, no
 tokens), and says so.
@@ -190,7 +191,10 @@ def run(args: argparse.Namespace) -> int:
         # errors relative to ||x_bar||^2 come from the dashboard's API; without a dashboard
         # the gRPC result's absolute squared errors are shown
         relative = bool(args.http_port) and args.eval
+        # the estimated error in the measured columns' unit (relative without evaluation)
+        est_relative = relative or not args.eval
         print(f"{'round':>5} {'clients':>8} {'bytes up':>12} {'raw f32':>12} "
+              f"{'est.rel' if est_relative else 'est.sq':>10} "
               f"{'rel.error' if relative else 'sq.error':>10} {'Rand-k':>10} "
               f"{'R-k-Spatial':>11} {'decode':>9}", flush=True)
         total_up = total_raw = 0.0
@@ -214,12 +218,14 @@ def run(args: argparse.Namespace) -> int:
                         if relative:
                             errs = (relative_errors(args.http_port, res.round_id)
                                     or (math.nan, math.nan, math.nan))
+                        est = (res.est_relative_error if est_relative
+                               else res.est_sq_error)
                         total_up += res.payload_bytes
                         total_raw += raw
                         print(f"{res.round_id:>5} {res.n_prime:>4}/{args.n:<3} "
                               f"{_fmt_bytes(res.payload_bytes):>12} {_fmt_bytes(raw):>12} "
-                              f"{_fmt_err(errs[0]):>10} {_fmt_err(errs[1]):>10} "
-                              f"{_fmt_err(errs[2]):>11} "
+                              f"{_fmt_err(est):>10} {_fmt_err(errs[0]):>10} "
+                              f"{_fmt_err(errs[1]):>10} {_fmt_err(errs[2]):>11} "
                               f"{res.decode_seconds * 1000:>6.0f} ms", flush=True)
                 if ev.job_done:
                     break

@@ -2,7 +2,8 @@
 
 Pure functions of the committed submissions: rebuild every message's transform seed with
 ``derive_round_seed(client_seed, nonce, client_id, j)``, decode each of the ``m`` vectors
-jointly, estimate R from the sketches, and in evaluation mode compare with the true mean
+jointly (each decode also estimates its own error from the messages), estimate R from
+the sketches, and in evaluation mode compare with the true mean
 and with what Rand-k and Rand-k-Spatial(avg) would have given on the same vectors.
 """
 
@@ -28,6 +29,7 @@ from rpsagg import (
 from rpsagg.quantize import dequantize
 from rpsagg.schemes import message_codebook
 from rpsagg.spec import derive_round_seed
+from rpsagg_server.views import EstimatedError
 from rpsagg_wire.v1.serde import Submission, VectorPayload
 
 log = logging.getLogger("rpsagg.server")
@@ -85,6 +87,9 @@ class DecodeOutcome:
         Squared errors of the estimate, Rand-k and Rand-k-Spatial(avg), summed over m, then
         ``||x_bar||^2`` summed over m (what relative errors divide by). Rounds stored by
         earlier versions have only the first three.
+    estimated_error : EstimatedError or None
+        The error estimated from the messages, summed over the m vectors (every mode); None
+        for rounds stored by versions that did not record it.
     """
 
     estimate: FloatArray
@@ -94,6 +99,7 @@ class DecodeOutcome:
     seconds: float
     r_hat: float
     eval_errors: tuple[float, ...] | None
+    estimated_error: EstimatedError | None = None
 
 
 def payload_values(v: VectorPayload, codebook: str) -> NDArray[np.float32]:
@@ -176,7 +182,8 @@ def decode_round(
     ``priors`` (transform=auto): vector j is decoded with ``estimator.with_prior(priors[j])``
     (None, or an estimator without a transform: every vector with ``estimator``).
     ``options``: device, threads and backend (local, or Ray tasks) of the decode. The
-    outcome's ``beta``, ``c`` and ``r_hat`` are vector 0's.
+    outcome's ``beta``, ``c`` and ``r_hat`` are vector 0's; its ``estimated_error`` sums the
+    m vectors' (:meth:`~rpsagg_server.views.EstimatedError.of_slots`).
     """
     start = time.perf_counter()
     options = options or DecodeOptions()
@@ -215,7 +222,9 @@ def decode_round(
     # (EDEN, QSGD: every coordinate) have none
     shadows = wire.traits.takes_k
     errors = evaluation_errors(estimate, subs, nonce, n, k, d, shadows) if evaluate else None
-    return DecodeOutcome(estimate, len(subs), beta, c, time.perf_counter() - start, r_hat, errors)
+    estimated = EstimatedError.of_slots([info.error_estimate for info in results])
+    return DecodeOutcome(estimate, len(subs), beta, c, time.perf_counter() - start, r_hat, errors,
+                         estimated)
 
 
 def evaluation_errors(

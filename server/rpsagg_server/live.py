@@ -16,7 +16,7 @@ from rpsagg.spec import SPEC_V3, SpecTooOld, UnknownSpecVersion
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.decoding import DecodeOutcome
 from rpsagg_server.rows import StoredRound
-from rpsagg_server.views import Arrival, EstimateView, EvalErrors, RoundView
+from rpsagg_server.views import Arrival, EstimatedError, EstimateView, EvalErrors, RoundView
 from rpsagg_wire.v1.serde import Submission
 
 FloatArray = NDArray[np.float64]
@@ -176,6 +176,11 @@ class LiveRound:
             info.update(n_prime=o.n_prime, beta=o.beta, c=_json_float(o.c), seconds=o.seconds,
                         r_hat=_json_float(o.r_hat), eval_errors=o.eval_errors,
                         shape=list(o.estimate.shape))
+            if o.estimated_error is not None:
+                e = o.estimated_error
+                info["estimated_error"] = [_json_float(e.squared_error),
+                                           _json_float(e.squared_error_stderr),
+                                           _json_float(e.mean_norm_squared), e.method]
         gs = np.ascontiguousarray(self.global_state, dtype="<f8")
         return StoredRound(
             round_id=self.round_id, nonce=self.nonce, state=self.state, reason=self.reason,
@@ -208,10 +213,14 @@ class LiveRound:
         if r.estimate is not None:
             est = np.frombuffer(r.estimate, dtype="<f8").astype(np.float64)
             ev = info.get("eval_errors")
+            se = info.get("estimated_error")  # absent in rows of before the estimate
+            estimated = None if se is None else EstimatedError(
+                _from_json_float(se[0]), _from_json_float(se[1]), _from_json_float(se[2]),
+                str(se[3]))
             live.outcome = DecodeOutcome(
                 est.reshape(info.get("shape", [m, cfg.d])), int(info["n_prime"]),
                 float(info["beta"]), _from_json_float(info["c"]), float(info["seconds"]),
-                _from_json_float(info["r_hat"]), None if ev is None else tuple(ev),
+                _from_json_float(info["r_hat"]), None if ev is None else tuple(ev), estimated,
             )
         return live
 
@@ -282,6 +291,7 @@ class LiveRound:
             r_hat=None if o is None or math.isnan(o.r_hat) else o.r_hat,
             r_prior=self.r_prior, eval_errors=ev,
             arrivals=tuple(sorted(self.arrivals(), key=lambda a: clients.get(a.client_id, 0))),
+            estimated_error=None if o is None else o.estimated_error,
         )
 
 

@@ -10,6 +10,10 @@ estimates. The fan-out:
   as the local decode, with the betas computed once on the server (cached there), so the
   estimate equals the local decode bit for bit.
 
+Every result carries the decode's error estimate, as the local decode's does: a
+Rand-Proj-Spatial task returns its decode's; for blockwise the server sums the blocks'
+from their solves (:meth:`~rpsagg.BlockwiseRandProjSpatial.assemble` with the batch).
+
 Each task decodes with its node's local decode (numpy on every core, or the estimator's
 PyTorch device). Ray retries a task whose worker died (``max_retries``): a killed worker
 costs the time of its task, not the round. Faults: a task that raises, or a cluster that
@@ -37,7 +41,7 @@ from numpy.typing import NDArray
 # only through this module (config.py checks for Ray without importing it).
 os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 
-from rpsagg import DecodeResult, Encoded, Estimator, RandProjSpatial
+from rpsagg import DecodeResult, Encoded, ErrorEstimate, Estimator, RandProjSpatial
 
 FloatArray = NDArray[np.float64]
 log = logging.getLogger("rpsagg.server")
@@ -91,19 +95,23 @@ def _where() -> str:
 def _task(
     payload: Payload, estimator: Estimator, j: int, first: int, stop: int,
     betas: dict[int, float] | float,
-) -> tuple[FloatArray, Any, float, str]:
+) -> tuple[FloatArray, Any, float, str, ErrorEstimate | None]:
     """Body of a Ray task: blocks ``first .. stop-1`` of vector ``j`` (or the whole vector);
-    the last item says on which node it ran."""
+    the fourth item says on which node it ran; the fifth is the whole vector's error
+    estimate (None for a range of blocks: the server sums the blocks' in ``assemble``)."""
     from rpsagg import BlockwiseRandProjSpatial
 
     batch = payload.batch(j)
     if isinstance(estimator, BlockwiseRandProjSpatial):
         assert isinstance(betas, dict)
         out, infos, c = estimator.decode_blocks(batch, first, stop, betas)
-        return out, infos, c, _where()
+        return out, infos, c, _where(), None
     assert isinstance(estimator, RandProjSpatial) and isinstance(betas, float)
+    # the local decode, error estimate included (RandProjSpatial.error_from_sketches from
+    # the solve's ||A^T y||^2, or one more adjoint product where the solver did not record it)
     result = estimator._decode(batch, betas)
-    return result.estimate, result.solve, 0.0 if result.c is None else result.c, _where()
+    return (result.estimate, result.solve, 0.0 if result.c is None else result.c, _where(),
+            result.error_estimate)
 
 
 def _log_nodes(nodes: Sequence[str]) -> None:
@@ -172,17 +180,19 @@ def decode_vectors(estimators: Estimator | Sequence[Estimator],
                    for j, e in enumerate(blockwise)]
         results = []
         nodes: list[str] = []
-        for e, row in zip(blockwise, futures, strict=True):
+        for j, (e, row) in enumerate(zip(blockwise, futures, strict=True)):
             parts = ray.get(row)
-            infos = [i for _, part_infos, _, _ in parts for i in part_infos]
-            nodes.extend(where for _, _, _, where in parts)
-            results.append(e.assemble([p for p, _, _, _ in parts], infos, parts[-1][2],
-                                      n_prime))
+            infos = [i for _, part_infos, _, _, _ in parts for i in part_infos]
+            nodes.extend(where for _, _, _, where, _ in parts)
+            # with the batch, assemble sums the blocks' error estimates (the blocks' solves
+            # carry their ||A^T y||^2)
+            results.append(e.assemble([p for p, _, _, _, _ in parts], infos, parts[-1][2],
+                                      n_prime, payload.batch(j)))
         _log_nodes(nodes)
         return results
     betas = [e.beta_for(n_prime) for e in estimators]
     outs = ray.get([task.remote(ref, e, j, 0, 1, beta)
                     for j, (e, beta) in enumerate(zip(estimators, betas, strict=True))])
-    _log_nodes([where for _, _, _, where in outs])
-    return [DecodeResult(est, n_prime, beta, c, info, 0.0)
-            for (est, info, c, _), beta in zip(outs, betas, strict=True)]
+    _log_nodes([where for _, _, _, where, _ in outs])
+    return [DecodeResult(est, n_prime, beta, c, info, 0.0, error)
+            for (est, info, c, _, error), beta in zip(outs, betas, strict=True)]

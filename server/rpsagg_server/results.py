@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.events import Event, RoundClosed, RoundDecoded, RoundFailed, RoundOpened
 from rpsagg_server.live import LiveRound, Rejected
+from rpsagg_server.views import EstimatedError
 from rpsagg_wire.v1.serde import Contributor, RoundEvent, RoundInfo, RoundResult
 
 
@@ -40,6 +41,14 @@ class JobProgress:
     failed_streak: int = 0  # consecutive failed rounds (--max-failed-rounds)
     stopping: bool = False  # asked to end the job after the current round (--rounds 0)
     done_event: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def estimated_fields(e: EstimatedError | None) -> dict[str, float]:
+    """The ``est_*`` fields of :class:`RoundResult` and :class:`RoundEvent` (none: NaN)."""
+    if e is None:
+        return {}
+    return {"est_sq_error": e.squared_error, "est_sq_error_stderr": e.squared_error_stderr,
+            "est_mean_sq_norm": e.mean_norm_squared, "est_relative_error": e.relative_error}
 
 
 class ResultBook:
@@ -93,6 +102,7 @@ class ResultBook:
             job_done=self.progress.job_done and live.state in ("done", "failed"),
             nonce=live.nonce, transform=live.transform, payload_bytes=live.payload_bytes(),
             wire_bytes=live.wire_bytes(),
+            **estimated_fields(None if o is None else o.estimated_error),
         )
 
     async def result(self, round_id: int, wait: bool, timeout: float | None,
@@ -170,7 +180,8 @@ class ResultBook:
             v = event.view
             failure = event.job_failure if isinstance(event, RoundFailed) else ""
             ev = RoundEvent(round_id=v.round_id, state=v.state, reason=failure or v.reason,
-                            job_done=event.job_done, received=len(v.clients_arrived))
+                            job_done=event.job_done, received=len(v.clients_arrived),
+                            **estimated_fields(v.estimated_error if v.state == "done" else None))
         else:
             return
         for q in self._watchers:

@@ -8,10 +8,14 @@ reads.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
+
+from rpsagg import ErrorEstimate
 
 ROUND_STATES = ("open", "collecting", "decoding", "done", "failed")
 
@@ -44,6 +48,67 @@ class EvalErrors:
         if t is None or not t > 0:
             return None
         return self.estimate / t, self.rand_k / t, self.rand_k_spatial / t
+
+
+@dataclass(frozen=True)
+class EstimatedError:
+    """A round's error estimated from its messages alone (every mode, every scheme).
+
+    The library estimates each vector slot's error from the slot's messages
+    (:attr:`rpsagg.DecodeResult.error_estimate`); a round of ``m`` vectors sums the slots,
+    like :class:`EvalErrors` does (the slots have independent seeds, so their variances add).
+
+    Attributes
+    ----------
+    squared_error : float
+        Estimate of ``E||x_hat - x_bar||^2`` given the round's vectors, summed over the m
+        slots (not clipped: it can be slightly negative by chance).
+    squared_error_stderr : float
+        Its standard error (root of the summed slot variances); nan where it cannot be formed.
+    mean_norm_squared : float
+        Estimate of ``||x_bar||^2`` summed over the m slots: what the relative error divides by.
+    method : str
+        How the library obtained the MSE's coefficients (``exact``, ``free``, ``mc``,
+        ``per-message``; the slots' distinct methods joined by ``,``).
+    """
+
+    squared_error: float
+    squared_error_stderr: float
+    mean_norm_squared: float
+    method: str = ""
+
+    @property
+    def relative_error(self) -> float:
+        """``squared_error / mean_norm_squared`` (nan when the latter is not positive)."""
+        return _ratio(self.squared_error, self.mean_norm_squared)
+
+    @property
+    def relative_error_stderr(self) -> float:
+        """``squared_error_stderr / mean_norm_squared`` (nan when the latter is not positive)."""
+        return _ratio(self.squared_error_stderr, self.mean_norm_squared)
+
+    @classmethod
+    def of_slots(cls, slots: Sequence[ErrorEstimate | None]) -> EstimatedError | None:
+        """The sum over the slots' :class:`rpsagg.ErrorEstimate` (None if any slot has none)."""
+        known = [s for s in slots if s is not None]
+        if not known or len(known) != len(slots):
+            return None
+        var = sum(s.squared_error_stderr ** 2 for s in known)
+        methods = ",".join(dict.fromkeys(s.method for s in known if s.method))
+        return cls(float(sum(s.squared_error for s in known)), float(math.sqrt(var)),
+                   float(sum(s.mean_norm_squared for s in known)), methods)
+
+    def as_dict(self) -> dict[str, float | str]:
+        """The fields and the relative error (and its standard error) as plain values."""
+        return {"squared_error": self.squared_error,
+                "squared_error_stderr": self.squared_error_stderr,
+                "mean_norm_squared": self.mean_norm_squared,
+                "relative_error": self.relative_error,
+                "relative_error_stderr": self.relative_error_stderr, "method": self.method}
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den > 0.0 and math.isfinite(den) else math.nan
 
 
 @dataclass(frozen=True)
@@ -91,6 +156,9 @@ class RoundView:
         The prior R the transform used (``transform=auto``).
     eval_errors : EvalErrors or None
         Evaluation mode only.
+    estimated_error : EstimatedError or None
+        The error estimated from the messages (every mode; None before the decode and for
+        rounds stored by versions that did not record it).
     arrivals : tuple of Arrival
         Every accepted submission, in client-index order (empty for rounds finished before
         a restart by a version that did not store them).
@@ -121,6 +189,7 @@ class RoundView:
     r_prior: float | None
     eval_errors: EvalErrors | None
     arrivals: tuple[Arrival, ...] = ()
+    estimated_error: EstimatedError | None = None
 
 
 @dataclass(frozen=True, eq=False)

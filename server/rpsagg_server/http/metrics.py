@@ -22,6 +22,12 @@ metric                                 type       meaning
                                                   ``rand_k_spatial``
 ``rpsagg_round_relative_error{series}``  gauge     evaluation mode: the same divided by
                                                   ``||x_bar||^2`` of that round
+``rpsagg_round_estimated_squared_error``  gauge   every mode: the squared error of the
+                                                  latest finished round estimated from its
+                                                  messages alone (summed over the m vectors)
+``rpsagg_round_estimated_squared_error_stderr``   its standard error (gauge)
+``rpsagg_round_estimated_relative_error``  gauge  every mode: the same divided by the
+                                                  estimated ``||x_bar||^2``
 ``rpsagg_task_metric``                 gauge      evaluation mode: the task's metric after
                                                   the latest measured round (Rayleigh
                                                   quotient, k-means objective, loss)
@@ -137,8 +143,9 @@ class StateCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         """Yield ``rpsagg_clients_connected``, ``rpsagg_current_round``,
-        ``rpsagg_job_state`` and, in evaluation mode, ``rpsagg_round_squared_error``,
-        ``rpsagg_round_relative_error`` and the task gauges."""
+        ``rpsagg_job_state``, the estimated errors and, in evaluation mode,
+        ``rpsagg_round_squared_error``, ``rpsagg_round_relative_error`` and the task
+        gauges."""
         clients = GaugeMetricFamily("rpsagg_clients_connected",
                                     "Clients that joined the job.")
         clients.add_metric([], len(self.state.clients()))
@@ -164,9 +171,23 @@ class StateCollector(Collector):
             "rpsagg_round_relative_error", "Evaluation mode: squared error over ||x_bar||^2 "
             "of the latest finished round, of the estimate and of the Rand-k / "
             "Rand-k-Spatial shadows.", labels=["series"])
+        est_sq = GaugeMetricFamily(
+            "rpsagg_round_estimated_squared_error", "Squared error of the latest finished "
+            "round estimated from its messages alone (every mode; summed over the m vectors).")
+        est_se = GaugeMetricFamily(
+            "rpsagg_round_estimated_squared_error_stderr", "Standard error of "
+            "rpsagg_round_estimated_squared_error.")
+        est_rel = GaugeMetricFamily(
+            "rpsagg_round_estimated_relative_error", "Estimated squared error over the "
+            "estimated ||x_bar||^2 of the latest finished round (every mode).")
         for view in self.state.rounds():
             if view.state != "done":
                 continue
+            est = view.estimated_error
+            if est is not None:
+                est_sq.add_metric([], est.squared_error)
+                est_se.add_metric([], est.squared_error_stderr)
+                est_rel.add_metric([], est.relative_error)
             ev = view.eval_errors
             if ev is not None:
                 for name, value in zip(SERIES, (ev.estimate, ev.rand_k, ev.rand_k_spatial),
@@ -178,6 +199,9 @@ class StateCollector(Collector):
             break
         yield errors
         yield relative
+        yield est_sq
+        yield est_se
+        yield est_rel
         task = GaugeMetricFamily(
             "rpsagg_task_metric", "Evaluation mode: the task's metric (Rayleigh quotient, "
             "k-means objective, regression loss) after the latest measured round.")

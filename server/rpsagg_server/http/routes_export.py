@@ -29,7 +29,8 @@ CSV_COLUMNS = (
     "beta", "c", "r_hat", "r_prior", "sq_error", "sq_error_rand_k", "sq_error_rand_k_spatial",
     "truth_sq_norm", "relative_error", "relative_error_rand_k",
     "relative_error_rand_k_spatial", "task_metric", "task_metric_value",
-    "eigenvector_distance",
+    "eigenvector_distance", "est_sq_error", "est_sq_error_stderr", "est_mean_sq_norm",
+    "est_relative_error", "est_relative_error_stderr",
 )
 
 
@@ -51,7 +52,7 @@ def spreadsheet_safe(value: object) -> object:
 
 def csv_row(r: schemas.Round) -> dict[str, Any]:
     """One round as the CSV's flat columns (empty cells for nulls)."""
-    se, rel, tp = r.squared_error, r.relative_error, r.task_progress
+    se, rel, tp, est = r.squared_error, r.relative_error, r.task_progress, r.error_estimate
     ts = r.timestamps
     return {
         "round_id": r.round_id, "state": r.state, "reason": r.reason, "scheme": r.scheme,
@@ -70,6 +71,11 @@ def csv_row(r: schemas.Round) -> dict[str, Any]:
         "relative_error_rand_k_spatial": rel and rel.rand_k_spatial,
         "task_metric": tp and tp.name, "task_metric_value": tp and tp.value,
         "eigenvector_distance": tp and tp.eigenvector_distance,
+        "est_sq_error": est and est.squared_error,
+        "est_sq_error_stderr": est and est.squared_error_stderr,
+        "est_mean_sq_norm": est and est.mean_norm_squared,
+        "est_relative_error": est and est.relative_error,
+        "est_relative_error_stderr": est and est.relative_error_stderr,
     }
 
 

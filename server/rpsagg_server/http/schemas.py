@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field
 
 import rpsagg
 from rpsagg_server.state import BetaView, ClientStats, ClientView, JobView, RoundView, TaskMetrics
+from rpsagg_server.views import EstimatedError
 from rpsagg_wire.v1 import serde
 
 PROTOCOL = serde.SERVICE.rsplit(".", 1)[0]  # "rpsagg.v1"
@@ -67,6 +68,25 @@ class RelativeErrors(BaseModel):
         description="Rand-k-Spatial(avg), same vectors and seeds.")
 
 
+class ErrorEstimate(BaseModel):
+    """The round's error estimated from its messages alone (every mode, every scheme),
+    summed over the round's m vectors like the evaluation-mode errors."""
+
+    squared_error: float | None = Field(
+        description="Estimate of E||x_hat - x_bar||^2 given the round's vectors (unbiased; "
+        "not clipped, so it can be slightly negative by chance).")
+    squared_error_stderr: float | None = Field(description="Its standard error.")
+    mean_norm_squared: float | None = Field(
+        description="Estimate of ||x_bar||^2: what the relative error divides by.")
+    relative_error: float | None = Field(
+        description="squared_error / mean_norm_squared (null when the latter is not "
+        "positive).")
+    relative_error_stderr: float | None = Field(
+        description="squared_error_stderr / mean_norm_squared.")
+    method: str = Field(description="How the MSE's coefficients were obtained: exact, free "
+                        "(free-probability limit), mc (Monte Carlo) or per-message.")
+
+
 class Arrival(BaseModel):
     """One accepted submission of a round."""
 
@@ -113,6 +133,9 @@ class Round(BaseModel):
     relative_error: RelativeErrors | None = Field(
         description="Evaluation mode: the squared errors divided by ||x_bar||^2; null "
         "otherwise (or when ||x_bar|| = 0).")
+    error_estimate: ErrorEstimate | None = Field(
+        default=None, description="The error estimated from the messages alone, in every "
+        "mode; null before the decode (and for rounds stored by versions without it).")
     arrivals: list[Arrival] = Field(
         description="Accepted submissions in client-index order: when, and their bytes.")
     task_progress: TaskProgress | None = Field(
@@ -269,11 +292,22 @@ def from_round(view: RoundView, task: TaskMetrics | None = None) -> Round:
             truth_sq_norm=None if ev.truth_sq_norm is None else _finite(ev.truth_sq_norm)),
         relative_error=None if rel is None else RelativeErrors(
             estimate=_finite(rel[0]), rand_k=_finite(rel[1]), rand_k_spatial=_finite(rel[2])),
+        error_estimate=None if view.estimated_error is None else from_estimated(
+            view.estimated_error),
         arrivals=[Arrival(client_id=a.client_id, received_at=a.received_at,
                           wire_bytes=a.wire_bytes, payload_bytes=a.payload_bytes)
                   for a in view.arrivals],
         task_progress=None if task is None else from_task(task),
     )
+
+
+def from_estimated(e: EstimatedError) -> ErrorEstimate:
+    """The API model of a round's :class:`~rpsagg_server.views.EstimatedError`."""
+    return ErrorEstimate(
+        squared_error=_finite(e.squared_error),
+        squared_error_stderr=_finite(e.squared_error_stderr),
+        mean_norm_squared=_finite(e.mean_norm_squared), relative_error=_finite(e.relative_error),
+        relative_error_stderr=_finite(e.relative_error_stderr), method=e.method)
 
 
 def _finite(x: float) -> float | None:

@@ -174,7 +174,7 @@ class Contributor(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., client_seed: _Optional[int] = ...) -> None: ...
 
 class RoundResult(_message.Message):
-    __slots__ = ("round_id", "state", "reason", "estimate", "global_state", "n_prime", "beta", "c", "decode_seconds", "contributors", "r_hat", "eval_sq_error", "eval_sq_error_rand_k", "eval_sq_error_rand_k_spatial", "job_done", "nonce", "transform", "payload_bytes", "wire_bytes")
+    __slots__ = ("round_id", "state", "reason", "estimate", "global_state", "n_prime", "beta", "c", "decode_seconds", "contributors", "r_hat", "eval_sq_error", "eval_sq_error_rand_k", "eval_sq_error_rand_k_spatial", "job_done", "nonce", "transform", "payload_bytes", "wire_bytes", "est_sq_error", "est_sq_error_stderr", "est_mean_sq_norm", "est_relative_error")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +194,10 @@ class RoundResult(_message.Message):
     TRANSFORM_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    EST_SQ_ERROR_FIELD_NUMBER: _ClassVar[int]
+    EST_SQ_ERROR_STDERR_FIELD_NUMBER: _ClassVar[int]
+    EST_MEAN_SQ_NORM_FIELD_NUMBER: _ClassVar[int]
+    EST_RELATIVE_ERROR_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     state: RoundState
     reason: str
@@ -213,7 +217,11 @@ class RoundResult(_message.Message):
     transform: str
     payload_bytes: int
     wire_bytes: int
-    def __init__(self, round_id: _Optional[int] = ..., state: _Optional[_Union[RoundState, str]] = ..., reason: _Optional[str] = ..., estimate: _Optional[_Union[Tensor, _Mapping]] = ..., global_state: _Optional[_Union[Tensor, _Mapping]] = ..., n_prime: _Optional[int] = ..., beta: _Optional[float] = ..., c: _Optional[float] = ..., decode_seconds: _Optional[float] = ..., contributors: _Optional[_Iterable[_Union[Contributor, _Mapping]]] = ..., r_hat: _Optional[float] = ..., eval_sq_error: _Optional[float] = ..., eval_sq_error_rand_k: _Optional[float] = ..., eval_sq_error_rand_k_spatial: _Optional[float] = ..., job_done: _Optional[bool] = ..., nonce: _Optional[int] = ..., transform: _Optional[str] = ..., payload_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ...) -> None: ...
+    est_sq_error: float
+    est_sq_error_stderr: float
+    est_mean_sq_norm: float
+    est_relative_error: float
+    def __init__(self, round_id: _Optional[int] = ..., state: _Optional[_Union[RoundState, str]] = ..., reason: _Optional[str] = ..., estimate: _Optional[_Union[Tensor, _Mapping]] = ..., global_state: _Optional[_Union[Tensor, _Mapping]] = ..., n_prime: _Optional[int] = ..., beta: _Optional[float] = ..., c: _Optional[float] = ..., decode_seconds: _Optional[float] = ..., contributors: _Optional[_Iterable[_Union[Contributor, _Mapping]]] = ..., r_hat: _Optional[float] = ..., eval_sq_error: _Optional[float] = ..., eval_sq_error_rand_k: _Optional[float] = ..., eval_sq_error_rand_k_spatial: _Optional[float] = ..., job_done: _Optional[bool] = ..., nonce: _Optional[int] = ..., transform: _Optional[str] = ..., payload_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., est_sq_error: _Optional[float] = ..., est_sq_error_stderr: _Optional[float] = ..., est_mean_sq_norm: _Optional[float] = ..., est_relative_error: _Optional[float] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("client_id",)
@@ -222,15 +230,23 @@ class WatchRequest(_message.Message):
     def __init__(self, client_id: _Optional[str] = ...) -> None: ...
 
 class RoundEvent(_message.Message):
-    __slots__ = ("round_id", "state", "reason", "job_done", "received")
+    __slots__ = ("round_id", "state", "reason", "job_done", "received", "est_sq_error", "est_sq_error_stderr", "est_mean_sq_norm", "est_relative_error")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     JOB_DONE_FIELD_NUMBER: _ClassVar[int]
     RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    EST_SQ_ERROR_FIELD_NUMBER: _ClassVar[int]
+    EST_SQ_ERROR_STDERR_FIELD_NUMBER: _ClassVar[int]
+    EST_MEAN_SQ_NORM_FIELD_NUMBER: _ClassVar[int]
+    EST_RELATIVE_ERROR_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     state: RoundState
     reason: str
     job_done: bool
     received: int
-    def __init__(self, round_id: _Optional[int] = ..., state: _Optional[_Union[RoundState, str]] = ..., reason: _Optional[str] = ..., job_done: _Optional[bool] = ..., received: _Optional[int] = ...) -> None: ...
+    est_sq_error: float
+    est_sq_error_stderr: float
+    est_mean_sq_norm: float
+    est_relative_error: float
+    def __init__(self, round_id: _Optional[int] = ..., state: _Optional[_Union[RoundState, str]] = ..., reason: _Optional[str] = ..., job_done: _Optional[bool] = ..., received: _Optional[int] = ..., est_sq_error: _Optional[float] = ..., est_sq_error_stderr: _Optional[float] = ..., est_mean_sq_norm: _Optional[float] = ..., est_relative_error: _Optional[float] = ...) -> None: ...

@@ -6,6 +6,7 @@ name here). Build them by keyword: most have many fields.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -169,7 +170,13 @@ class Contributor:
 
 @dataclass(frozen=True, eq=False)
 class RoundResult:
-    """A round's outcome; NaN stands for "not applicable" in the float fields."""
+    """A round's outcome; NaN stands for "not applicable" in the float fields.
+
+    The ``est_*`` fields are the error the server estimated from the messages alone (every
+    mode), summed over the m vectors: ``est_sq_error`` of ``E||estimate - true mean||^2``,
+    its standard error, ``est_mean_sq_norm`` of ``||true mean||^2`` and their ratio
+    ``est_relative_error``; NaN before the decode or from a server that does not send them.
+    """
 
     round_id: int
     state: str
@@ -190,6 +197,10 @@ class RoundResult:
     transform: str
     payload_bytes: int = 0
     wire_bytes: int = 0
+    est_sq_error: float = math.nan
+    est_sq_error_stderr: float = math.nan
+    est_mean_sq_norm: float = math.nan
+    est_relative_error: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -201,10 +212,15 @@ class WatchRequest:
 
 @dataclass(frozen=True)
 class RoundEvent:
-    """A round transition."""
+    """A round transition; a ``done`` round's event carries its estimated error (the
+    ``est_*`` fields of :class:`RoundResult`; NaN otherwise)."""
 
     round_id: int
     state: str
     reason: str = ""
     job_done: bool = False
     received: int = 0
+    est_sq_error: float = math.nan
+    est_sq_error_stderr: float = math.nan
+    est_mean_sq_norm: float = math.nan
+    est_relative_error: float = math.nan

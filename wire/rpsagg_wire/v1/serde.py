@@ -244,7 +244,7 @@ def _enc_result(r: RoundResult) -> bytes:
         eval_sq_error_rand_k=r.eval_sq_error_rand_k,
         eval_sq_error_rand_k_spatial=r.eval_sq_error_rand_k_spatial,
         job_done=r.job_done, nonce=r.nonce, transform=r.transform,
-        payload_bytes=r.payload_bytes, wire_bytes=r.wire_bytes,
+        payload_bytes=r.payload_bytes, wire_bytes=r.wire_bytes, **_est_fields(r),
     )
     return bytes(msg.SerializeToString())
 
@@ -262,7 +262,7 @@ def _dec_result(raw: bytes) -> RoundResult:
         eval_sq_error_rand_k=m.eval_sq_error_rand_k,
         eval_sq_error_rand_k_spatial=m.eval_sq_error_rand_k_spatial, job_done=m.job_done,
         nonce=m.nonce, transform=m.transform, payload_bytes=m.payload_bytes,
-        wire_bytes=m.wire_bytes,
+        wire_bytes=m.wire_bytes, **_est_values(m),
     )
 
 
@@ -276,14 +276,28 @@ def _dec_watch(raw: bytes) -> WatchRequest:
 
 def _enc_event(e: RoundEvent) -> bytes:
     msg = pb.RoundEvent(round_id=e.round_id, state=_state_number(e.state), reason=e.reason,
-                        job_done=e.job_done, received=e.received)
+                        job_done=e.job_done, received=e.received, **_est_fields(e))
     return bytes(msg.SerializeToString())
 
 
 def _dec_event(raw: bytes) -> RoundEvent:
     m = _parse(pb.RoundEvent, raw, "RoundEvent")
     return RoundEvent(round_id=m.round_id, state=STATES[m.state], reason=m.reason,
-                      job_done=m.job_done, received=m.received)
+                      job_done=m.job_done, received=m.received, **_est_values(m))
+
+
+_EST = ("est_sq_error", "est_sq_error_stderr", "est_mean_sq_norm", "est_relative_error")
+
+
+def _est_fields(r: RoundResult | RoundEvent) -> dict[str, float]:
+    """The estimated-error fields to send: the ``optional`` ones that are not NaN (an unset
+    field reads back as NaN, and a receiver that predates them ignores them)."""
+    return {f: v for f in _EST if not math.isnan(v := getattr(r, f))}
+
+
+def _est_values(m: Any) -> dict[str, float]:
+    """The estimated-error fields received (NaN where unset)."""
+    return {f: (getattr(m, f) if m.HasField(f) else math.nan) for f in _EST}
 
 
 _REQ: dict[str, tuple[Callable[[Any], bytes], Callable[[bytes], Any]]] = {
