@@ -4,6 +4,7 @@ for its submission, the error the one the server estimated."""
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 from dataclasses import replace
@@ -15,7 +16,7 @@ from service_util import base_config, client_command, in_process_server, kill_al
 ROUNDS = 3
 LINE = re.compile(r"^\[client-0\] round (\d+): sent (\d+) B \((\d+) floats \+ seed\), "
                   r"acked as ([12]) of 2; round done with 2/2 clients, "
-                  r"estimated relative error (\S+) \+- (\S+)$")
+                  r"estimated (relative|squared) error (\S+) \+- (\S+)$")
 
 
 @pytest.mark.timeout(180)
@@ -46,8 +47,14 @@ def test_one_line_per_round_unless_quiet() -> None:
             assert int(m.group(3)) == cfg.k
             est = view.estimated_error
             assert est is not None
-            assert m.group(5) == f"{est.relative_error:.4g}"
-            assert m.group(6) == f"{est.relative_error_stderr:.2g}"
+            # relative where the estimate of ||x_bar||^2 is positive (it can come out <= 0
+            # by chance with 2 clients), else squared
+            rel = math.isfinite(est.relative_error)
+            assert m.group(5) == ("relative" if rel else "squared")
+            value, stderr = ((est.relative_error, est.relative_error_stderr) if rel
+                             else (est.squared_error, est.squared_error_stderr))
+            assert m.group(6) == f"{value:.4g}"
+            assert m.group(7) == f"{stderr:.2g}"
         assert outs[1][0] == ""  # --quiet
 
 

@@ -28,7 +28,7 @@ from rpsagg_server.http import create_app
 from rpsagg_server.views import EstimatedError
 from rpsagg_wire.v1.serde import RoundEvent, RoundResult
 
-N, K, D, ROUNDS = 4, 8, 128, 2
+N, K, D, ROUNDS = 4, 32, 128, 2
 
 
 def library_estimates(cfg: ServerConfig) -> dict[int, Any]:
@@ -42,6 +42,11 @@ def library_estimates(cfg: ServerConfig) -> dict[int, Any]:
 
 
 def close(got: float | None, want: float) -> bool:
+    """``got`` (None or NaN where not defined: the API's null) is ``want``. The estimate of
+    ||x_bar||^2 can come out <= 0 by chance (the client seeds are random), and the relative
+    error is then undefined."""
+    if not math.isfinite(want):
+        return got is None or math.isnan(got)
     assert got is not None
     return got == pytest.approx(want, rel=1e-9, abs=1e-12)
 
@@ -109,7 +114,7 @@ def test_every_interface_carries_the_estimate_of_the_library(
     for srv, http, events in run_job(cfg, seed=3):
         want = library_estimates(cfg)
         for rid, w in want.items():
-            assert w is not None and math.isfinite(w.relative_error)
+            assert w is not None and math.isfinite(w.squared_error)
             body = http.get(f"/api/rounds/{rid}").json()
             assert body["squared_error"] is None  # no evaluation: nothing measured
             check_api(body["error_estimate"], w)
@@ -122,11 +127,12 @@ def test_every_interface_carries_the_estimate_of_the_library(
         rows = list(csv.DictReader(io.StringIO(http.get("/api/rounds/export.csv").text)))
         for row in rows:
             w = want[int(row["round_id"])]
-            assert close(float(row["est_sq_error"]), w.squared_error)
-            assert close(float(row["est_sq_error_stderr"]), w.squared_error_stderr)
-            assert close(float(row["est_mean_sq_norm"]), w.mean_norm_squared)
-            assert close(float(row["est_relative_error"]), w.relative_error)
-            assert close(float(row["est_relative_error_stderr"]), w.relative_error_stderr)
+            for col, f in (("est_sq_error", "squared_error"),
+                           ("est_sq_error_stderr", "squared_error_stderr"),
+                           ("est_mean_sq_norm", "mean_norm_squared"),
+                           ("est_relative_error", "relative_error"),
+                           ("est_relative_error_stderr", "relative_error_stderr")):
+                assert close(float(row[col]) if row[col] else None, getattr(w, f)), col
         metrics = {s.name: s.value
                    for fam in text_string_to_metric_families(http.get("/metrics").text)
                    for s in fam.samples if s.name.startswith("rpsagg_round_estimated")}
@@ -150,9 +156,12 @@ def test_every_interface_carries_the_estimate_of_the_library(
         assert client_main(["result", "--server", f"127.0.0.1:{srv.port}", "--insecure",
                             "--round", "1", "--out", str(out)]) == 0
         printed = capsys.readouterr().out
-        rel = want[1].relative_error
-        rel_se = want[1].relative_error_stderr
-        assert f"estimated relative error {rel:.4g} +- {rel_se:.2g}" in printed, printed
+        w = want[1]
+        line = (f"estimated relative error {w.relative_error:.4g} +- "
+                f"{w.relative_error_stderr:.2g}" if math.isfinite(w.relative_error) else
+                f"estimated squared error {w.squared_error:.4g} +- "
+                f"{w.squared_error_stderr:.2g}")
+        assert line in printed, printed
 
 
 @pytest.mark.timeout(120)
@@ -185,7 +194,6 @@ def test_evaluation_shows_the_estimate_beside_the_measured_error(tmp_path: Path)
             measured = body["squared_error"]
             assert measured is not None and measured["estimate"] > 0
             assert body["relative_error"]["estimate"] > 0
-            assert math.isfinite(body["error_estimate"]["relative_error"])
 
 
 def test_a_round_of_m_vectors_sums_its_slots() -> None:
