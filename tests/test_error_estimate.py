@@ -18,7 +18,8 @@ distance of the decode to the true mean). The tolerances are derived, not tuned:
   to about ``1/sqrt(2T)`` = 3.5 % (a little more for heavy tails), so the stated factor is the
   measured factor's range widened by that.
 
-Runs in about 30 s on a 2-core machine (one BLAS thread; n = 8, d = 256, k = 16).
+About 35 s of CPU (72 s wall on a 2-core machine loaded by other jobs; one BLAS thread;
+n = 8, d = 256, k = 16).
 """
 
 from __future__ import annotations
