@@ -10,13 +10,32 @@ FROM ${BASE_IMAGE} AS build
 # by default: the default server never needs Ray's ~70 MB
 ARG SERVER_EXTRAS=""
 ENV VIRTUAL_ENV=/opt/venv PIP_DISABLE_PIP_VERSION_CHECK=1
+# a C compiler for the library's compiled kernels (rpsagg._fast; this stage only, the runtime
+# stage has none): gcc and libc6-dev, and Debian's Python headers where the base image has
+# none of its own (a debootstrap'd bookworm with Debian's python3; the official python:*-slim
+# images carry them in /usr/local/include). Versions: bookworm's gcc 12.2, glibc 2.36 and
+# Python 3.11.2, any Debian update of them (the -dev package must match its library)
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc=4:12.2.0-3 'libc6-dev=2.36-9*' \
+    && { python -c 'import pathlib, sys, sysconfig; sys.exit(not pathlib.Path(sysconfig.get_paths()["include"], "Python.h").is_file())' \
+         || apt-get install -y --no-install-recommends 'libpython3.11-dev=3.11.2-6*'; } \
+    && rm -rf /var/lib/apt/lists/*
 RUN python -m venv "$VIRTUAL_ENV"
 ENV PATH="/opt/venv/bin:$PATH"
 WORKDIR /src
 COPY common/ common/
 COPY wire/ wire/
 COPY server/ server/
-RUN --mount=type=cache,target=/root/.cache/pip pip install "./common[fast]" ./wire "./server${SERVER_EXTRAS}"
+# RPSAGG_NATIVE_REQUIRED=1: the build fails with the compiler's error if rpsagg._fast does not
+# compile (pip would otherwise install the library without it, and the decode would run the
+# slower numpy passes with other last bits than a library with the kernels)
+RUN --mount=type=cache,target=/root/.cache/pip RPSAGG_NATIVE_REQUIRED=1 \
+    pip install "./common[fast]" ./wire "./server${SERVER_EXTRAS}"
+# the kernels load (the hblocks ones too, for d not a power of two), and the decode's
+# products run as tiles (rpsagg.projections.product_path)
+RUN python -c "import rpsagg._fast, rpsagg.spec as s, rpsagg.projections as p; \
+assert s.NATIVE is rpsagg._fast and hasattr(s.NATIVE, 'hb_pipe'), 'no compiled kernels'; \
+assert p.product_path() == 'tiles', p.product_path()"
 
 # --- runtime: the venv and a non-root user ------------------------------------------------
 FROM ${BASE_IMAGE}

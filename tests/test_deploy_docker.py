@@ -3,7 +3,8 @@
 ``# syntax=`` line (it makes BuildKit fetch a frontend image from Docker Hub), non-root
 ``USER`` before ``CMD`` with the uid and gid of the named ``rpsagg`` user and group,
 ``HEALTHCHECK``, no remote ``ADD``, no secrets in ``ENV``/``ARG``, no FastAPI in the client
-image. The images are built and run on a real engine by tests/test_deploy_engine.py.
+image, a C compiler in the build stage only (the build fails without ``rpsagg._fast``). The
+images are built and run on a real engine by tests/test_deploy_engine.py.
 """
 
 from __future__ import annotations
@@ -44,11 +45,12 @@ def test_dockerfile_lint(role: str) -> None:
             if instr == "RUN":
                 _, cmd = run_flags(args)
                 if "apt-get install" in cmd:
-                    assert "--no-install-recommends" in cmd
                     assert "rm -rf /var/lib/apt/lists/*" in cmd
-                    pkgs = [w for w in cmd.split("apt-get install", 1)[1].split("&&")[0].split()
-                            if not w.startswith("-")]
-                    assert all("=" in p for p in pkgs), f"unpinned apt package in {pkgs}"
+                    for part in cmd.split("apt-get install")[1:]:  # every install of the RUN
+                        words = re.split(r"&&|\|\||;|[{}()]", part)[0].split()
+                        assert "--no-install-recommends" in words
+                        pkgs = [w for w in words if not w.startswith("-")]
+                        assert all("=" in p for p in pkgs), f"unpinned apt package in {pkgs}"
                 assert "curl" not in cmd and "wget" not in cmd, "nothing fetched by hand"
     final = stages[-1]
     order = [i for i, _ in final.instructions]
@@ -67,6 +69,14 @@ def test_dockerfile_lint(role: str) -> None:
     # only the build stage installs Python packages; the runtime stage copies its venv
     assert not any("pip " in a for a in final.args("RUN"))
     assert any(a.startswith("--from=") for a in final.args("COPY"))
+    # the compiled kernels (rpsagg._fast): the build stage has a compiler, fails when the
+    # module does not build or load, and the runtime stage has no compiler
+    build = " ".join(a for st in stages[:-1] for a in st.args("RUN"))
+    assert "gcc=" in build and "libc6-dev=" in build and "libpython3.11-dev=" in build
+    assert "RPSAGG_NATIVE_REQUIRED=1 pip install" in re.sub(r"\s+", " ", build)
+    assert "product_path() == 'tiles'" in build
+    assert not re.search(r"\b(gcc|g\+\+|clang|build-essential|libc6-dev)\b",
+                         " ".join(final.args("RUN"))), "a compiler in the runtime stage"
     text = " ".join(a for st in stages for _, a in st.instructions).lower()
     if role == "client":
         assert "dataset-fashion-mnist" in " ".join(final.args("RUN"))

@@ -11,7 +11,8 @@ bound, and ends with ``down -v``. No skips: where no engine can be had, the test
 2. the TLS override with the certificates of ``scripts/make-test-ca.sh``: the job ends, the
    published gRPC port speaks TLS under the test CA and refuses a plain-text client.
 3. the ray profile: every round decoded by Ray tasks on the worker containers (the server's
-   log names the nodes), no round failed, every long-running container healthy.
+   log names the nodes), no round failed, every long-running container healthy; the nodes'
+   image decodes with the compiled tile products.
 4. faults mid-job: ``docker kill`` of the server, then ``docker start``: the job resumes;
    ``up --build --force-recreate`` (every container new, as a changed image makes them) lets
    the job go on, the clients rejoining under the same ids (their container names); a killed
@@ -20,11 +21,15 @@ bound, and ends with ``down -v``. No skips: where no engine can be had, the test
    decoded round.
 5. docker-compose.vectors.yml (the user's own vectors, one file per replica): each round's
    estimate downloaded from the host is the library's decode of the stored messages.
+6. the compiled kernels: both images load ``rpsagg._fast`` and have no compiler; the server
+   image's decode runs the tile products and decodes the host's messages (an SRHT round
+   and an hblocks one) to the host library's bits.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import re
 import secrets
 import socket
@@ -33,6 +38,7 @@ import subprocess
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from engine_util import (
@@ -42,6 +48,7 @@ from engine_util import (
     Project,
     build_images,
     docker,
+    engine,
     get_json,
     get_text,
     project,
@@ -52,6 +59,32 @@ pytestmark = pytest.mark.usefixtures("docker_engine")
 
 ACK = re.compile(r"^\[(?P<cid>[^\]]+)\] round (?P<rid>\d+): sent .*, acked as \d+ of \d+",
                  re.MULTILINE)
+
+# what a container's library runs: the compiled module, the product path, numpy and scipy
+KERNELS = """
+import json, numpy, scipy, rpsagg, rpsagg.spec as s
+from rpsagg.projections import product_path
+print(json.dumps({"native": getattr(s.NATIVE, "__file__", None),
+                  "hblocks": hasattr(s.NATIVE, "hb_pipe"), "products": product_path(),
+                  "fwht": rpsagg.FWHT_BACKEND, "numpy": numpy.__version__,
+                  "scipy": scipy.__version__}))
+"""
+
+# decodes the rounds of an .npz on stdin (NAME_nkd, NAME_seeds, NAME_values), writes the
+# estimates as an .npz on stdout
+DECODE = """
+import io, sys, numpy as np, rpsagg
+src = np.load(io.BytesIO(sys.stdin.buffer.read()))
+out = {}
+for name in sorted({f.rpartition("_")[0] for f in src.files}):
+    n, k, d = (int(v) for v in src[name + "_nkd"])
+    est = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d)
+    out[name] = est.decode([rpsagg.Encoded(est.name, int(s), k, d, v)
+                            for s, v in zip(src[name + "_seeds"], src[name + "_values"])])
+buf = io.BytesIO()
+np.savez(buf, **out)
+sys.stdout.buffer.write(buf.getvalue())
+"""
 
 
 @pytest.fixture
@@ -149,6 +182,10 @@ def test_ray_profile_decodes_every_round_on_the_workers(
                 "RPSAGG_RAY_WORKERS": "2", "RPSAGG_N": "3", "RPSAGG_ROUNDS": "4",
                 "RPSAGG_ROUND_TIMEOUT": "60"}
     build_images("ray-head", "client", profile="ray")
+    # the Ray nodes' image (server, head, workers) decodes with the compiled tile products
+    kernels = json.loads(docker("run", "--rm", "--entrypoint", "python", "rpsagg-ray:latest",
+                                "-c", KERNELS))
+    assert kernels["products"] == "tiles" and kernels["hblocks"], kernels
     gen = project(request, tmp_path, **settings)
     p = next(gen)
     try:
@@ -294,3 +331,63 @@ def test_own_vectors_override(request: pytest.FixtureRequest, tmp_path: Path) ->
         assert clients == [f"{p.name}-client-{i}" for i in range(1, n + 1)]
     finally:
         next(gen, None)
+
+
+def _host_kernels() -> dict[str, object]:
+    import numpy
+    import scipy
+
+    import rpsagg
+    from rpsagg import spec
+    from rpsagg.projections import product_path
+
+    return {"hblocks": hasattr(spec.NATIVE, "hb_pipe"), "products": product_path(),
+            "fwht": rpsagg.FWHT_BACKEND, "numpy": numpy.__version__,
+            "scipy": scipy.__version__}
+
+
+@pytest.mark.timeout(600)
+def test_images_run_the_compiled_kernels() -> None:
+    """Both images load the compiled kernels (their build stage compiles them and fails
+    without them) and carry no compiler; the server image's decode runs the tile products,
+    as the host library does, and gives the host's bits for the same messages: an SRHT
+    round (d a power of two, where the tiles and the numpy passes differ in the last bits)
+    and an hblocks one (d = 3000)."""
+    import numpy as np
+
+    import rpsagg
+
+    build_images("server", "client")
+    host = _host_kernels()
+    assert host["products"] == "tiles", "the host library was built without rpsagg._fast"
+    for image in ("rpsagg-server:latest", "rpsagg-client:latest"):
+        got = json.loads(docker("run", "--rm", "--entrypoint", "python", image, "-c", KERNELS))
+        assert str(got.pop("native")).startswith("/opt/venv/lib/python3.11/site-packages/"
+                                                   "rpsagg/_fast."), (image, got)
+        # bit for bit needs the same path, numpy and scipy on both sides (docs/scaling.md)
+        assert got == host, f"{image} runs {got}, the host {host}"
+        compilers = docker("run", "--rm", "--entrypoint", "sh", image, "-c",
+                           "command -v gcc cc c99 x86_64-linux-gnu-gcc || true")
+        assert compilers.strip() == "", (image, compilers)
+
+    rounds: dict[str, Any] = {}
+    expected = {}
+    for name, n, k, d in (("srht", 20, 128, 2**16), ("hblocks", 10, 64, 3000)):
+        est = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d)
+        rng = np.random.default_rng(d)
+        xs = rng.standard_normal(d) + 0.5 * rng.standard_normal((n, d))
+        msgs = [est.encode(x, seed=1000 + i) for i, x in enumerate(xs)]
+        rounds[f"{name}_nkd"] = np.array([n, k, d])
+        rounds[f"{name}_seeds"] = np.array([m.seed for m in msgs], dtype=np.uint64)
+        rounds[f"{name}_values"] = np.stack([m.values for m in msgs])
+        expected[name] = est.decode(msgs)
+    buf = io.BytesIO()
+    np.savez(buf, **rounds)
+    run = subprocess.run(["docker", "run", "--rm", "-i", "--entrypoint", "python",
+                          "rpsagg-server:latest", "-c", DECODE], input=buf.getvalue(),
+                         env=engine(), capture_output=True, timeout=300)
+    assert run.returncode == 0, run.stderr.decode()[-3000:]
+    got = np.load(io.BytesIO(run.stdout))
+    for name, want in expected.items():
+        assert np.array_equal(got[name], want), (
+            name, float(np.abs(got[name] - want).max() / np.abs(want).max()))
