@@ -50,7 +50,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 import rpsagg
-from rpsagg._decode import one_blas_thread
+from rpsagg.error import clear_memory_cache
+from rpsagg.linalg import one_blas_thread
 from rpsagg.synthetic import correlated_vectors
 from rpsagg.tasks.base import Shard
 from rpsagg.tasks.builtin import make_task
@@ -260,8 +261,6 @@ def _median_time(fn: Callable[[], object], reps: int) -> float:
 
 
 def cost(n: int, k: int, d: int, reps: int) -> None:
-    from rpsagg import _error_coef
-
     est = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d, projection="srht")
     x = correlated_vectors(n, d, (n - 1) / 2, seed=5) if d <= 8192 else None
     rng = np.random.default_rng(5)
@@ -279,7 +278,7 @@ def cost(n: int, k: int, d: int, reps: int) -> None:
     t_decode = _median_time(lambda: est._decode(batch), reps)
 
     def cold() -> object:
-        _error_coef._memory.clear()
+        clear_memory_cache()
         return est.error_from_sketches(batch, y, adjoint_sq, c, beta)
 
     t_cold = _median_time(cold, 20)

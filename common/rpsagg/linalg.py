@@ -14,6 +14,7 @@ from rpsagg._decode import (
     SolveInfo,
     eig_tolerance,
     joint_solve,
+    one_blas_thread,
 )
 from rpsagg._transform import Transform, parse_transform
 
@@ -24,5 +25,6 @@ __all__ = [
     "Transform",
     "eig_tolerance",
     "joint_solve",
+    "one_blas_thread",
     "parse_transform",
 ]
