@@ -58,6 +58,9 @@ class ServerConfig:
     n: int = 10
     k: int = 102
     d: int = 1024
+    target_rel_error: float = 0.0
+    k_min: int = 1
+    k_max: int = 0
     estimator: str = DEFAULT_ESTIMATOR
     transform: str = "avg"
     value_bits: int = 32
@@ -123,6 +126,25 @@ class ServerConfig:
             raise ValueError(f"--k must be in [1, d] = [1, {self.d}]; got {self.k}")
         if self.k < 1:
             raise ValueError(f"--k must be >= 1; got {self.k}")
+        if not (math.isfinite(self.target_rel_error) and self.target_rel_error >= 0):
+            raise ValueError(f"--target-rel-error must be a finite number >= 0 (0: off); "
+                             f"got {self.target_rel_error}")
+        if self.target_rel_error > 0:
+            if not traits.takes_k:
+                raise ValueError(f"--target-rel-error chooses k: --estimator {self.estimator} "
+                                 "takes no k")
+            if traits.sends_indices:
+                raise ValueError(f"--target-rel-error needs a predicted error that depends on "
+                                 f"R alone; --estimator {self.estimator}'s depends on the "
+                                 "vectors' shape")
+            top = self.k_max or self.k
+            if not 1 <= self.k_min <= top:
+                raise ValueError(f"--k-min must be in [1, k-max] = [1, {top}]; got "
+                                 f"{self.k_min}")
+            if self.d and top > self.d:
+                raise ValueError(f"--k-max must be <= d = {self.d}; got {top}")
+        elif self.k_max or self.k_min != 1:
+            raise ValueError("--k-min and --k-max go with --target-rel-error")
         if self.n < 1:
             raise ValueError(f"--n must be >= 1; got {self.n}")
         if not 1 <= self.min_clients <= self.n:
@@ -269,7 +291,13 @@ def _parser() -> argparse.ArgumentParser:
         "http_max_connections": "HTTP connections open at once, at most (0: automatic, a "
                                 "quarter of the file descriptor limit, at most 1024)",
         "n": "number of clients",
-        "k": "floats per client per vector",
+        "k": "floats per client per vector (with --target-rel-error: of the first round, and "
+        "the default --k-max)",
+        "target_rel_error": "choose each round's k: the smallest in [--k-min, --k-max] whose "
+        "predicted relative error at the smoothed R_hat of earlier rounds is at most this "
+        "(0: off, a fixed --k)",
+        "k_min": "with --target-rel-error: the smallest k a round may use",
+        "k_max": "with --target-rel-error: the largest k a round may use (0: --k)",
         "d": "vector length (0 with --data external: the first client's join says it, and "
         "it is fixed for the job)",
         "estimator": f"one of {', '.join(SCHEMES)}",

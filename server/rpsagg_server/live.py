@@ -143,6 +143,9 @@ class LiveRound:
     #: transform=auto: the prior of every vector slot (vector j is decoded with
     #: ``r_priors[j]``; ``r_prior`` is vector 0's); None: every vector uses ``estimator``
     r_priors: tuple[float | None, ...] | None = None
+    #: the values per client of this round (``--k``, or chosen by --target-rel-error);
+    #: 0 in rows of before per-round k: the job's k
+    k: int = 0
     subs: dict[str, Submission] = field(default_factory=dict)
     #: queued writes: client id -> (digest, the write batch's future, index in the batch)
     pending: dict[str, tuple[bytes, asyncio.Future[list[Any]], int]] = field(
@@ -164,6 +167,8 @@ class LiveRound:
         }
         if self.r_priors is not None:
             info["r_priors"] = list(self.r_priors)
+        if self.k:
+            info["k"] = self.k
         if self.state in ("done", "failed"):
             info["archived"] = {
                 "contributors": [[c, str(sub.client_seed)] for c, sub in self.subs.items()],
@@ -204,6 +209,7 @@ class LiveRound:
                    first_at=info.get("first_at"), deadline=info.get("deadline"),
                    closed_at=info.get("closed_at"), finished_at=info.get("finished_at"))
         live.archived = info.get("archived", {})
+        live.k = int(info.get("k") or cfg.k)
         priors = info.get("r_priors")  # absent in rows of before the per-vector priors
         if priors is not None:
             live.r_priors = tuple(None if p is None else float(p) for p in priors)
@@ -292,6 +298,7 @@ class LiveRound:
             r_prior=self.r_prior, eval_errors=ev,
             arrivals=tuple(sorted(self.arrivals(), key=lambda a: clients.get(a.client_id, 0))),
             estimated_error=None if o is None else o.estimated_error,
+            k=self.k or cfg.k,
         )
 
 
@@ -302,7 +309,8 @@ class LiveRound:
             return None
         return EstimateView(
             round_id=self.round_id, values=o.estimate, n_prime=o.n_prime, scheme=cfg.estimator,
-            transform=self.transform, n=cfg.n, k=cfg.k, d=cfg.d, wire_bytes=view.wire_bytes,
+            transform=self.transform, n=cfg.n, k=self.k or cfg.k, d=cfg.d,
+            wire_bytes=view.wire_bytes,
             payload_bytes=view.payload_bytes, contributors=view.clients_arrived)
 
 

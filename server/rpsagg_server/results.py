@@ -155,7 +155,7 @@ class ResultBook:
         return RoundInfo(
             round_id=0 if live is None else live.round_id,
             nonce=0 if live is None else live.nonce,
-            scheme=c.estimator, n=c.n, k=c.k, d=c.d,
+            scheme=c.estimator, n=c.n, k=c.k if live is None else (live.k or c.k), d=c.d,
             transform="" if live is None else live.transform, task=c.task, m=self.m,
             global_state=None if live is None else live.global_state,
             state="unspecified" if live is None else live.state,

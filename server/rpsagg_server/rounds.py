@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from rpsagg import Estimator, VectorCorrelationTracker, round_encoding
+from rpsagg import Estimator, VectorCorrelationTracker, plan_budget, round_encoding
 from rpsagg.schemes import WireProfile, estimator_from_options
 from rpsagg.tasks import Task, make_task
 from rpsagg_server import deadline
@@ -92,8 +92,8 @@ class RoundEngine:
         self.m = self.task.m
         #: transform=auto: one correlation tracker per vector slot; vector j of a round is
         #: decoded with slot j's prior (``docs/reproduction.md``, issue 12)
-        self.tracker = (VectorCorrelationTracker(self.m) if config.transform == "auto"
-                        else None)
+        self.tracker = (VectorCorrelationTracker(self.m)
+                        if config.transform == "auto" or config.target_rel_error > 0 else None)
         #: Rand-Proj-Spatial's projection: "auto" (by d) for a new job; a recovered job keeps
         #: the one it was started with (its stored submissions were encoded with it).
         self.projection = "auto"
@@ -137,10 +137,12 @@ class RoundEngine:
         self.progress.encoding = value
 
     # -- set-up ----------------------------------------------------------------------------
-    def _make_estimator(self, prior: float | None) -> Estimator:
+    def _make_estimator(self, prior: float | None, k: int | None = None) -> Estimator:
         c = self.cfg
-        return estimator_from_options(c.estimator, n=c.n, k=c.k, d=c.d, transform=c.transform,
-                                      prior_r=prior, projection=self.projection,
+        return estimator_from_options(c.estimator, n=c.n, k=k or c.k, d=c.d,
+                                      transform=c.transform,
+                                      prior_r=prior if c.transform == "auto" else None,
+                                      projection=self.projection,
                                       value_bits=c.value_bits, bits=c.bits)
 
     @property
@@ -148,9 +150,30 @@ class RoundEngine:
         """What the job's clients send (the estimator's wire profile)."""
         return self._base.wire
 
-    def estimator(self, prior: float | None) -> Estimator:
-        """A round's estimator (``prior``: the correlation prior of ``transform=auto``)."""
-        return self._make_estimator(prior)
+    def estimator(self, prior: float | None, k: int | None = None) -> Estimator:
+        """A round's estimator (``prior``: the correlation prior of ``transform=auto``;
+        ``k``: the round's values per client, default ``--k``)."""
+        return self._make_estimator(prior, k)
+
+    def round_k(self, priors: tuple[float | None, ...] | None) -> int:
+        """The k of a new round: ``--k`` without ``--target-rel-error``; with it, the
+        smallest k in ``[--k-min, --k-max]`` whose predicted relative error at the smoothed
+        R_hat (the least of the vector slots': the cautious one) is at most the target,
+        ``--k-max`` while no R_hat is known (the first round) or when none reaches it
+        (:func:`rpsagg.plan_budget`)."""
+        c = self.cfg
+        top = c.k_max or c.k
+        if c.target_rel_error <= 0:
+            return c.k
+        known = [p for p in (priors or ()) if p is not None]
+        if not known or not c.d:
+            return top
+        r = min(known)
+        prior = r if c.transform == "auto" else None
+        plan = plan_budget(lambda k, bits: self._make_estimator(prior, k), c.target_rel_error,
+                           r, k_min=c.k_min, k_max=min(top, c.d),
+                           value_bits=(c.value_bits,))
+        return plan.k
 
     def _recover_encoding(self, job_exists: bool) -> None:
         """Keep the projection a job was started with; record it for a new job.
@@ -282,14 +305,16 @@ class RoundEngine:
         """A new round; its row must be durable before :meth:`_install` shows its nonce, so
         a committed submission always has its round row (a restart resumes the same round).
         """
-        priors = None if self.tracker is None else tuple(self.tracker.priors(self.cfg.n))
+        tracked = None if self.tracker is None else tuple(self.tracker.priors(self.cfg.n))
+        k = self.round_k(tracked)
+        priors = tracked if self.cfg.transform == "auto" else None  # what the decode uses
         prior = None if priors is None else priors[0]
-        est = self._make_estimator(prior)
+        est = self._make_estimator(prior, k)
         live = LiveRound(
             round_id=round_id, nonce=secrets.randbits(64), task_step=self.progress.steps_done,
             transform=self._transform_label(est), r_prior=prior,
             global_state=np.asarray(global_state, dtype=np.float64), opened_at=time.time(),
-            r_priors=priors,
+            r_priors=priors, k=k,
         )
         live.estimator = est
         return live

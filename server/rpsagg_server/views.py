@@ -162,6 +162,8 @@ class RoundView:
     arrivals : tuple of Arrival
         Every accepted submission, in client-index order (empty for rounds finished before
         a restart by a version that did not store them).
+    k : int
+        Values per client of this round (``--k``, or chosen by ``--target-rel-error``).
     """
 
     round_id: int
@@ -190,6 +192,7 @@ class RoundView:
     eval_errors: EvalErrors | None
     arrivals: tuple[Arrival, ...] = ()
     estimated_error: EstimatedError | None = None
+    k: int = 0
 
 
 @dataclass(frozen=True, eq=False)

@@ -119,6 +119,8 @@ class Round(BaseModel):
     nonce: str = Field(description="Round nonce (decimal string: it is a 64-bit integer).")
     scheme: str
     transform: str = Field(description="Transform label used (or planned) at decode.")
+    k: int = Field(default=0, description="Values per client of this round (the job's k, or "
+                   "the one --target-rel-error chose).")
     task_step: int
     timestamps: Timestamps
     clients: RoundClients
@@ -165,6 +167,9 @@ class Config(BaseModel):
     round_timeout: float
     min_clients: int
     evaluation: bool = Field(description="Evaluation mode: squared errors are recorded.")
+    target_rel_error: float | None = Field(
+        default=None, description="--target-rel-error: the relative error each round's k is "
+        "chosen for; null when k is fixed.")
     settings: dict[str, Any]
 
 
@@ -275,7 +280,7 @@ def from_round(view: RoundView, task: TaskMetrics | None = None) -> Round:
     raw = view.raw_float32_bytes
     return Round(
         round_id=view.round_id, state=view.state, reason=view.reason, nonce=str(view.nonce),
-        scheme=view.scheme, transform=view.transform, task_step=view.task_step,
+        scheme=view.scheme, transform=view.transform, k=view.k, task_step=view.task_step,
         timestamps=Timestamps(
             opened=view.opened_at, first_submission=view.first_submission_at,
             deadline=view.deadline_at, closed=view.closed_at, finished=view.finished_at),
@@ -320,7 +325,8 @@ def from_config(cfg: dict[str, Any]) -> Config:
         scheme=str(cfg["estimator"]), transform=str(cfg["transform"]), n=int(cfg["n"]),
         k=int(cfg["k"]), d=int(cfg["d"]), task=str(cfg["task"]), rounds=int(cfg["rounds"]),
         round_timeout=float(cfg["round_timeout"]), min_clients=int(cfg["min_clients"]),
-        evaluation=bool(cfg["eval"]), settings=cfg,
+        evaluation=bool(cfg["eval"]),
+        target_rel_error=float(cfg.get("target_rel_error") or 0.0) or None, settings=cfg,
     )
 
 

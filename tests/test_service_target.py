@@ -1,0 +1,151 @@
+"""--target-rel-error: each round's k is the smallest whose predicted relative error at the
+smoothed R_hat of earlier rounds meets the target; it is announced in RoundInfo.k, the
+clients encode with it, the API shows it, the measured error lands on the target, and a
+restart resumes an open round with the k it announced."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
+from service_util import base_config, in_process_server
+
+from rpsagg import make_estimator
+from rpsagg_client import AggregationClient
+from rpsagg_server.config import ServerConfig
+from rpsagg_server.http import create_app
+
+N, D, K_MAX, EPS = 8, 1024, 128, 1.5
+
+
+def _vectors(rng: np.random.Generator) -> np.ndarray:
+    """Correlated vectors: a shared part and independent parts of a third of its size
+    (R = (n-1) / (1 + 1/9) ~ 6.3 in expectation)."""
+    return rng.normal(size=D) + rng.normal(size=(N, D)) / 3.0
+
+
+def _run_rounds(target: str, clients: list[AggregationClient], rng: np.random.Generator,
+                rounds: int) -> list[tuple[int, int, float]]:
+    """Run ``rounds`` rounds; returns (round id, announced k, true R) of each."""
+    out = []
+    for _ in range(rounds):
+        rnd = clients[0].current_round()
+        xs = _vectors(rng)
+        for c, x in zip(clients, xs, strict=True):
+            msg = c.encode(rnd, x[None, :])
+            c.submit_encoded(msg)
+        assert clients[0].result(rnd.round_id, wait=True).state == "done"
+        total = xs.sum(axis=0)
+        norms = float(np.sum(xs * xs))
+        out.append((rnd.round_id, rnd.k, (float(total @ total) - norms) / norms))
+    return out
+
+
+def _config(tmp_path: Path, **changes: object) -> ServerConfig:
+    return base_config(n=N, k=K_MAX, d=D, rounds=0, eval=True, target_rel_error=EPS,
+                       k_min=2, db=str(tmp_path / "job.db"), **changes)
+
+
+@pytest.mark.timeout(240)
+def test_target_mode_moves_k_and_reaches_the_target(tmp_path: Path) -> None:
+    """Round 1 knows no R_hat and sends --k (the largest k); every later round announces
+    the smallest k whose predicted error at the smoothed R_hat is <= EPS. The measured
+    relative error (evaluation mode) of rounds 2..T averages near EPS: each round's
+    prediction is exact in form (SRHT, d a power of two) up to the free limit's 3 % and
+    the k step, so the mean lies between EPS/2 (k rounds up; R_hat's noise) and EPS plus
+    4 standard errors of the mean (taken from the rounds) plus 15 % for the smoothed R_hat
+    lagging the round's own R."""
+    cfg = _config(tmp_path)
+    rng = np.random.default_rng(5)
+    rounds = 24
+    with in_process_server(cfg) as srv:
+        target = f"127.0.0.1:{srv.port}"
+        clients = [AggregationClient(target, f"client-{i}", insecure=True, timeout=30.0)
+                   for i in range(N)]
+        try:
+            for c in clients:
+                c.join()
+            seen = _run_rounds(target, clients, rng, rounds)
+        finally:
+            for c in clients:
+                c.close()
+        app = create_app(srv.running.state, CollectorRegistry())
+        with TestClient(app) as http:
+            status = http.get("/api/status").json()
+            assert status["config"]["target_rel_error"] == EPS
+            rows = {r["round_id"]: r for r in http.get("/api/rounds/export.json").json()}
+    assert seen[0][1] == K_MAX
+    ks = [k for _, k, _ in seen[1:]]
+    assert all(2 <= k < K_MAX for k in ks), ks
+    rel = []
+    for rid, k, r in seen:
+        row = rows[rid]
+        assert row["k"] == k  # the API shows the round's k
+        # what went on the wire: k float32 values and a seed per client
+        assert row["bytes"]["payload"] == N * (8 + 4 * k)
+        if rid > 1:
+            rel.append(row["relative_error"]["estimate"])
+            # the k is the plan's at an R near the data's: its prediction there is near EPS
+            est = make_estimator("rand-proj-spatial", n=N, k=k, d=D)
+            assert est.predicted_relative_error(r) < 2 * EPS
+    arr = np.asarray(rel)
+    se = arr.std(ddof=1) / math.sqrt(arr.size)
+    assert EPS / 2 <= arr.mean() <= EPS * 1.15 + 4 * se, (arr.mean(), se)
+
+
+@pytest.mark.timeout(240)
+def test_a_restart_resumes_the_open_round_with_its_k(tmp_path: Path) -> None:
+    """The round's k is part of its durable row: a server restarted while a round (whose k
+    the target mode chose) is open announces the same k, and decodes the submissions
+    committed before the restart with it."""
+    cfg = _config(tmp_path)
+    rng = np.random.default_rng(9)
+    with in_process_server(cfg) as srv:
+        target = f"127.0.0.1:{srv.port}"
+        clients = [AggregationClient(target, f"client-{i}", insecure=True, timeout=30.0)
+                   for i in range(N)]
+        try:
+            for c in clients:
+                c.join()
+            _run_rounds(target, clients, rng, 3)
+            rnd = clients[0].current_round()
+            assert rnd.k < K_MAX  # chosen by the target mode
+            xs = _vectors(rng)
+            for c, x in zip(clients[:3], xs[:3], strict=True):  # a part of the round
+                c.submit_encoded(c.encode(rnd, x[None, :]))
+        finally:
+            for c in clients:
+                c.close()
+    with in_process_server(cfg) as srv:
+        target = f"127.0.0.1:{srv.port}"
+        clients = [AggregationClient(target, f"client-{i}", insecure=True, timeout=30.0)
+                   for i in range(N)]
+        try:
+            for c in clients:
+                c.join()
+            again = clients[0].current_round()
+            assert (again.round_id, again.nonce, again.k) == (rnd.round_id, rnd.nonce, rnd.k)
+            for c, x in zip(clients[3:], xs[3:], strict=True):
+                c.submit_encoded(c.encode(again, x[None, :]))
+            res = clients[0].result(again.round_id, wait=True)
+            assert res.state == "done"
+        finally:
+            for c in clients:
+                c.close()
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(target_rel_error=-1.0), "--target-rel-error"),
+    (dict(target_rel_error=0.1, k_min=200), "--k-min"),
+    (dict(target_rel_error=0.1, k_max=4096), "--k-max"),
+    (dict(k_min=4), "go with --target-rel-error"),
+    (dict(target_rel_error=0.1, estimator="eden", bits=2), "takes no k"),
+    (dict(target_rel_error=0.1, estimator="induced"), "shape"),
+])
+def test_bad_target_settings_are_refused(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        base_config(n=N, k=K_MAX, d=D, **changes)
