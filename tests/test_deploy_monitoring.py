@@ -7,7 +7,8 @@
 2. ``promtool check config`` accepts docker/monitoring/prometheus.yml and it scrapes the
    compose service ``server`` on the port the server's dashboard listens on.
 3. The provisioned Grafana dashboard uses the provisioned data source, every query parses as
-   PromQL (``promtool check rules``) and names only series the server exports.
+   PromQL (``promtool check rules``) and names only series the server exports; panels chart
+   the estimated error (with its standard error as a band) and none overlap.
 4. A real Prometheus (Debian's ``prometheus``) scrapes a live server on loopback while client
    processes run a job; the test reads the rpsagg_* series back through Prometheus's HTTP
    API and compares them with the server's own JSON API, and runs every dashboard query.
@@ -164,6 +165,40 @@ def test_grafana_dashboard_names_only_series_the_server_exports() -> None:
     assert used and used <= exported, used - exported
 
 
+ESTIMATED = ("rpsagg_round_estimated_relative_error", "rpsagg_round_estimated_squared_error",
+             "rpsagg_round_estimated_squared_error_stderr")
+
+
+def test_grafana_dashboard_charts_the_estimated_error_with_its_band() -> None:
+    dash = json.loads(DASHBOARD.read_text())
+    panels = dash["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    # every metric of the error estimate is charted
+    for name in ESTIMATED:
+        assert any(re.search(rf"\b{name}\b", t["expr"]) for p in panels
+                   for t in p["targets"]), name
+    # the band: a series filled down to another series of the same panel
+    bands = 0
+    for p in panels:
+        legends = {t.get("legendFormat") for t in p["targets"]}
+        for o in p["fieldConfig"]["overrides"]:
+            assert o["matcher"]["options"] in legends, (p["title"], o)
+            for prop in o["properties"]:
+                if prop["id"] == "custom.fillBelowTo":
+                    assert prop["value"] in legends, (p["title"], prop)
+                    bands += 1
+    assert bands >= 1
+    # no two panels overlap on Grafana's 24-column grid
+    cells: dict[tuple[int, int], str] = {}
+    for p in panels:
+        g = p["gridPos"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24, p["title"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, (p["title"], cells.get((x, y)))
+                cells[(x, y)] = p["title"]
+
+
 # -- 4. a real Prometheus against a live server ----------------------------------------------
 def free_port() -> int:
     """A loopback port that was free a moment ago."""
@@ -255,6 +290,12 @@ def test_real_prometheus_scrapes_a_live_server(tmp_path: Path) -> None:
         rel = {r["metric"]["series"]: float(r["value"][1])
                for r in query(prom, "rpsagg_round_relative_error")}
         assert rel == pytest.approx(api["relative_error"], rel=1e-12)
+        est = api["error_estimate"]
+        for name, key in zip(ESTIMATED, ("relative_error", "squared_error",
+                                         "squared_error_stderr"), strict=True):
+            got = [float(r["value"][1]) for r in query(prom, name)]
+            want = [] if est[key] is None else [est[key]]  # (NaN in /metrics: null in JSON)
+            assert [g for g in got if g == g] == pytest.approx(want, rel=1e-12), name
         # the task is measured after the round (a worker thread): wait for the last one
         last = poll("the last round's task progress", lambda: get_json(
             f"http://127.0.0.1:{http_port}/api/rounds/{rounds}")["task_progress"])
