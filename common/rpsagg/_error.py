@@ -167,14 +167,21 @@ def sketch_error(
     quant = float(noise.sum()) * coef.value_gain(dim, k)
     sq = keep * (coef.squared_error(norms, cross) + quant)
     mean_sq = (norms + cross) / (n * n)
-    stderr = keep * math.sqrt(max(0.0, _sketch_variance(y, a_i, norms, cross, dim, k, coef)))
+    stderr = keep * math.sqrt(max(0.0, _sketch_variance(y, a_i, norms, cross, dim, k, coef,
+                                                          noise)))
     return ErrorEstimate(sq, stderr, mean_sq, _ratio(sq, mean_sq), norms, cross, keep * quant,
                          coef.method)
 
 
 def _sketch_variance(y: FloatArray, a_i: FloatArray, norms: float, cross: float, dim: int,
-                     k: int, coef: ErrorCoefficients) -> float:
-    """``Var(a A_hat + b B_hat)`` under the Wishart model (``docs/error-estimate.md``)."""
+                     k: int, coef: ErrorCoefficients, noise: FloatArray | None = None) -> float:
+    """``Var(a A_hat + b B_hat)`` under the Wishart model (``docs/error-estimate.md``).
+
+    Quantized values (``noise``: each message's summed rounding variance): the squared
+    values no longer show the sketch's spread (at 1 bit every one is the scale squared), so
+    ``Var(A_hat_i)`` is the larger of the sample's and the Gaussian model's ``2 (1-p)/k
+    A_i^2``, plus the rounding's own ``(D/k)^2 (4 sum_j y_j^2 s^2 + 2 k s^4)`` with ``s^2``
+    the per-value rounding variance."""
     a, b = coef.a, coef.b
     p = k / dim
     v = (1.0 - p) / k
@@ -185,11 +192,16 @@ def _sketch_variance(y: FloatArray, a_i: FloatArray, norms: float, cross: float,
     x_i = np.maximum(0.0, norms + cross - a_i - 2.0 * c_i)  # ||X_{-i}||^2
     # Var(A_hat_i): rows are sampled without replacement from the rotated vector, so the
     # sample variance of the squared values (k >= 2) estimates it without a model
+    model = 2.0 * v * a_i * a_i
     if k >= 2:
         sq = y * y
         var_a = (dim * dim) * (1.0 - p) / k * np.var(sq, axis=1, ddof=1)
     else:
-        var_a = 2.0 * v * a_i * a_i
+        var_a = model
+    if noise is not None and np.any(noise > 0):
+        s2 = noise / k
+        rounding = (dim / k) ** 2 * (4.0 * np.einsum("ij,ij->i", y, y) * s2 + 2.0 * k * s2 * s2)
+        var_a = np.maximum(var_a, model) + rounding
     term = (a * a * var_a + v * (8.0 * a * b * a_i * c_i + 4.0 * b * b * (a_i * x_i + c_i * c_i)))
     pairs = 2.0 * b * b * v * v * dim * max(0.0, norms * norms - float(np.sum(a_i * a_i)))
     return float(np.sum(term)) + pairs
