@@ -13,7 +13,8 @@ target mode and every fixed k see the same vectors and the same client seeds):
 
 * ``syn-R0.9``, ``syn-R4.5``, ``syn-R8.1``: ``correlated_vectors`` with a fixed R (fractions
   0.1, 0.5, 0.9 of n - 1), fresh vectors every round;
-* ``syn-drift``: R(t) = 4.5 + 4 sin(2 pi t / 25), between 0.5 and 8.5 (period 25 rounds);
+* ``syn-drift25``, ``syn-drift100``: R(t) = 4.5 + 4 sin(2 pi t / P), between 0.5 and 8.5,
+  period P = 25 rounds (R moves by up to 1.0 a round) or 100 (up to 0.25 a round);
 * ``fmnist-power``: power iteration on Fashion-MNIST (rows split across the clients, the
   state driven by the exact mean; R ~ 8.99 after the first round).
 
@@ -38,7 +39,6 @@ import argparse
 import math
 import sys
 import time
-import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,12 +79,12 @@ def synthetic_fixed(r: float, rounds: int) -> Workload:
                                    for t in range(rounds)])
 
 
-def synthetic_drift(rounds: int) -> Workload:
+def synthetic_drift(rounds: int, period: int) -> Workload:
     out = []
     for t in range(rounds):
-        r = 4.5 + 4.0 * math.sin(2 * math.pi * t / 25)
+        r = 4.5 + 4.0 * math.sin(2 * math.pi * t / period)
         out.append(correlated_vectors(N, D, r, seed=9000 + t)[None])
-    return Workload("syn-drift", out)
+    return Workload(f"syn-drift{period}", out)
 
 
 def fmnist_power(rounds: int) -> Workload | None:
@@ -139,10 +139,11 @@ def server_round_k() -> Callable[[Rule, tuple[float | None, ...]], int] | None:
         cfg = ServerConfig(n=N, d=D, k=rule.k_max, estimator=ESTIMATOR,
                            transform=rule.transform, target_rel_error=rule.target,
                            k_min=rule.k_min, k_max=rule.k_max, insecure=True)
-        engine = types.SimpleNamespace(cfg=cfg, projection="auto")
-        engine._make_estimator = (
-            lambda prior, k=None: RoundEngine._make_estimator(engine, prior, k))
-        return int(RoundEngine.round_k(engine, priors))
+        # the engine's own methods on an engine with only the options (no store, no bus)
+        engine = RoundEngine.__new__(RoundEngine)
+        engine.cfg = cfg
+        engine.projection = "auto"
+        return int(engine.round_k(priors))
 
     return call
 
@@ -182,17 +183,34 @@ class Run:
         return float(np.mean([N * (4 * k + 8) for k in self.k]))
 
 
+VARIANTS = ("server", "min-last", "oracle")
+
+
 def run(wl: Workload, rule: Rule, fixed_k: int | None = None,
-        check: Callable[[Rule, tuple[float | None, ...]], int] | None = None) -> Run:
+        check: Callable[[Rule, tuple[float | None, ...]], int] | None = None,
+        variant: str = "server") -> Run:
     """The rounds of ``wl`` under the target mode (``fixed_k`` None) or a fixed k (the
-    tracker still feeds auto's prior, as in a server without a target)."""
+    tracker still feeds auto's prior, as in a server without a target).
+
+    ``variant`` (not the server's; for the comparison only) plans the k at another R:
+    ``min-last``: the least of the smoothed prior and the last round's R_hat (clipped as
+    the tracker clips it); ``oracle``: the round's true R. The decode's prior stays the
+    tracker's.
+    """
     m = wl.rounds[0].shape[0]
     tracker = VectorCorrelationTracker(m)
+    last: list[float | None] = [None] * m
     out = Run()
     for t, vecs in enumerate(wl.rounds):
         tracked = tuple(tracker.priors(N))
-        k = rule.round_k(tracked) if fixed_k is None else fixed_k
-        if check is not None and fixed_k is None:
+        planned = tracked
+        if variant == "min-last":
+            planned = tuple(p if p is None or q is None else min(p, q)
+                            for p, q in zip(tracked, last, strict=True))
+        elif variant == "oracle":
+            planned = (wl.true_r(t),)
+        k = rule.round_k(planned) if fixed_k is None else fixed_k
+        if check is not None and fixed_k is None and variant == "server":
             k_server = check(rule, tracked)
             if k_server != k:
                 raise AssertionError(f"{wl.name} round {t}: k {k}, server's round_k {k_server}")
@@ -208,12 +226,13 @@ def run(wl: Workload, rule: Rule, fixed_k: int | None = None,
             sq += float(err @ err)
             norm += float(mean @ mean)
             batches.append(msgs)
-        tracker.update(batches)
+        r_hats = tracker.update(batches)
+        last = [min(max(r / (N - 1), 0.0), 1.0) * (N - 1) for r in r_hats]
         out.k.append(k)
         out.sq.append(sq)
         out.norm.append(norm)
-        out.prior.append(None if not [p for p in tracked if p is not None]
-                         else min(p for p in tracked if p is not None))
+        known = [p for p in planned if p is not None]
+        out.prior.append(min(known) if known else None)
     return out
 
 
@@ -324,11 +343,13 @@ def plot(results: dict[str, tuple[dict[int, Run], dict[float, Run]]], path: Path
     ax_k.set_ylabel("k chosen (solid: EPS 0.05, dashed: 0.2)")
     ax_k.set_title("target mode: k per round")
     ax_e.set_yscale("log")
+    ax_e.set_ylim(5e-3, 1.5)  # round 0 (k = k_max = d: exact) is below
     ax_e.set_xlabel("round")
     ax_e.set_ylabel("measured relative error")
     ax_e.set_title("target mode: measured relative error per round")
     ax_s.set_xscale("log")
     ax_s.set_yscale("log")
+    ax_s.set_ylim(5e-3, 50)  # k = d is exact
     ax_s.set_xlabel(f"bytes per round (n = {N}, 4 k + 8 per client)")
     ax_s.set_ylabel("mean relative error per round")
     ax_s.set_title("fixed-k sweep (lines) and the target mode (star: EPS 0.05, plus: 0.2)")
@@ -346,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k-min", type=int, default=1)
     ap.add_argument("--k-max", type=int, default=D)
     ap.add_argument("--transform", default="avg", help="avg (the server's default) or auto")
-    ap.add_argument("--workloads", default="syn-R0.9,syn-R4.5,syn-R8.1,syn-drift,fmnist-power")
+    ap.add_argument("--workloads", default="syn-R0.9,syn-R4.5,syn-R8.1,syn-drift25,"
+                    "syn-drift100,fmnist-power")
     ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "target-mode.png")
     ap.add_argument("--no-plot", action="store_true")
     args = ap.parse_args(argv)
@@ -357,14 +379,15 @@ def main(argv: list[str] | None = None) -> int:
           f"[{args.k_min}, {args.k_max}], {rounds} rounds; server rule check: "
           f"{'on' if check else 'off (rpsagg_server not importable)'}", flush=True)
     rows: list[Row] = []
+    variants: list[tuple[str, float, str, float, float, float, float]] = []
     results: dict[str, tuple[dict[int, Run], dict[float, Run]]] = {}
     t_start = time.perf_counter()
     with one_blas_thread():
         for name in wanted:
             if name.startswith("syn-R"):
                 wl: Workload | None = synthetic_fixed(float(name[5:]), rounds)
-            elif name == "syn-drift":
-                wl = synthetic_drift(rounds)
+            elif name.startswith("syn-drift"):
+                wl = synthetic_drift(rounds, int(name[9:]))
             elif name == "fmnist-power":
                 wl = fmnist_power(rounds)
             else:
@@ -401,6 +424,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {wl.name} EPS {eps:g}: mean rel {tr.mean_rel:.4f} +- {tr.se_rel:.4f}"
                       f", mean k {np.mean(tr.k):.0f}, fixed k {kf}; "
                       f"{time.perf_counter() - t0:.0f} s", flush=True)
+                for variant in VARIANTS:
+                    vr = tr if variant == "server" else run(wl, rule, variant=variant)
+                    kv = smallest_fixed_k(wl, base, sweep, vr.mean_rel, cache)
+                    variants.append((wl.name, eps, variant, vr.mean_rel, vr.se_rel,
+                                     float(np.mean(vr.k)),
+                                     vr.bytes_per_round / cache[kv].bytes_per_round
+                                     if kv is not None else math.inf))
             results[wl.name] = (sweep, target_runs)
     print_table(rows)
     err_missed = [r for r in rows if not r.err_ok]
@@ -408,6 +438,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nerror within +-20 % of EPS: {len(rows) - len(err_missed)} of {len(rows)}; "
           f"bytes <= 110 % of the fixed k: {len(rows) - len(bytes_missed)} of {len(rows)} "
           f"({time.perf_counter() - t_start:.0f} s)")
+    print("\nThe rule's R (server: the smoothed R_hat; min-last: the least of it and the last "
+          "round's R_hat; oracle: the round's true R):\n")
+    print("| workload | EPS | planned at | mean rel. err | SE | vs EPS | mean k | bytes ratio |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, eps, variant, rel, se, mk, ratio in variants:
+        print(f"| {name} | {eps:g} | {variant} | {rel:.4f} | {se:.4f} | "
+              f"{100 * (rel / eps - 1):+.0f} % | {mk:.0f} | {100 * ratio:.1f} % |")
     if not args.no_plot and results:
         plot(results, args.plot)
     return 0
