@@ -86,3 +86,19 @@ def test_file_values_are_converted_like_the_flags(tmp_path: Path) -> None:
     conf.write_text('insecure = true\nhost = 5\nround-timeout = "2.5"\nk = 3.0\neval = "yes"\n')
     cfg = load_config(["--config", str(conf)], env={})
     assert (cfg.host, cfg.round_timeout, cfg.k, cfg.eval) == ("5", 2.5, 3, True)
+
+
+def test_value_bits_auto_from_every_source(tmp_path: Path) -> None:
+    """``--value-bits auto`` (with --target-rel-error) from a flag, the environment or a
+    config file is stored as 0; alone, or with a word other than auto, it is refused."""
+    base = ["--insecure", "--target-rel-error", "0.5"]
+    assert load_config([*base, "--value-bits", "auto"], {}).value_bits == 0
+    assert load_config(base, {"RPSAGG_VALUE_BITS": "AUTO"}).value_bits == 0
+    cfg_file = tmp_path / "c.toml"
+    cfg_file.write_text('value-bits = "auto"\ntarget-rel-error = 0.5\n')
+    assert load_config(["--insecure", "--config", str(cfg_file)], {}).value_bits == 0
+    assert load_config([*base, "--value-bits", "8"], {}).value_bits == 8
+    with pytest.raises(ValueError, match=r"--value-bits auto .* --target-rel-error"):
+        load_config(["--insecure", "--value-bits", "auto"], {})
+    with pytest.raises(ValueError, match="--value-bits"):
+        load_config([*base, "--value-bits", "many"], {})

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -149,3 +150,55 @@ def test_a_restart_resumes_the_open_round_with_its_k(tmp_path: Path) -> None:
 def test_bad_target_settings_are_refused(changes: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         base_config(n=N, k=K_MAX, d=D, **changes)
+
+
+@pytest.mark.timeout(240)
+def test_value_bits_auto_picks_the_fewest_bytes(tmp_path: Path) -> None:
+    """--value-bits auto: each round after the first announces the (k, width) with the
+    fewest value bytes whose predicted error meets the target (rpsagg.plan_budget over the
+    server's widths); the clients send codes of that width (the payload counts them) and
+    the decode reaches the target as in float32."""
+    from rpsagg import plan_budget, value_bytes
+    from rpsagg_server.config import AUTO_VALUE_BITS
+
+    cfg = _config(tmp_path, value_bits=0)
+    rng = np.random.default_rng(21)
+    with in_process_server(cfg) as srv:
+        target = f"127.0.0.1:{srv.port}"
+        clients = [AggregationClient(target, f"client-{i}", insecure=True, timeout=30.0)
+                   for i in range(N)]
+        try:
+            for c in clients:
+                c.join()
+            infos = []
+            for _ in range(8):
+                rnd = clients[0].current_round()
+                infos.append((rnd.round_id, rnd.k, rnd.value_bits))
+                for c, x in zip(clients, _vectors(rng), strict=True):
+                    c.submit_encoded(c.encode(rnd, x[None, :]))
+                assert clients[0].result(rnd.round_id, wait=True).state == "done"
+        finally:
+            for c in clients:
+                c.close()
+        app = create_app(srv.running.state, CollectorRegistry())
+        with TestClient(app) as http:
+            rows = {r["round_id"]: r for r in http.get("/api/rounds/export.json").json()}
+    assert infos[0][1:] == (K_MAX, 32)  # no R_hat yet: the largest budget
+    quantized = 0
+    for rid, k, bits in infos:
+        row = rows[rid]
+        assert (row["k"], row["value_bits"]) == (k, bits)
+        assert row["bytes"]["payload"] == N * (8 + value_bytes(k, bits))
+        quantized += bits < 32
+    # round 2 planned at round 1's R_hat (the tracker's first fold: clipped to [0, n-1]):
+    # the cheapest of every width's smallest k, as rpsagg.plan_budget finds it
+    r1 = min(max(rows[1]["r_hat"], 0.0), N - 1.0)
+
+    def make(kk: int, b: int) -> Any:
+        return make_estimator("rand-proj-spatial", n=N, k=kk, d=D, value_bits=b)
+
+    plan = plan_budget(make, EPS, r1, k_min=2, k_max=K_MAX, value_bits=AUTO_VALUE_BITS)
+    assert (plan.k, plan.value_bits) == infos[1][1:]
+    floats = plan_budget(make, EPS, r1, k_min=2, k_max=K_MAX, value_bits=(32,))
+    assert plan.value_bytes <= floats.value_bytes
+    assert quantized >= len(infos) - 2  # the target is met cheaper with codes than floats

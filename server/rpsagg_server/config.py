@@ -41,6 +41,24 @@ QUANTIZABLE = names_where(lambda t: t.quantizable)
 BITS_SCHEMES = " and ".join(names_where(lambda t: t.takes_bits))
 PROJECTION_SCHEMES = ", ".join(names_where(lambda t: t.takes_projection))
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+#: ``--value-bits auto`` (stored as 0): each round's width chosen with its k
+VALUE_BITS_AUTO = 0
+#: the widths ``--value-bits auto`` chooses from
+AUTO_VALUE_BITS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
+
+
+def parse_value_bits(value: object) -> int:
+    """``--value-bits`` as given: an integer in [1, 32], or ``auto`` (stored as
+    :data:`VALUE_BITS_AUTO`)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return VALUE_BITS_AUTO
+    try:
+        bits = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        bits = -1
+    if not 1 <= bits <= 32 or (isinstance(value, float) and value != bits):
+        raise ValueError(f"--value-bits must be in [1, 32] or auto; got {value!r}")
+    return bits
 
 
 @dataclass(frozen=True)
@@ -99,7 +117,14 @@ class ServerConfig:
         if self.estimator not in SCHEMES:
             raise ValueError(f"--estimator must be one of {', '.join(SCHEMES)}")
         traits = scheme_traits(self.estimator)
-        if self.value_bits != 32:
+        if self.value_bits == VALUE_BITS_AUTO:
+            if not traits.quantizable:
+                raise ValueError(f"--value-bits applies to {', '.join(QUANTIZABLE)}; "
+                                 f"use --bits for {BITS_SCHEMES}")
+            if not self.target_rel_error > 0:
+                raise ValueError("--value-bits auto chooses each round's value width for "
+                                 "--target-rel-error: pass it too")
+        elif self.value_bits != 32:
             if not traits.quantizable:
                 raise ValueError(f"--value-bits applies to {', '.join(QUANTIZABLE)}; "
                                  f"use --bits for {BITS_SCHEMES}")
@@ -302,7 +327,10 @@ def _parser() -> argparse.ArgumentParser:
         "it is fixed for the job)",
         "estimator": f"one of {', '.join(SCHEMES)}",
         "value_bits": "bits per sent value of rand-k, rand-k-spatial and rand-proj-spatial "
-        "(1..32; below 32 unbiased stochastic rounding with a float32 scale per message)",
+        "(1..32; below 32 unbiased stochastic rounding with a float32 scale per message; "
+        "auto with --target-rel-error: each round the width, among "
+        f"{', '.join(map(str, AUTO_VALUE_BITS))}, and k with the fewest bytes that meet the "
+        "target)",
         "bits": "eden (1, 2, 4, 8) and qsgd (1..16): bits per coordinate",
         "transform": "avg, max, one, auto (smoothed R_hat) or a number R",
         "task": f"one of {', '.join(TASKS)}",
@@ -350,9 +378,19 @@ def _parser() -> argparse.ArgumentParser:
         flag = "--" + name.replace("_", "-")
         if name in _BOOL:
             p.add_argument(flag, action="store_true", default=None, help=helps[name])
+        elif name == "value_bits":
+            p.add_argument(flag, type=_value_bits_flag, default=None, help=helps[name])
         else:
             p.add_argument(flag, type=_flag_type(info), default=None, help=helps[name])
     return p
+
+
+def _value_bits_flag(text: str) -> int:
+    """argparse's type for ``--value-bits`` (its message kept)."""
+    try:
+        return parse_value_bits(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _flag_type(info: FieldInfo) -> type:
@@ -366,6 +404,14 @@ class _SettingsBase(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="RPSAGG_", extra="forbid",
                                       coerce_numbers_to_str=True)
+
+    @field_validator("value_bits", mode="before", check_fields=False)
+    @classmethod
+    def _value_bits(cls, value: Any) -> int:
+        """``auto`` from the environment or a config file (a value already read: as is)."""
+        if isinstance(value, int) and not isinstance(value, bool) and value == VALUE_BITS_AUTO:
+            return value
+        return parse_value_bits(value)
 
     @field_validator(*sorted(_BOOL), mode="before", check_fields=False)
     @classmethod

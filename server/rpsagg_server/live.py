@@ -146,6 +146,9 @@ class LiveRound:
     #: the values per client of this round (``--k``, or chosen by --target-rel-error);
     #: 0 in rows of before per-round k: the job's k
     k: int = 0
+    #: the bits per value of this round (``--value-bits``, or chosen with k by
+    #: ``--value-bits auto``); 0 in rows of before per-round widths: ``--value-bits``
+    value_bits: int = 0
     subs: dict[str, Submission] = field(default_factory=dict)
     #: queued writes: client id -> (digest, the write batch's future, index in the batch)
     pending: dict[str, tuple[bytes, asyncio.Future[list[Any]], int]] = field(
@@ -169,6 +172,8 @@ class LiveRound:
             info["r_priors"] = list(self.r_priors)
         if self.k:
             info["k"] = self.k
+        if self.value_bits:
+            info["value_bits"] = self.value_bits
         if self.state in ("done", "failed"):
             info["archived"] = {
                 "contributors": [[c, str(sub.client_seed)] for c, sub in self.subs.items()],
@@ -210,6 +215,7 @@ class LiveRound:
                    closed_at=info.get("closed_at"), finished_at=info.get("finished_at"))
         live.archived = info.get("archived", {})
         live.k = int(info.get("k") or cfg.k)
+        live.value_bits = int(info.get("value_bits") or cfg.value_bits or 32)
         priors = info.get("r_priors")  # absent in rows of before the per-vector priors
         if priors is not None:
             live.r_priors = tuple(None if p is None else float(p) for p in priors)
@@ -298,7 +304,7 @@ class LiveRound:
             r_prior=self.r_prior, eval_errors=ev,
             arrivals=tuple(sorted(self.arrivals(), key=lambda a: clients.get(a.client_id, 0))),
             estimated_error=None if o is None else o.estimated_error,
-            k=self.k or cfg.k,
+            k=self.k or cfg.k, value_bits=self.value_bits or cfg.value_bits or 32,
         )
 
 

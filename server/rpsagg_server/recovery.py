@@ -62,7 +62,7 @@ class Recovery:
     tracker : VectorCorrelationTracker or None
         ``transform=auto``'s correlation priors (restored), else None.
     estimator : callable
-        A round's estimator for its correlation prior and k.
+        A round's estimator for its correlation prior, k and value bits.
     host : RoundHost
     """
 
@@ -71,7 +71,7 @@ class Recovery:
     m: int
     progress: JobProgress
     tracker: VectorCorrelationTracker | None
-    estimator: Callable[[float | None, int | None], Estimator]
+    estimator: Callable[[float | None, int | None, int | None], Estimator]
     host: RoundHost
 
     def check_job_config(self) -> bool:
@@ -116,7 +116,7 @@ class Recovery:
 
     def resume(self, live: LiveRound) -> None:
         """Make the last unfinished round current again with its committed submissions."""
-        live.estimator = self.estimator(live.r_prior, live.k)
+        live.estimator = self.estimator(live.r_prior, live.k, live.value_bits)
         for s in self.store.submissions(live.round_id):
             live.add(serde.decode_submission(s.payload), s.received_at)
         log.info("[Engine] resuming round %d (%s) with %d committed submissions",

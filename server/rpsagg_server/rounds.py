@@ -43,7 +43,7 @@ from rpsagg.schemes import WireProfile, estimator_from_options
 from rpsagg.tasks import Task, make_task
 from rpsagg_server import deadline
 from rpsagg_server.betawarm import BetaWarmup
-from rpsagg_server.config import ServerConfig
+from rpsagg_server.config import AUTO_VALUE_BITS, VALUE_BITS_AUTO, ServerConfig
 from rpsagg_server.decoding import DecodeOptions, DecodeOutcome, decode_round
 from rpsagg_server.events import (
     ClientJoined,
@@ -97,10 +97,10 @@ class RoundEngine:
         #: Rand-Proj-Spatial's projection: "auto" (by d) for a new job; a recovered job keeps
         #: the one it was started with (its stored submissions were encoded with it).
         self.projection = "auto"
-        self._base = self._make_estimator(None)
+        self._base = self._base_estimator()
         #: the job's progress; ``encoding`` is (spec_version, projection, block_size), what
         #: every round announces (the projection follows from d, not from auto's prior)
-        self.progress = JobProgress(round_encoding(self._base))
+        self.progress = JobProgress(round_encoding(self._encoding_estimator()))
         self.membership = Membership(config, store, self.publish)
         self.clients = self.membership.clients
         self.results = ResultBook(config, self.m, self.clients, self.progress)
@@ -137,43 +137,65 @@ class RoundEngine:
         self.progress.encoding = value
 
     # -- set-up ----------------------------------------------------------------------------
-    def _make_estimator(self, prior: float | None, k: int | None = None) -> Estimator:
+    def _make_estimator(self, prior: float | None, k: int | None = None,
+                        value_bits: int | None = None) -> Estimator:
         c = self.cfg
+        bits = value_bits or c.value_bits or 32  # 0: --value-bits auto, a round's own
         return estimator_from_options(c.estimator, n=c.n, k=k or c.k, d=c.d,
                                       transform=c.transform,
                                       prior_r=prior if c.transform == "auto" else None,
                                       projection=self.projection,
-                                      value_bits=c.value_bits, bits=c.bits)
+                                      value_bits=bits, bits=c.bits)
+
+    def _base_estimator(self) -> Estimator:
+        """The largest messages a round may ask for (``--k-max`` values, float32 where the
+        width is chosen per round): what bounds a request's size."""
+        return self._make_estimator(None, self.cfg.k_max or None)
+
+    def _encoding_estimator(self) -> Estimator:
+        """What fixes the job's wire format: with ``--value-bits auto`` rounds may send
+        codes, so the format is that of quantized values (``rpsagg-seed-v3`` or later)."""
+        if self.cfg.value_bits == VALUE_BITS_AUTO:
+            return self._make_estimator(None, self.cfg.k_max or None, value_bits=8)
+        return self._base
 
     @property
     def wire(self) -> WireProfile:
         """What the job's clients send (the estimator's wire profile)."""
         return self._base.wire
 
-    def estimator(self, prior: float | None, k: int | None = None) -> Estimator:
+    def estimator(self, prior: float | None, k: int | None = None,
+                  value_bits: int | None = None) -> Estimator:
         """A round's estimator (``prior``: the correlation prior of ``transform=auto``;
-        ``k``: the round's values per client, default ``--k``)."""
-        return self._make_estimator(prior, k)
+        ``k`` and ``value_bits``: the round's, default ``--k`` and ``--value-bits``)."""
+        return self._make_estimator(prior, k, value_bits)
 
-    def round_k(self, priors: tuple[float | None, ...] | None) -> int:
-        """The k of a new round: ``--k`` without ``--target-rel-error``; with it, the
-        smallest k in ``[--k-min, --k-max]`` whose predicted relative error at the smoothed
-        R_hat (the least of the vector slots': the cautious one) is at most the target,
-        ``--k-max`` while no R_hat is known (the first round) or when none reaches it
-        (:func:`rpsagg.plan_budget`)."""
+    def round_budget(self, priors: tuple[float | None, ...] | None) -> tuple[int, int]:
+        """``(k, value_bits)`` of a new round: ``--k`` and ``--value-bits`` without
+        ``--target-rel-error``. With it, the smallest k in ``[--k-min, --k-max]`` whose
+        predicted relative error at the smoothed R_hat (the least of the vector slots': the
+        cautious one) is at most the target; with ``--value-bits auto``, the width (of
+        :data:`~rpsagg_server.config.AUTO_VALUE_BITS`) and k with the fewest bytes that meet
+        it (:func:`rpsagg.plan_budget`). While no R_hat is known (the first round), or when
+        no budget reaches the target: ``--k-max`` at the widest width."""
         c = self.cfg
         top = c.k_max or c.k
+        widths = AUTO_VALUE_BITS if c.value_bits == VALUE_BITS_AUTO else (c.value_bits,)
         if c.target_rel_error <= 0:
-            return c.k
+            return c.k, c.value_bits
         known = [p for p in (priors or ()) if p is not None]
         if not known or not c.d:
-            return top
+            return top, max(widths)
         r = min(known)
         prior = r if c.transform == "auto" else None
-        plan = plan_budget(lambda k, bits: self._make_estimator(prior, k), c.target_rel_error,
-                           r, k_min=c.k_min, k_max=min(top, c.d),
-                           value_bits=(c.value_bits,))
-        return plan.k
+        plan = plan_budget(lambda k, bits: self._make_estimator(prior, k, bits),
+                           c.target_rel_error, r, k_min=c.k_min, k_max=min(top, c.d),
+                           value_bits=widths)
+        return plan.k, plan.value_bits
+
+    def round_k(self, priors: tuple[float | None, ...] | None) -> int:
+        """The k of :meth:`round_budget`."""
+        return self.round_budget(priors)[0]
 
     def _recover_encoding(self, job_exists: bool) -> None:
         """Keep the projection a job was started with; record it for a new job.
@@ -195,8 +217,8 @@ class RoundEngine:
                         "(a new job with d=%d would use %r)", self.cfg.db, projection,
                         self.cfg.d, self.encoding[1])
             self.projection = projection
-            self._base = self._make_estimator(None)
-            self.encoding = round_encoding(self._base)
+            self._base = self._base_estimator()
+            self.encoding = round_encoding(self._encoding_estimator())
         if saved is None:
             self.store.put_meta("encoding", json.dumps(list(self.encoding)))
 
@@ -306,15 +328,15 @@ class RoundEngine:
         a committed submission always has its round row (a restart resumes the same round).
         """
         tracked = None if self.tracker is None else tuple(self.tracker.priors(self.cfg.n))
-        k = self.round_k(tracked)
+        k, bits = self.round_budget(tracked)
         priors = tracked if self.cfg.transform == "auto" else None  # what the decode uses
         prior = None if priors is None else priors[0]
-        est = self._make_estimator(prior, k)
+        est = self._make_estimator(prior, k, bits)
         live = LiveRound(
             round_id=round_id, nonce=secrets.randbits(64), task_step=self.progress.steps_done,
             transform=self._transform_label(est), r_prior=prior,
             global_state=np.asarray(global_state, dtype=np.float64), opened_at=time.time(),
-            r_priors=priors, k=k,
+            r_priors=priors, k=k, value_bits=bits,
         )
         live.estimator = est
         return live

@@ -164,6 +164,8 @@ class RoundView:
         a restart by a version that did not store them).
     k : int
         Values per client of this round (``--k``, or chosen by ``--target-rel-error``).
+    value_bits : int
+        Bits per value of this round (32: float32; chosen with k by ``--value-bits auto``).
     """
 
     round_id: int
@@ -193,6 +195,7 @@ class RoundView:
     arrivals: tuple[Arrival, ...] = ()
     estimated_error: EstimatedError | None = None
     k: int = 0
+    value_bits: int = 32
 
 
 @dataclass(frozen=True, eq=False)

@@ -121,6 +121,8 @@ class Round(BaseModel):
     transform: str = Field(description="Transform label used (or planned) at decode.")
     k: int = Field(default=0, description="Values per client of this round (the job's k, or "
                    "the one --target-rel-error chose).")
+    value_bits: int = Field(default=32, description="Bits per value of this round (32: "
+                            "float32; chosen with k by --value-bits auto).")
     task_step: int
     timestamps: Timestamps
     clients: RoundClients
@@ -280,7 +282,8 @@ def from_round(view: RoundView, task: TaskMetrics | None = None) -> Round:
     raw = view.raw_float32_bytes
     return Round(
         round_id=view.round_id, state=view.state, reason=view.reason, nonce=str(view.nonce),
-        scheme=view.scheme, transform=view.transform, k=view.k, task_step=view.task_step,
+        scheme=view.scheme, transform=view.transform, k=view.k, value_bits=view.value_bits,
+        task_step=view.task_step,
         timestamps=Timestamps(
             opened=view.opened_at, first_submission=view.first_submission_at,
             deadline=view.deadline_at, closed=view.closed_at, finished=view.finished_at),
