@@ -2,8 +2,10 @@
 
 Every call has a deadline; UNAVAILABLE and DEADLINE_EXCEEDED are retried with exponential
 backoff and full jitter until ``retry_budget`` seconds have passed, and so is CANCELLED on
-the idempotent reads (GetRound, GetResult; a WatchRounds stream is re-opened): a server
-that stops with a call accepted but not yet handled cancels it. A retried Submit sends
+Join and the idempotent reads (GetRound, GetResult; a WatchRounds stream is re-opened): a
+server that stops with a call accepted but not yet handled cancels it (a ``--d 0`` server
+does so to the joins in flight when it starts the job with the d it learned; a repeated
+Join of the same client id is answered with the same index). A retried Submit sends
 byte-identical bytes, which the server acknowledges again instead of treating as a second
 submission. Reads carry this client's id, so the server knows who has been told that the
 job is done (its drained job end).
@@ -142,7 +144,7 @@ class AggregationClient:
         give_up = time.monotonic() + self.retry_budget
         attempt = 0
         retry_on = RETRYABLE + ((grpc.StatusCode.DEADLINE_EXCEEDED,) if retry_deadline else ())
-        if name in ("GetRound", "GetResult"):
+        if name in ("Join", "GetRound", "GetResult"):
             retry_on = READ_RETRYABLE
         while True:
             try:
