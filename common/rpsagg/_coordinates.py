@@ -116,27 +116,33 @@ def wangni_probabilities(x: FloatArray, k: int) -> FloatArray:
     return np.minimum(1.0, c * mag)
 
 
-def wangni_error(values: FloatArray, d: int) -> float:
-    """Estimate of ``E||x_hat_i - x_i||^2 = sum_j x_j^2 (1/p_j - 1)`` from one message.
+def wangni_error(values: FloatArray, k: int, d: int) -> tuple[float, float]:
+    """Estimate of ``E||x_hat_i - x_i||^2`` from one message, and its variance.
 
-    A kept coordinate with ``p_j < 1`` carries ``+-1/c`` (the smallest magnitude sent), one
-    with ``p_j = 1`` carries ``x_j`` itself and adds no error. With ``m`` values at ``1/c``
-    and ``d_s`` coordinates below ``p = 1`` (``d`` minus those sent exactly),
-    ``E[m / c^2] = sum_{p < 1} x_j^2 / p_j``; subtracting ``sum x_j^2 = sum p_j^2 / c^2``,
-    estimated as ``m p_bar / c^2`` with ``p_bar = m / d_s`` (exact when those p_j are
-    equal), gives ``m (1 - p_bar) / c^2``.
+    A kept coordinate with ``p_j < 1`` carries ``+-1/c`` (the smallest magnitude sent, the
+    same binary32 for all of them), one with ``p_j = 1`` carries ``x_j`` itself and adds no
+    error. With ``p_j = c |x_j|`` below 1 the error is
+    ``sum_j x_j^2 (1/p_j - 1) = sum_{p_j < 1} p_j (1 - p_j) / c^2 = Var(m) / c^2``, where
+    ``m``, the count of kept values at ``1/c``, is a sum of independent Bernoulli(p_j) draws
+    whose mean is known exactly: c makes ``sum_j p_j = k``, so ``E[m] = k - s`` with ``s``
+    the coordinates sent exactly. Hence ``(m - (k - s))^2 / c^2`` is unbiased. Its variance
+    is about ``2 Var(m)^2 / c^4`` (a squared normal deviation), with ``Var(m)`` taken from
+    the plug-in ``m (1 - m / d_s)`` (``d_s = d - s``). With at most one value at the
+    smallest magnitude and no more than k values, the message is read as one of a vector
+    with at most k non-zero coordinates (all kept exactly: error 0).
     """
     if values.size == 0:
-        return 0.0
+        return 0.0, 0.0
     mag = np.abs(values)
     inv_c = float(mag.min())
-    small = mag <= inv_c * (1.0 + 1e-6)
-    m = int(np.count_nonzero(small))
-    sure = values.size - m
-    if m == 0 or d - sure <= 0:
-        return 0.0
-    p_bar = min(1.0, m / (d - sure))
-    return m * (1.0 - p_bar) * inv_c * inv_c
+    m = int(np.count_nonzero(mag == mag.min()))
+    s = values.size - m
+    if m <= 1 and values.size <= k:
+        return 0.0, 0.0
+    plug_in = m * (1.0 - min(1.0, m / max(1, d - s)))
+    dev = m - (k - s)
+    scale = inv_c * inv_c
+    return dev * dev * scale, 2.0 * (plug_in * scale) ** 2
 
 
 class RandKWangni(Estimator):
@@ -161,8 +167,9 @@ class RandKWangni(Estimator):
     def _decode(self, batch: list[Encoded]) -> DecodeResult:
         beta = self._beta(len(batch))
         est = beta * _sparse_sum(batch, self.d)
-        terms = [wangni_error(m.values.astype(np.float64), self.d) for m in batch]
-        return DecodeResult(est, len(batch), beta, None, None, 0.0, per_message_error(est, terms))
+        pairs = [wangni_error(m.values.astype(np.float64), self.k, self.d) for m in batch]
+        error = per_message_error(est, [t for t, _ in pairs], [v for _, v in pairs])
+        return DecodeResult(est, len(batch), beta, None, None, 0.0, error)
 
     def _beta(self, n_prime: int) -> float:
         return 1.0 / n_prime
