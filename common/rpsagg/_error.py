@@ -22,9 +22,9 @@ The other schemes are unbiased per message and independent across clients, so
 ``||x_hat_i||^2 - scale^2`` (exactly unbiased: the scale is the float32 norm), EDEN
 ``D_b ||x_hat_i||^2`` (``D_b`` the Lloyd-Max distortion of N(0,1) at b bits), Rand-k-Wangni
 ``(m - (k - s))^2 / c^2`` (m values read ``1/c``, s are sent exactly;
-``E[m] = k - s`` and the error is ``Var(m) / c^2``) and the induced compressor ``(1 - k_r/d) ||v_r||^2``
-(its Rand-k part). ``||x_bar||^2`` is then ``||x_hat||^2 - MSE_hat``, unbiased for any
-unbiased estimator.
+``E[m] = k - s`` and the error is ``Var(m) / c^2``) and the induced compressor
+``(1 - k_r/d) ||v_r||^2`` (its Rand-k part). ``||x_bar||^2`` is then
+``||x_hat||^2 - MSE_hat``, unbiased for any unbiased estimator.
 
 The standard error of the estimate is derived in ``docs/error-estimate.md``: for the sketch
 families a Wishart model of ``Q_i = (D/k) G_i^T G_i`` (``Cov(u^T Q v, w^T Q z) ~ (1 - p)/k
