@@ -246,6 +246,31 @@ def test_bad_dashboard_token_files(content: str | None, fragments: tuple[str, ..
     assert not db.exists()  # refused before the job was started
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("flag", ["--tokens", "--http-tokens"])
+@pytest.mark.parametrize("kind", ["not-utf8", "fifo", "directory"])
+def test_token_files_that_are_not_text_files(flag: str, kind: str, tmp_path: Path) -> None:
+    """A token file that is not UTF-8, a FIFO (opening it would wait for a writer forever)
+    or a directory: one line naming the flag and the file, at once (the subprocess's own
+    timeout bounds the wait), before the job starts."""
+    path = tmp_path / "tokens"
+    if kind == "not-utf8":
+        path.write_bytes(b"s3cret-token\xff\xfe\n")
+        reason = "not UTF-8 text (an invalid byte at offset 12)"
+    elif kind == "fifo":
+        os.mkfifo(path)
+        reason = "not a regular file (a FIFO)"
+    else:
+        path.mkdir()
+        reason = "not a regular file (a directory)"
+    db = tmp_path / "x.db"
+    status, err = run_server([*JOB, "--insecure", "--db", str(db), "--grpc-port", "0",
+                              "--http-port", str(_free_port()), flag, str(path)])
+    assert_one_line_error(status, err, f"{flag} {path}: {reason}")
+    assert "s3cret" not in err
+    assert not db.exists()  # refused before the job was started
+
+
 def test_a_connection_cap_that_leaves_grpc_no_descriptors(tmp_path: Path) -> None:
     import resource
 

@@ -30,6 +30,17 @@ _bound: contextvars.ContextVar[str | None] = contextvars.ContextVar("rpsagg_boun
                                                                    default=None)
 
 
+def read_token_text(flag: str, path: str) -> str:
+    """The text of a token file, UTF-8; a file that is not is one line naming ``flag``,
+    the file and the first bad byte's offset (never the bytes: they may be a token)."""
+    raw = Path(path).read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{flag} {path}: not UTF-8 text (an invalid byte at offset "
+                         f"{exc.start})") from None
+
+
 class TokenBook:
     """Client tokens from a file: one per line, ``TOKEN`` (any client id) or ``CLIENT_ID TOKEN``.
 
@@ -41,9 +52,9 @@ class TokenBook:
 
     @classmethod
     def from_file(cls, path: str) -> TokenBook:
-        """Parse a token file."""
+        """Parse a token file (the ``--tokens`` flag's); errors name the flag and the file."""
         entries: list[tuple[str | None, str]] = []
-        for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
+        for lineno, line in enumerate(read_token_text("--tokens", path).splitlines(), 1):
             parts = line.split()
             if not parts or parts[0].startswith("#"):
                 continue
@@ -52,9 +63,10 @@ class TokenBook:
             elif len(parts) == 2:
                 entries.append((parts[0], parts[1]))
             else:
-                raise ValueError(f"{path}:{lineno}: expected 'TOKEN' or 'CLIENT_ID TOKEN'")
+                raise ValueError(f"--tokens {path}:{lineno}: expected 'TOKEN' or "
+                                 "'CLIENT_ID TOKEN'")
         if not entries:
-            raise ValueError(f"{path}: no tokens")
+            raise ValueError(f"--tokens {path}: no tokens")
         return cls(entries)
 
     def lookup(self, token: str) -> tuple[bool, str | None]:

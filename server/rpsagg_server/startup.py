@@ -14,6 +14,7 @@ import os
 import socket
 import sqlite3
 import ssl
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +29,27 @@ class StartupError(Exception):
 
 
 def _readable(flag: str, path: str) -> None:
+    """``path`` is a regular file this process can read. Anything else (a FIFO, a device,
+    a directory, a socket) is refused before it is opened: opening a FIFO would wait for a
+    writer, forever."""
     try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise StartupError(f"{flag} {path}: not a regular file ({_kind(info.st_mode)})")
         with Path(path).open("rb") as fh:
             fh.read(1)
     except OSError as exc:
         raise StartupError(f"{flag} {path}: cannot read it ({exc.strerror or exc})") from None
+
+
+def _kind(mode: int) -> str:
+    """What a file that is not a regular file is, in words."""
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a file"  # pragma: no cover - no other kind on Linux
 
 
 def check_tls(cfg: ServerConfig) -> None:

@@ -18,9 +18,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from pathlib import Path
 
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from rpsagg_server.auth import read_token_text
 
 PROTECTED = ("/api/", "/metrics")
 
@@ -48,7 +49,7 @@ class HttpTokens:
             A line with more than one word, or no token at all (the message names the line).
         """
         tokens: list[str] = []
-        for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
+        for lineno, line in enumerate(read_token_text("--http-tokens", path).splitlines(), 1):
             parts = line.split()
             if not parts or parts[0].startswith("#"):
                 continue
