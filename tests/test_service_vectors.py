@@ -32,6 +32,7 @@ import sqlite3
 import subprocess
 import urllib.error
 import urllib.request
+import zipfile
 from pathlib import Path
 from typing import IO, Any
 
@@ -298,9 +299,47 @@ def _bad_inputs(tmp_path: Path, d: int) -> list[tuple[str, bytes | None, str]]:
     nan_csv.write_text(",".join(["1"] * d) + "\n" + ",".join(["1"] * (d - 1) + ["nan"]) + "\n")
     few = tmp_path / "few.npy"
     np.save(few, rng.standard_normal((2, d)))
+    huge = tmp_path / "huge.npy"  # finite, beyond float32
+    x = rng.standard_normal((3, d))
+    x[1, 2] = 1e308
+    np.save(huge, x)
+    wide = tmp_path / "wide.npy"  # float32 values whose vector's norm is beyond float32
+    np.save(wide, np.full((3, d), 3e38, dtype=np.float32))
+    norm = float(np.sqrt(d * np.float64(np.float32(3e38)) ** 2))
+    npz_txt = tmp_path / "text_member.npz"
+    with zipfile.ZipFile(npz_txt, "w") as z:
+        z.writestr("vectors.txt", "1,2,3\n")
+    npz_odd = tmp_path / "odd_compression.npz"
+    buf = io.BytesIO()
+    np.save(buf, rng.standard_normal((3, d)))
+    with zipfile.ZipFile(npz_odd, "w") as z:
+        z.writestr("vectors.npy", buf.getvalue())
+    raw = bytearray(npz_odd.read_bytes())  # compression method 99 (AES), which zipfile lacks
+    raw[8:10] = (99).to_bytes(2, "little")
+    cd = raw.rfind(b"PK\x01\x02")
+    raw[cd + 10:cd + 12] = (99).to_bytes(2, "little")
+    npz_odd.write_bytes(bytes(raw))
+    csvs = {}
+    for tag, field in (("underscore", "1_000"), ("fullwidth", "\uff11"),
+                       ("arabic_indic", "\u0663")):
+        csvs[tag] = tmp_path / f"{tag}.csv"
+        csvs[tag].write_text(",".join(["1"] * (d - 1) + [field]) + "\n", encoding="utf-8")
     head = "rpsagg-client: "
     data = 8 * 3 * d
+    ascii_only = "(numbers are written in ASCII, e.g. 1000, -0.5, 1e-3)"
+    f32 = "float32's largest finite value 3.4028235e+38"
     return [
+        (str(huge), None, f"{head}{huge}: at row 1, index 2, 1e+308 is beyond {f32} (values "
+         "are sent as float32)"),
+        (str(wide), None, f"{head}{wide}, row 0: the vector's norm {norm:g} is beyond {f32} "
+         "(a rotation can put all of it in one sent float32 value); scale the vectors down"),
+        (str(npz_txt), None, f"{head}{npz_txt}: its member 'vectors.txt' is not an .npy "
+         "array (an .npz holds .npy files, as numpy.savez writes them)"),
+        (str(npz_odd), None, f"{head}{npz_odd}: not a readable .npz file (That compression "
+         "method is not supported)"),
+        *((str(p), None, f"{head}{p} line 1: {f!r} is not a number at index {d - 1} "
+           f"{ascii_only}") for p, f in zip(csvs.values(), ("1_000", "\uff11", "\u0663"),
+                                            strict=True)),
         (str(wrong_d), None, f"{head}{wrong_d}: vectors of length {d + 1}; the server's d "
          f"is {d}"),
         (str(nan), None, f"{head}{nan}: nan at row 2, index 5; every value must be finite"),
@@ -333,6 +372,16 @@ def test_bad_input_is_one_line_and_nothing_is_sent(tmp_path: Path) -> None:
                 proc.stdin.close()
             rc, out, err = finish(proc, 60)
             assert (rc, out, err.splitlines()) == (2, "", [line]), arg
+        # a 200 KB .npy header: numpy's refusal, on one line
+        big = tmp_path / "big_header.npy"
+        header = (f"{{'descr': '<f8', 'fortran_order': False, 'shape': (3, {d}), }}"
+                  + " " * 200_000 + "\n").encode()
+        big.write_bytes(b"\x93NUMPY\x02\x00" + len(header).to_bytes(4, "little") + header
+                        + np.ones(3 * d).tobytes())
+        rc, out, err = finish(client(job, "bad", str(big)), 60)
+        assert (rc, out, len(err.splitlines())) == (2, "", 1), err
+        assert err.startswith(f"rpsagg-client: {big}: not a readable .npy file (Header info "
+                              "length (200"), err
         st = status(http)
         assert st["clients_joined"] == 0 and st["clients"] == []
         assert st["current_round"]["state"] == "open"

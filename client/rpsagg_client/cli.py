@@ -31,6 +31,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -40,6 +41,7 @@ from rpsagg.tasks import DATA_SOURCES, EXTERNAL_DATA, DataUnavailable, load_shar
 from rpsagg_client.client import AggregationClient
 from rpsagg_client.identity import default_client_id
 from rpsagg_client.vectors import (
+    ArraySource,
     VectorError,
     VectorsEnded,
     VectorSource,
@@ -47,7 +49,7 @@ from rpsagg_client.vectors import (
     open_vectors,
 )
 from rpsagg_wire.v1 import serde
-from rpsagg_wire.v1.serde import RoundResult, Submission
+from rpsagg_wire.v1.serde import RoundInfo, RoundResult, Submission
 
 log = logging.getLogger("rpsagg.client")
 BAD_INPUT = 2  # exit status of bad input vectors (argparse's for bad flags)
@@ -199,6 +201,27 @@ def _bad_input(message: str) -> int:
     return BAD_INPUT
 
 
+def _check_encodes(client: AggregationClient, info: RoundInfo, source: VectorSource) -> None:
+    """Encode every vector of a file once with the job's encoder (as the first round
+    announces it), before joining: values whose encoding overflows (a transformed value
+    beyond float32, a square beyond float64) are refused now, not in the middle of the job.
+    A stream's vectors are checked as they are encoded."""
+    if not isinstance(source, ArraySource):
+        return
+    rnd = replace(info, d=info.d or source.d)
+    try:
+        est = client.estimator_for(rnd)
+    except ValueError:
+        return  # a wire format this client does not speak: the join's own error says so
+    for step in range(info.task_step, source.rounds):
+        for j, x in enumerate(source.vectors(step)):
+            try:
+                est.encode(x, step * 1_000_003 + j)
+            except ValueError as exc:
+                where = f"round step {step + 1}" + (f", vector {j}" if source.m > 1 else "")
+                raise VectorError(f"{source.name}: {where}: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Join, then for every round compute the task's vectors (or read the user's) and submit.
 
@@ -224,6 +247,7 @@ def run(args: argparse.Namespace) -> int:
                                   f"runs {info.task}")
             try:
                 source.check_job(info.d, info.m, info.total_rounds, info.task_step)
+                _check_encodes(client, info, source)
             except VectorError as exc:
                 return _bad_input(str(exc))
             log.info("[Client] %s: %s", source.name, describe(source))
@@ -291,7 +315,13 @@ def run(args: argparse.Namespace) -> int:
                 vectors = task.client_vectors(
                     state if state is not None else task.initial_state(0), shard,
                     rnd.task_step)
-            sub = client.encode(rnd, vectors)
+            try:
+                sub = client.encode(rnd, vectors)
+            except ValueError as exc:
+                if source is None:
+                    raise
+                return _bad_input(f"{source.name}: round step {rnd.task_step + 1}: {exc}; "
+                                  "leaving the job")
             try:
                 ack = client.submit_encoded(sub)
             except grpc.RpcError as exc:

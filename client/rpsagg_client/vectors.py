@@ -15,14 +15,23 @@ The vectors of task step t (the t-th round that finishes with an estimate; a fai
 is retried on the same step) are row t of a file, and the next unread vector(s) of a
 stream. A whole file is read and checked before the client contacts the server; a stream
 line is checked as it is read. Every problem is a :class:`VectorError`, whose message is one
-line naming the file and the line or index: a wrong d, NaN or Inf, a truncated ``.npy``, a
-short or malformed line, a file that ends before the job.
+line naming the file and the line or index: a wrong d, NaN or Inf, a value beyond float32's
+range (values are sent as float32) or a vector whose norm is (a rotation can put all of it
+in one value), a truncated or malformed ``.npy``, an ``.npz`` whose member is not an
+``.npy`` array or is compressed in a way Python's zipfile cannot read, a short or
+malformed line (text numbers in their ASCII forms only: ``1e3``, ``-0.5``,
+``inf``; not ``1_000`` nor other scripts' digits), a file that ends before the job. The
+client also encodes every vector of a file once with the job's encoder before it joins, so
+values whose encoding overflows (a transform or a square beyond float32 or float64) are
+refused then too.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import zipfile
+import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +43,11 @@ from numpy.typing import NDArray
 FloatArray = NDArray[np.float64]
 STDIN = "-"
 STDIN_NAME = "<stdin>"
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+# a number as text, ASCII only: Python's float() also takes "1_000", full-width and other
+# scripts' digits, which a CSV file should not silently hold
+_NUMBER = re.compile(r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+                     r"|inf|infinity|nan)", re.IGNORECASE | re.ASCII)
 
 
 class VectorError(ValueError):
@@ -44,12 +58,57 @@ class VectorsEnded(VectorError):
     """The vectors ran out before a round that needs them."""
 
 
+def _one_line(exc: BaseException, limit: int = 200) -> str:
+    """An exception's message on one line, at most ``limit`` characters."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _python_number(text: str) -> bool:
+    """Whether Python's ``float`` reads ``text`` (which the ASCII forms do not cover)."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _first_bad(a: FloatArray) -> tuple[int, ...] | None:
     """The index of the first NaN or infinity of ``a`` (None when all are finite)."""
     bad = ~np.isfinite(a)
     if not bad.any():
         return None
     return tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), a.shape))
+
+
+def _first_huge(a: FloatArray) -> tuple[int, ...] | None:
+    """The index of the first value beyond float32's range (None when all are within)."""
+    huge = np.abs(a) > FLOAT32_MAX
+    if not huge.any():
+        return None
+    return tuple(int(i) for i in np.unravel_index(int(np.argmax(huge)), a.shape))
+
+
+def _first_long(a: FloatArray) -> tuple[tuple[int, ...], float] | None:
+    """The index (all axes but the last) and norm of the first vector of ``a`` whose
+    Euclidean norm is beyond float32's range (values within it: the squares fit float64)."""
+    norms = np.sqrt(np.sum(np.square(a), axis=-1))
+    long = norms > FLOAT32_MAX
+    if not long.any():
+        return None
+    at = tuple(int(i) for i in np.unravel_index(int(np.argmax(long)), norms.shape))
+    return at, float(norms[at])
+
+
+def _long_message(norm: float) -> str:
+    return (f"the vector's norm {norm:g} is beyond float32's largest finite value "
+            f"{FLOAT32_MAX:.8g} (a rotation can put all of it in one sent float32 value); "
+            "scale the vectors down")
+
+
+def _huge_message(value: float) -> str:
+    return (f"{value:g} is beyond float32's largest finite value {FLOAT32_MAX:.8g} (values "
+            "are sent as float32)")
 
 
 def _where(index: tuple[int, ...], ndim: int) -> str:
@@ -72,6 +131,14 @@ def _as_rounds(name: str, raw: np.ndarray) -> FloatArray:
     if bad is not None:
         raise VectorError(f"{name}: {a[bad]} at {_where(bad, a.ndim)}; every value must be "
                           "finite")
+    huge = _first_huge(a)
+    if huge is not None:
+        raise VectorError(f"{name}: at {_where(huge, a.ndim)}, {_huge_message(a[huge])}")
+    long = _first_long(a)
+    if long is not None:
+        names = ("row",) if a.ndim == 2 else ("round", "vector")
+        at = "".join(f", {n} {i}" for n, i in zip(names, long[0], strict=False))
+        raise VectorError(f"{name}{at}: {_long_message(long[1])}")
     if a.ndim == 1:  # (d,): one round
         return a[None, None, :]
     return a[:, None, :] if a.ndim == 2 else a  # (rounds, d): one vector per round
@@ -83,8 +150,8 @@ def _npy_truncation(name: str, fp: IO[bytes], total: int) -> VectorError | None:
         version = np.lib.format.read_magic(fp)
         shape, _, dtype = (np.lib.format.read_array_header_1_0(fp) if version == (1, 0)
                            else np.lib.format.read_array_header_2_0(fp))
-    except (ValueError, EOFError, OSError) as exc:
-        return VectorError(f"{name}: not a readable .npy file ({exc})")
+    except (ValueError, EOFError, OSError, SyntaxError) as exc:
+        return VectorError(f"{name}: not a readable .npy file ({_one_line(exc)})")
     want = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     have = total - fp.tell()
     if have >= want:
@@ -107,8 +174,8 @@ def load_npy(path: Path) -> FloatArray:
         fp.seek(0)
         try:
             raw = np.load(fp, allow_pickle=False)
-        except (ValueError, EOFError, OSError) as exc:
-            raise VectorError(f"{name}: not a readable .npy file ({exc})") from None
+        except (ValueError, EOFError, OSError, SyntaxError) as exc:
+            raise VectorError(f"{name}: not a readable .npy file ({_one_line(exc)})") from None
     return _as_rounds(name, raw)
 
 
@@ -123,8 +190,16 @@ def load_npz(path: Path) -> FloatArray:
                 raise VectorError(f"{name}: holds arrays {', '.join(keys) or '(none)'}; name "
                                   "the one to use 'vectors' (or keep only one)")
             raw = z[key]
-    except (ValueError, EOFError, OSError, zipfile.BadZipFile) as exc:
-        raise VectorError(f"{name}: not a readable .npz file ({exc})") from None
+    except VectorError:
+        raise
+    except (ValueError, EOFError, OSError, SyntaxError, zipfile.BadZipFile, zlib.error,
+            NotImplementedError, RuntimeError, KeyError) as exc:
+        # NotImplementedError: a compression method zipfile cannot read; RuntimeError: an
+        # encrypted member
+        raise VectorError(f"{name}: not a readable .npz file ({_one_line(exc)})") from None
+    if not isinstance(raw, np.ndarray):  # numpy hands a member that is not .npy as bytes
+        raise VectorError(f"{name}: its member {key!r} is not an .npy array (an .npz holds "
+                          ".npy files, as numpy.savez writes them)")
     return _as_rounds(f"{name}[{key}]", raw)
 
 
@@ -132,16 +207,13 @@ def parse_line(name: str, lineno: int, line: str, d: int | None) -> FloatArray:
     """One text line as a vector; ``d``: the length it must have (None: any)."""
     text = line.strip()
     fields = text.split(",") if "," in text else text.split()
-    try:
-        v = np.array(fields, dtype=np.float64)
-    except ValueError:
-        for col, f in enumerate(fields):
-            try:
-                float(f)
-            except ValueError:
-                what = "an empty field" if not f.strip() else f"{f.strip()!r} is not a number"
-                raise VectorError(f"{name} line {lineno}: {what} at index {col}") from None
-        raise  # pragma: no cover - some field failed above
+    for col, f in enumerate(fields):
+        if _NUMBER.fullmatch(f.strip()) is None:
+            what = "an empty field" if not f.strip() else f"{f.strip()!r} is not a number"
+            raise VectorError(f"{name} line {lineno}: {what} at index {col}"
+                              + (" (numbers are written in ASCII, e.g. 1000, -0.5, 1e-3)"
+                                 if _python_number(f) else ""))
+    v = np.array([f.strip() for f in fields], dtype=np.float64)
     if d is not None and v.size != d:
         raise VectorError(f"{name} line {lineno}: {v.size} values; expected d = {d}"
                           + (" (a short line)" if v.size < d else ""))
@@ -149,6 +221,13 @@ def parse_line(name: str, lineno: int, line: str, d: int | None) -> FloatArray:
     if bad is not None:
         raise VectorError(f"{name} line {lineno}: {v[bad]} at index {bad[0]}; every value "
                           "must be finite")
+    huge = _first_huge(v)
+    if huge is not None:
+        raise VectorError(f"{name} line {lineno}: at index {huge[0]}, "
+                          f"{_huge_message(v[huge])}")
+    long = _first_long(v)
+    if long is not None:
+        raise VectorError(f"{name} line {lineno}: {_long_message(long[1])}")
     return v
 
 
