@@ -1,4 +1,4 @@
-"""The server's target mode (``--target-rel-error EPS``) against the fixed-k sweep.
+r"""The server's target mode (``--target-rel-error EPS``) against the fixed-k sweep.
 
 In-process, with the server's rule: before every round the k is
 ``plan_budget(make, EPS, R, k_min=, k_max=min(k_max, d))`` at R = the least of
@@ -26,11 +26,17 @@ Bytes: ``n (4 k + 8)`` per round (float32 values and an 8-byte header per client
 The fixed-k sweep runs a geometric grid of k over the same rounds; the smallest fixed k whose
 mean relative error is <= the target mode's achieved mean is then found by bisection on the
 integers between the two grid points around it (the sweep's mean falls with k up to noise).
+The same is printed without the first round (sent at k_max). A second table plans the k at
+other R for comparison (not the server's rule): the least of the smoothed and the last R_hat,
+and the round's true R.
 
 Usage (one BLAS thread; see bench_anyd.py)::
 
     OPENBLAS_NUM_THREADS=1 python bench/target_mode.py           # 100 rounds, table and plot
     OPENBLAS_NUM_THREADS=1 python bench/target_mode.py --quick   # 12 rounds, a coarse grid
+    # transform auto (decodes ~20x slower): 50 rounds, two workloads
+    OPENBLAS_NUM_THREADS=1 python bench/target_mode.py --transform auto --rounds 50 \
+        --workloads syn-drift25,fmnist-power --no-plot
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Hostile and unlucky inputs met by real processes: server and client subprocesses on
 loopback sockets, every wait bounded and on a state (never a fixed sleep).
 
+* ``--max-d``: a ``--d 0`` job learns d only from a join within the bound; a d above it is
+  refused and fixes nothing, and honest clients join afterwards.
 * Library clients joining a ``--d 0`` job at once all join (CANCELLED retried on Join).
 """
 
@@ -10,9 +12,10 @@ import subprocess
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from rpsagg_server.launch import LocalJob, ServerProcess
+from rpsagg_server.launch import LocalJob, ServerProcess, server_command
 
 
 def _server(tmp_path: Path, *flags: str, db: str = "job.db") -> ServerProcess:
@@ -52,3 +55,48 @@ def test_library_clients_joining_a_d0_job_at_once_all_join(tmp_path: Path) -> No
             t.join(timeout=120)
         assert not errors, [repr(e) for e in errors]
         assert sorted(indices.values()) == list(range(n))
+
+
+@pytest.mark.timeout(180)
+def test_max_d_bounds_what_a_join_can_make_the_server_allocate(tmp_path: Path) -> None:
+    """``--d 0 --max-d 4096``: joins naming 2^31 and 2^32 - 1 are INVALID_ARGUMENT and fix
+    nothing (GetRound still says d = 0); an honest client then joins with its d, the job
+    starts with it and a round completes. ``--d`` above ``--max-d`` is a one-line start-up
+    error, and so is a restart on a database whose learned d is above a lowered bound."""
+    import grpc
+
+    from rpsagg_client import AggregationClient
+
+    d, k, limit = 64, 8, 4096
+    srv = _server(tmp_path, "--n", "1", "--k", str(k), "--d", "0", "--max-d", str(limit),
+                  "--rounds", "1", "--linger", "-1")
+    with srv, AggregationClient(srv.target, "evil", insecure=True, retry_budget=30) as evil:
+        for huge in (2**31, 2**32 - 1):
+            with pytest.raises(grpc.RpcError) as err:
+                evil.join(d=huge)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert err.value.details() == (f"d = {huge} (client 'evil') is above the "
+                                           f"server's --max-d {limit}")
+            assert evil.current_round().d == 0  # nothing was fixed
+        with AggregationClient(srv.target, "honest", insecure=True, retry_budget=30) as c:
+            assert c.join(d=d).client_index == 0
+            rnd = c.current_round()
+            assert rnd.d == d
+            c.submit(rnd, np.ones(d))
+            assert c.result(rnd.round_id, wait=True).state == "done"
+    err_text = srv.proc.stderr.read().decode() if srv.proc and srv.proc.stderr else ""
+    assert f"at most --max-d {limit}" in err_text
+    # the bound is also a start-up check: of --d, and of a database's learned d
+    for flags, line in (
+        (("--d", str(limit + 1), "--max-d", str(limit), "--db", ":memory:"),
+         f"rpsagg-server: --d {limit + 1} is above --max-d {limit} (the largest d this "
+         "server may allocate for; raise --max-d for more)"),
+        (("--d", "0", "--max-d", str(d - 1), "--db", str(tmp_path / "job.db")),
+         f"rpsagg-server: --db {tmp_path / 'job.db'}: its job's d = {d} (from its first "
+         f"join) is above --max-d {d - 1}"),
+    ):
+        out = subprocess.run(server_command([
+            "--insecure", "--grpc-port", "0", "--http-port", "0", "--task", "mean",
+            "--data", "external", "--k", str(k), "--n", "1", *flags]),
+            capture_output=True, text=True, timeout=60)
+        assert (out.returncode, out.stderr.splitlines()) == (2, [line])

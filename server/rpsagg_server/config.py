@@ -76,6 +76,7 @@ class ServerConfig:
     n: int = 10
     k: int = 102
     d: int = 1024
+    max_d: int = 0
     target_rel_error: float = 0.0
     k_min: int = 1
     k_max: int = 0
@@ -147,6 +148,11 @@ class ServerConfig:
         if self.d < 0:
             raise ValueError(f"--d must be >= 1 (or 0 with --data {EXTERNAL_DATA}: from the "
                              f"first client's join); got {self.d}")
+        if self.max_d < 0:
+            raise ValueError(f"--max-d must be >= 0 (0: automatic); got {self.max_d}")
+        if self.d > self.d_limit:
+            raise ValueError(f"--d {self.d} is above --max-d {self.d_limit} (the largest d "
+                             "this server may allocate for; raise --max-d for more)")
         if self.d and not 1 <= self.k <= self.d:
             raise ValueError(f"--k must be in [1, d] = [1, {self.d}]; got {self.k}")
         if self.k < 1:
@@ -257,6 +263,12 @@ class ServerConfig:
             raise ValueError("--event-loop uvloop needs uvloop: pip install uvloop")
 
     @property
+    def d_limit(self) -> int:
+        """The largest d this server takes: ``--max-d``, or automatic
+        (:func:`automatic_max_d`)."""
+        return self.max_d or automatic_max_d()
+
+    @property
     def params(self) -> dict[str, float]:
         """Task parameters sent to clients at join."""
         out = {"lr": self.lr, "centroids": float(self.centroids), "data_r": self.data_r,
@@ -280,6 +292,34 @@ class ServerConfig:
                    tokens=self.tokens is not None, http_tokens=self.http_tokens is not None,
                    persistent_db=self.db != ":memory:")
         return out
+
+
+# the automatic --max-d: a d-coordinate round (the estimate, the decode's work vectors, the
+# submissions' values) is taken to need BYTES_PER_COORDINATE * d bytes, and a quarter of the
+# memory the server may use is given to it
+BYTES_PER_COORDINATE = 64
+MAX_D_CEILING = 1 << 30
+
+
+def memory_limit() -> int:
+    """Bytes the server may use: its cgroup's limit (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``) where one is set, else the machine's physical memory."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            return min(int(text), physical)
+    return int(physical)
+
+
+def automatic_max_d() -> int:
+    """The largest power of two d with ``BYTES_PER_COORDINATE * d`` within a quarter of
+    :func:`memory_limit` (at least 2^16, at most 2^30)."""
+    budget = memory_limit() // 4 // BYTES_PER_COORDINATE
+    return min(MAX_D_CEILING, 1 << max(16, budget.bit_length() - 1))
 
 
 _PATHS = ("tls_cert", "tls_key", "tls_client_ca", "tokens", "http_tokens", "db", "port_file")
@@ -325,6 +365,11 @@ def _parser() -> argparse.ArgumentParser:
         "k_max": "with --target-rel-error: the largest k a round may use (0: --k)",
         "d": "vector length (0 with --data external: the first client's join says it, and "
         "it is fixed for the job)",
+        "max_d": "the largest d this server takes, for --d and for the first join of a --d 0 "
+        "job (a join above it is refused and fixes nothing); 0: automatic, the largest power "
+        f"of two d with {BYTES_PER_COORDINATE} bytes per coordinate within a quarter of the "
+        "memory the server may use (its cgroup's limit, else the machine's memory), at most "
+        "2^30",
         "estimator": f"one of {', '.join(SCHEMES)}",
         "value_bits": "bits per sent value of rand-k, rand-k-spatial and rand-proj-spatial "
         "(1..32; below 32 unbiased stochastic rounding with a float32 scale per message; "

@@ -8,8 +8,10 @@ request size limit and beta all depend on it), so it starts in two steps:
    first Join that says its d (``JoinRequest.d``, which ``rpsagg-client --vectors`` sends)
    fixes d: it is committed to the database (meta ``learned_d``) and that join, like every
    call from then on, is answered UNAVAILABLE ("the job starts with d = ..."), which
-   clients retry. A join without d, or with d below k, is refused; the other calls are
-   UNAVAILABLE while the job waits for its d.
+   clients retry. A join without d, with d below k or with d above ``--max-d`` (the
+   largest d the server may allocate for) is refused and fixes nothing; the other calls
+   are UNAVAILABLE while the job waits for its d. With ``--tokens`` only an authenticated
+   join reaches this (the stand-in has the job's token interceptor).
 2. The stand-in stops and the job's own server (:func:`~rpsagg_server.server.create_server`)
    starts on the same port with that d; the retried calls reach it. From then on the job
    is a job like any other, d fixed: a join whose d differs is INVALID_ARGUMENT.
@@ -31,9 +33,10 @@ import grpc
 
 from rpsagg.tasks import make_task
 from rpsagg_server.auth import TokenBook, TokenInterceptor, abort, authorize
-from rpsagg_server.config import ServerConfig
+from rpsagg_server.config import BYTES_PER_COORDINATE, ServerConfig, memory_limit
 from rpsagg_server.live import Rejected, check_client_id
 from rpsagg_server.startup import (
+    StartupError,
     bind_grpc,
     check_database,
     check_tls,
@@ -57,6 +60,7 @@ class _FirstJoin:
         self.learned: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._taking = False
         self.m = make_task(cfg.task, 1, cfg.params).m
+        self.max_d = cfg.d_limit
 
     def _starting(self) -> Rejected:
         if self.learned.done():
@@ -79,6 +83,9 @@ class _FirstJoin:
             if req.d < self.cfg.k:
                 raise Rejected("INVALID_ARGUMENT", f"d = {req.d} (client {req.client_id!r}) "
                                f"is below the job's k = {self.cfg.k}")
+            if req.d > self.max_d:
+                raise Rejected("INVALID_ARGUMENT", f"d = {req.d} (client {req.client_id!r}) "
+                               f"is above the server's --max-d {self.max_d}")
             self._taking = True
             try:  # durable before anyone is told: a restart keeps this d
                 await asyncio.to_thread(self.store.put_meta, LEARNED_KEY, str(req.d))
@@ -155,6 +162,9 @@ async def learn_d(cfg: ServerConfig,
     try:
         saved = store.get_meta(LEARNED_KEY)
         if saved is not None:
+            if int(saved) > cfg.d_limit:
+                raise StartupError(f"--db {cfg.db}: its job's d = {saved} (from its first "
+                                   f"join) is above --max-d {cfg.d_limit}")
             log.info("[Server] d = %s, learned from the first join of this job", saved)
             return replace(cfg, d=int(saved))
         tokens = TokenBook.from_file(cfg.tokens) if cfg.tokens else None
@@ -165,8 +175,10 @@ async def learn_d(cfg: ServerConfig,
         server.add_generic_rpc_handlers((first.handler(),))
         port = bind_grpc(server, cfg.host, cfg.grpc_port, credentials())
         await server.start()
-        log.info("[Server] listening on %s:%d; the job takes d from the first client's join",
-                 cfg.host, port)
+        log.info("[Server] listening on %s:%d; the job takes d from the first client's join "
+                 "(at most --max-d %d%s)", cfg.host, port, first.max_d,
+                 "" if cfg.max_d else f", automatic: {BYTES_PER_COORDINATE} bytes per "
+                 f"coordinate within a quarter of {memory_limit() / 2**30:.1f} GiB")
         serving(port)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -38,8 +38,10 @@ from rpsagg_server.http.connections import (
     ACCEPT_BACKLOG,
     ConnectionLimits,
     ConnectionsCollector,
+    DescriptorBudget,
     bounded_protocol,
     connection_cap,
+    descriptor_budget,
     descriptor_limit,
 )
 from rpsagg_server.learnd import learn_d
@@ -108,6 +110,34 @@ class RunningServer:
         self.store.close()
 
 
+#: a connection is closed at most this long after --grpc-idle-timeout closes it gracefully
+#: (GOAWAY), and calls in flight when it reaches its maximum age get this long to finish
+GRPC_AGE_GRACE_S = 30.0
+#: a connection is recycled (GOAWAY, the client reconnects) after this long, so none is
+#: held forever by a client that keeps a stream open
+GRPC_MAX_AGE_S = 3600.0
+
+
+def grpc_connection_options(cfg: ServerConfig, cap: int) -> list[tuple[str, int]]:
+    """gRPC core's own bounds on the port's connections (channel arguments).
+
+    ``grpc.max_allowed_incoming_connections``: one connection beyond ``cap`` is closed
+    right after accept; ``grpc.server_handshake_timeout_ms``: the TLS handshake and the
+    client's HTTP/2 preface and SETTINGS must arrive within ``--grpc-handshake-timeout``
+    (a socket that sends nothing, or only the preface, is closed then);
+    ``grpc.max_connection_idle_ms``: a connection with no call in flight is closed after
+    ``--grpc-idle-timeout``; ``grpc.max_connection_age_ms``: every connection is recycled
+    after :data:`GRPC_MAX_AGE_S` (calls in flight get :data:`GRPC_AGE_GRACE_S`).
+    """
+    return [
+        ("grpc.max_allowed_incoming_connections", cap),
+        ("grpc.server_handshake_timeout_ms", int(cfg.grpc_handshake_timeout * 1000)),
+        ("grpc.max_connection_idle_ms", int(cfg.grpc_idle_timeout * 1000)),
+        ("grpc.max_connection_age_ms", int(GRPC_MAX_AGE_S * 1000)),
+        ("grpc.max_connection_age_grace_ms", int(GRPC_AGE_GRACE_S * 1000)),
+    ]
+
+
 def _credentials(cfg: ServerConfig) -> grpc.ServerCredentials | None:
     if cfg.tls_cert is None or cfg.tls_key is None:
         return None
@@ -133,6 +163,7 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
     check_tls(cfg)
     check_tokens(cfg)
     check_database(cfg)
+    budget = server_budget(cfg)
     tokens = TokenBook.from_file(cfg.tokens) if cfg.tokens else None
     creds = _credentials(cfg)
     monitor: TaskMonitor | None = None
@@ -164,6 +195,7 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
             ("grpc.max_send_message_length", 256 * 1024 * 1024),
             ("grpc.so_reuseport", 0),  # a second server on the same port is an error
         ])
+            *grpc_connection_options(cfg, budget.grpc),
         server.add_generic_rpc_handlers((AggregationServicer(engine).generic_handler(),))
         health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -192,6 +224,8 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
              "TLS" if creds else "insecure", eventloop.running_name(), limit)
     running = RunningServer(server, engine, state, store, health, port, task_monitor=monitor)
     state.add_check("database", store.writable)  # the last transaction (or heartbeat) committed
+    log.info("[Server] %s; gRPC handshake %g s, idle %g s", budget.describe(),
+             cfg.grpc_handshake_timeout, cfg.grpc_idle_timeout)
     state.add_check("grpc", lambda: running.serving)
     state.add_check("beta", engine.beta.ready.is_set)
     return running, port
@@ -239,6 +273,16 @@ async def _serve_http(uv: Any, sockets: list[socket.socket]) -> None:
 
 def http_limits(cfg: ServerConfig) -> ConnectionLimits:
     """The dashboard's connection bounds from ``cfg`` (:class:`StartupError` if the cap
+def server_budget(cfg: ServerConfig) -> DescriptorBudget:
+    """The descriptor budget of ``cfg``'s two ports (:class:`StartupError` if the explicit
+    caps leave too few descriptors)."""
+    try:
+        return descriptor_budget(cfg.http_max_connections if cfg.http_port else None,
+                                 cfg.grpc_max_connections, descriptor_limit())
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+
+
     leaves too few descriptors, or the TLS files do not load)."""
     try:
         cap = connection_cap(cfg.http_max_connections, descriptor_limit())
