@@ -73,6 +73,9 @@ class ServerConfig:
     http_tls: bool = False
     http_header_timeout: float = 30.0
     http_max_connections: int = 0
+    grpc_max_connections: int = 0
+    grpc_handshake_timeout: float = 5.0
+    grpc_idle_timeout: float = 60.0
     n: int = 10
     k: int = 102
     d: int = 1024
@@ -218,6 +221,14 @@ class ServerConfig:
             raise ValueError("--http-tls serves the dashboard with --tls-cert and --tls-key: "
                              "pass them too")
         if math.isnan(self.linger):
+        if self.grpc_max_connections < 0:
+            raise ValueError(f"--grpc-max-connections must be >= 0 (0: automatic); "
+                             f"got {self.grpc_max_connections}")
+        for name in ("grpc_handshake_timeout", "grpc_idle_timeout"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"--{name.replace('_', '-')} must be a finite number > 0; "
+                                 f"got {value}")
             raise ValueError("--linger must be a number of seconds; got nan")
         if not self.insecure:
             if not (self.tls_cert and self.tls_key):
@@ -359,6 +370,14 @@ def _parser() -> argparse.ArgumentParser:
         "k": "floats per client per vector (with --target-rel-error: of the first round, and "
         "the default --k-max)",
         "target_rel_error": "choose each round's k: the smallest in [--k-min, --k-max] whose "
+        "grpc_max_connections": "gRPC connections open at once, at most; one more is closed "
+                                "at accept (0: automatic, the descriptors the dashboard's cap "
+                                "and the reserve leave, at most 4096)",
+        "grpc_handshake_timeout": "seconds a gRPC connection has to finish its TLS and HTTP/2 "
+                                  "handshake (the client's preface and SETTINGS) before it is "
+                                  "closed",
+        "grpc_idle_timeout": "seconds a gRPC connection with no call in flight stays open "
+                             "(the client reconnects when it calls again)",
         "predicted relative error at the smoothed R_hat of earlier rounds is at most this "
         "(0: off, a fixed --k)",
         "k_min": "with --target-rel-error: the smallest k a round may use",

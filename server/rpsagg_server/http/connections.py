@@ -47,6 +47,12 @@ ACCEPT_BACKLOG = 64
 #: the automatic cap: this fraction of the descriptor limit, at most AUTO_MAX
 AUTO_FRACTION = 4
 AUTO_MAX = 1024
+#: descriptors kept for the database, logs, gRPC's own pipes and the listening sockets
+OTHER_RESERVE = 64
+#: the automatic gRPC cap: what the dashboard's cap and the reserves leave, at most this
+GRPC_AUTO_MAX = 4096
+#: the gRPC cap is at least this (a tiny descriptor limit is then the operator's to raise)
+GRPC_MIN = 16
 _503 = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
         b"content-length: 20\r\nconnection: close\r\n\r\ntoo many connections")
 
@@ -80,6 +86,67 @@ def connection_cap(requested: int, limit: int | None) -> int:
             f"process's {limit} file descriptors (ulimit -n) to gRPC and the database; "
             f"use at most {max(0, most)} or raise the limit")
     return requested
+
+
+@dataclass(frozen=True)
+class DescriptorBudget:
+    """How the process's descriptors are split between the two ports.
+
+    Attributes
+    ----------
+    limit : int or None
+        The descriptor limit (None: unlimited).
+    http : int
+        Dashboard connections at most (0: no dashboard).
+    grpc : int
+        gRPC connections at most.
+    reserve : int
+        The rest: the dashboard's accept burst and everything else.
+    """
+
+    limit: int | None
+    http: int
+    grpc: int
+    reserve: int
+
+    def describe(self) -> str:
+        """One line for the start-up log."""
+        lim = "unlimited" if self.limit is None else str(self.limit)
+        return (f"file descriptors: limit {lim}; gRPC connections at most {self.grpc}, "
+                f"dashboard connections at most {self.http}, {self.reserve} reserved")
+
+
+def descriptor_budget(http_requested: int | None, grpc_requested: int,
+                      limit: int | None) -> DescriptorBudget:
+    """Split ``limit`` descriptors between the dashboard (``--http-max-connections``; None:
+    no dashboard) and gRPC (``--grpc-max-connections``); 0 is automatic for either.
+
+    Automatic: the dashboard gets :func:`connection_cap`'s share, gRPC what is left after
+    the dashboard's accept burst (:data:`ACCEPT_BACKLOG`) and :data:`OTHER_RESERVE`, at
+    most :data:`GRPC_AUTO_MAX` (at 1024: 256 and 640; at 256: 64 and 64).
+
+    Raises
+    ------
+    ValueError
+        If a cap is negative, or the explicit caps leave fewer than the reserves.
+    """
+    http = 0 if http_requested is None else connection_cap(http_requested, limit)
+    if grpc_requested < 0:
+        raise ValueError(f"--grpc-max-connections must be >= 0 (0: automatic); "
+                         f"got {grpc_requested}")
+    reserve = OTHER_RESERVE + (ACCEPT_BACKLOG if http_requested is not None else 0)
+    if grpc_requested == 0:
+        left = GRPC_AUTO_MAX if limit is None else limit - http - reserve
+        grpc = max(GRPC_MIN, min(GRPC_AUTO_MAX, left))
+    else:
+        grpc = grpc_requested
+        if limit is not None and http + grpc + reserve > limit:
+            raise ValueError(
+                f"--grpc-max-connections {grpc} with {http} dashboard connections leaves "
+                f"fewer than {reserve} of the process's {limit} file descriptors (ulimit -n) "
+                f"to the database and the rest; use at most {max(0, limit - http - reserve)} "
+                f"or raise the limit")
+    return DescriptorBudget(limit, http, grpc, reserve)
 
 
 @dataclass
