@@ -194,8 +194,8 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", 256 * 1024 * 1024),
             ("grpc.so_reuseport", 0),  # a second server on the same port is an error
-        ])
             *grpc_connection_options(cfg, budget.grpc),
+        ])
         server.add_generic_rpc_handlers((AggregationServicer(engine).generic_handler(),))
         health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -222,10 +222,10 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("[Server] listening on %s:%d (%s, %s loop), max request %d bytes", cfg.host, port,
              "TLS" if creds else "insecure", eventloop.running_name(), limit)
-    running = RunningServer(server, engine, state, store, health, port, task_monitor=monitor)
-    state.add_check("database", store.writable)  # the last transaction (or heartbeat) committed
     log.info("[Server] %s; gRPC handshake %g s, idle %g s", budget.describe(),
              cfg.grpc_handshake_timeout, cfg.grpc_idle_timeout)
+    running = RunningServer(server, engine, state, store, health, port, task_monitor=monitor)
+    state.add_check("database", store.writable)  # the last transaction (or heartbeat) committed
     state.add_check("grpc", lambda: running.serving)
     state.add_check("beta", engine.beta.ready.is_set)
     return running, port
@@ -271,8 +271,6 @@ async def _serve_http(uv: Any, sockets: list[socket.socket]) -> None:
         log.error("[Server] the dashboard exited (uvicorn status %s)", exc.code)
 
 
-def http_limits(cfg: ServerConfig) -> ConnectionLimits:
-    """The dashboard's connection bounds from ``cfg`` (:class:`StartupError` if the cap
 def server_budget(cfg: ServerConfig) -> DescriptorBudget:
     """The descriptor budget of ``cfg``'s two ports (:class:`StartupError` if the explicit
     caps leave too few descriptors)."""
@@ -283,6 +281,8 @@ def server_budget(cfg: ServerConfig) -> DescriptorBudget:
         raise StartupError(str(exc)) from None
 
 
+def http_limits(cfg: ServerConfig) -> ConnectionLimits:
+    """The dashboard's connection bounds from ``cfg`` (:class:`StartupError` if the cap
     leaves too few descriptors, or the TLS files do not load)."""
     try:
         cap = connection_cap(cfg.http_max_connections, descriptor_limit())
