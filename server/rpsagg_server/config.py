@@ -217,10 +217,6 @@ class ServerConfig:
         if self.http_max_connections < 0:
             raise ValueError(f"--http-max-connections must be >= 0 (0: automatic); "
                              f"got {self.http_max_connections}")
-        if self.http_tls and not self.tls_cert:
-            raise ValueError("--http-tls serves the dashboard with --tls-cert and --tls-key: "
-                             "pass them too")
-        if math.isnan(self.linger):
         if self.grpc_max_connections < 0:
             raise ValueError(f"--grpc-max-connections must be >= 0 (0: automatic); "
                              f"got {self.grpc_max_connections}")
@@ -229,6 +225,10 @@ class ServerConfig:
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"--{name.replace('_', '-')} must be a finite number > 0; "
                                  f"got {value}")
+        if self.http_tls and not self.tls_cert:
+            raise ValueError("--http-tls serves the dashboard with --tls-cert and --tls-key: "
+                             "pass them too")
+        if math.isnan(self.linger):
             raise ValueError("--linger must be a number of seconds; got nan")
         if not self.insecure:
             if not (self.tls_cert and self.tls_key):
@@ -366,10 +366,6 @@ def _parser() -> argparse.ArgumentParser:
                                "arrive complete before its connection is closed",
         "http_max_connections": "HTTP connections open at once, at most (0: automatic, a "
                                 "quarter of the file descriptor limit, at most 1024)",
-        "n": "number of clients",
-        "k": "floats per client per vector (with --target-rel-error: of the first round, and "
-        "the default --k-max)",
-        "target_rel_error": "choose each round's k: the smallest in [--k-min, --k-max] whose "
         "grpc_max_connections": "gRPC connections open at once, at most; one more is closed "
                                 "at accept (0: automatic, the descriptors the dashboard's cap "
                                 "and the reserve leave, at most 4096)",
@@ -378,6 +374,10 @@ def _parser() -> argparse.ArgumentParser:
                                   "closed",
         "grpc_idle_timeout": "seconds a gRPC connection with no call in flight stays open "
                              "(the client reconnects when it calls again)",
+        "n": "number of clients",
+        "k": "floats per client per vector (with --target-rel-error: of the first round, and "
+        "the default --k-max)",
+        "target_rel_error": "choose each round's k: the smallest in [--k-min, --k-max] whose "
         "predicted relative error at the smoothed R_hat of earlier rounds is at most this "
         "(0: off, a fixed --k)",
         "k_min": "with --target-rel-error: the smallest k a round may use",
