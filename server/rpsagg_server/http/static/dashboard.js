@@ -31,9 +31,12 @@ function renderConfig(st) {
   const c = st.config;
   const rows = [
     ["scheme", c.scheme], ["transform", c.transform], ["n · k · d", `${c.n} · ${c.k} · ${c.d}`],
-    ["task", c.task], ["evaluation", c.evaluation ? "on" : "off (MSE unknown)"],
+    ["task", c.task],
+    ["evaluation", c.evaluation ? "on (error measured)" : "off (error estimated)"],
     ["clients joined", `${st.clients_joined} of ${c.n}`],
   ];
+  const target = targetRelError(st);
+  if (target !== null) rows.splice(3, 0, ["target relative error", fmtNum(target)]);
   const dl = $("config");
   dl.textContent = "";
   for (const [k, v] of rows) {
@@ -41,11 +44,13 @@ function renderConfig(st) {
     const dd = document.createElement("dd"); dd.textContent = v;
     dl.append(dt, dd);
   }
-  // the clients' own vectors without --eval: no reference, so no error charts at all
+  // the clients' own vectors without --eval: no reference, so no task to measure (the
+  // error charts show the estimate, as in every mode)
   const external = c.settings.data === "external" && !c.evaluation;
   $("eval-off").hidden = c.evaluation || external;
   $("external-note").hidden = !external;
-  for (const id of ["rel-card", "mse-card", "task-card"]) $(id).hidden = external;
+  $("task-card").hidden = external;
+  $("calib-card").hidden = !c.evaluation;
   const v = st.versions;
   $("versions").textContent = `${v.protocol} · ${v.seed_spec} · rpsagg ${v.rpsagg}`;
   $("uptime").textContent = fmtDuration(st.uptime_seconds);
@@ -66,8 +71,12 @@ function renderRound(st) {
   stateEl.textContent = st.current_round ? r.state : (job && job.done ? "job done" : r.state);
   stateEl.className = "state " + r.state;
   const arrived = r.clients.arrived.length, expected = r.clients.expected;
-  $("progress-bar").style.width = Math.min(100, (100 * arrived) / Math.max(1, expected)) + "%";
-  $("round-progress").textContent = `${arrived} of ${expected} clients arrived`;
+  const finished = !st.current_round && job && job.done;  // nothing left to wait for
+  const bar = $("progress-bar");
+  bar.style.width = (finished ? 100 : Math.min(100, (100 * arrived) / Math.max(1, expected))) + "%";
+  bar.classList.toggle("done", Boolean(finished));
+  $("round-progress").textContent = `${arrived} of ${expected} clients arrived`
+    + (finished ? " in the last round" : "");
   const dl = r.timestamps.deadline;
   const closed = r.timestamps.closed;
   $("round-deadline").textContent = st.current_round && dl && r.state === "collecting"
@@ -90,6 +99,51 @@ function betaLine(b) {
 }
 
 const pt = (r, y, what) => ({ x: r.round_id, y, title: `round ${r.round_id}: ${what}` });
+const SMOOTH_FROM = 6;  // rounds with an estimate from which a running mean is drawn
+const SMOOTH_HALF = 2;  // the mean is over 2 * SMOOTH_HALF + 1 rounds
+
+// --target-rel-error where the server has one (null otherwise, or on servers without it)
+function targetRelError(st) {
+  const c = st.config || {};
+  const t = [c.target_rel_error, (c.settings || {}).target_rel_error,
+             (st.job || {}).target_rel_error].find((v) => typeof v === "number");
+  return t !== undefined && t > 0 ? t : null;
+}
+
+// The error estimated from the messages (error_estimate), relative or squared: the value
+// of every done round with its standard error. The relative error also gets a running
+// mean: at a fixed k it stays put while the vectors change, so the mean reads better than
+// the scattered rounds; the squared error follows the vectors' norms (power iteration's
+// first round is far below the rest), which a mean across rounds would smear.
+function estimatedSeries(st, done, relative) {
+  const key = relative ? "relative_error" : "squared_error";
+  const rows = done.filter((r) => r.error_estimate && r.error_estimate[key] != null);
+  const points = rows.map((r) => {
+    const e = r.error_estimate, y = e[key], se = e[key + "_stderr"];
+    const p = pt(r, y, `estimated ${fmtNum(y)}` + (se != null ? ` ± ${fmtNum(se)}` : ""));
+    if (se != null) { p.lo = y - se; p.hi = y + se; }
+    return p;
+  });
+  const color = css("--s4");
+  const smooth = relative && rows.length >= SMOOTH_FROM;
+  const out = [{ key: "estimated", label: `${st.config.scheme} estimated (± 1 s.e.)`, color,
+                 points, line: !smooth, radius: smooth ? 2.5 : 3.5 }];
+  if (smooth) {
+    // a centred mean over rounds of the same k (negative estimates included: the mean of
+    // unbiased estimates is unbiased); it does not reach across a change of k
+    const kOf = (r) => r.k || st.config.k;  // (0 or absent: the job's k)
+    const mean = rows.map((r, i) => {
+      let sum = 0, n = 0;
+      for (let j = Math.max(0, i - SMOOTH_HALF); j <= Math.min(rows.length - 1, i + SMOOTH_HALF); j++) {
+        if (kOf(rows[j]) === kOf(r)) { sum += rows[j].error_estimate[key]; n += 1; }
+      }
+      return pt(r, sum / n, `mean of ${n} rounds ${fmtNum(sum / n)}`);
+    });
+    out.push({ key: "estimated_mean", label: `estimated, mean of ${2 * SMOOTH_HALF + 1} rounds`,
+               color, points: mean, dots: false, width: 2.5 });
+  }
+  return out;
+}
 
 function errorSeries(st, done, field) {
   const has = done.filter((r) => r[field]);
@@ -99,7 +153,7 @@ function errorSeries(st, done, field) {
       .map((r) => pt(r, r[field][key], fmtNum(r[field][key]))),
   });
   return [
-    one("estimate", st.config.scheme, css("--s0"), false),
+    one("estimate", `${st.config.scheme} measured`, css("--s0"), false),
     one("rand_k", "rand-k", css("--s1"), true),
     one("rand_k_spatial", "rand-k-spatial", css("--s2"), true),
   ];
@@ -143,25 +197,64 @@ function renderTask(st, done) {
   });
 }
 
+// Evaluation mode: the estimated squared error of every done round against the measured.
+function renderCalibration(st, done) {
+  const rows = done.filter((r) => r.error_estimate && r.error_estimate.squared_error != null
+    && r.squared_error && r.squared_error.estimate != null);
+  const s = { key: "calibration", color: css("--s4"), points: rows.map((r) => {
+    const e = r.error_estimate, x = r.squared_error.estimate, y = e.squared_error;
+    const se = e.squared_error_stderr;
+    return { x, y, round: r.round_id, lo: se != null ? y - se : null,
+             hi: se != null ? y + se : null,
+             title: `round ${r.round_id}: measured ${fmtNum(x)}, estimated ${fmtNum(y)}`
+               + (se != null ? ` ± ${fmtNum(se)}` : "") };
+  }) };
+  const inside = rows.filter((r) => {
+    const e = r.error_estimate, se = e.squared_error_stderr;
+    return se != null && Math.abs(e.squared_error - r.squared_error.estimate) <= se;
+  }).length;
+  $("calib-line").textContent = rows.length
+    ? `${rows.length} rounds; the measured error is within one standard error of the `
+      + `estimate in ${inside} (about 68% expected)` : "";
+  drawScatter($("calib-chart"), s, {
+    empty: "no finished round yet", xLabel: "measured ‖x̂ − x̄‖²",
+    yLabel: "estimated (± 1 s.e.)",
+  });
+}
+
+// k per round, where rounds carry their own k (--target-rel-error) or it changes
+function renderK(st, done) {
+  const withK = done.filter((r) => r.k > 0);  // (0 or absent: rounds without their own k)
+  const show = withK.length > 0
+    && (targetRelError(st) !== null || new Set(withK.map((r) => r.k)).size > 1);
+  $("k-card").hidden = !show;
+  if (!show) return;
+  const series = [{ key: "k", label: "values per client (k)", color: css("--s0"),
+                    points: withK.map((r) => pt(r, r.k, `k = ${r.k}`)) }];
+  drawLegend($("k-legend"), series);
+  drawLogChart($("k-chart"), series, {});
+}
+
 function renderCharts(st, rounds) {
   const asc = rounds.slice().reverse();
   const done = asc.filter((r) => r.state === "done");
   const finished = asc.filter((r) => r.state === "done" || r.state === "failed");
-  const offMsg = "evaluation mode is off: the error is unknown";
+  // measured (evaluation mode) and estimated (every mode) side by side
+  const measured = (field) => (st.config.evaluation ? errorSeries(st, done, field) : []);
+  const target = targetRelError(st);
 
-  const relSeries = errorSeries(st, done, "relative_error");
-  drawLegend($("rel-legend"), st.config.evaluation ? relSeries : []);
+  const relSeries = measured("relative_error").concat(estimatedSeries(st, done, true));
+  drawLegend($("rel-legend"), relSeries);
   drawLogChart($("rel-chart"), relSeries, {
-    empty: st.config.evaluation ? "no finished round yet" : offMsg,
+    hlines: target === null ? [] : [{ y: target, key: "target", label: `target ${fmtNum(target)}` }],
   });
   renderTask(st, done);
 
-  const mseSeries = errorSeries(st, done, "squared_error");
-  drawLegend($("mse-legend"), st.config.evaluation ? mseSeries : []);
-  drawLogChart($("mse-chart"), mseSeries, {
-    empty: st.config.evaluation ? "no finished round yet"
-      : "evaluation mode is off: the squared error is unknown",
-  });
+  const mseSeries = measured("squared_error").concat(estimatedSeries(st, done, false));
+  drawLegend($("mse-legend"), mseSeries);
+  drawLogChart($("mse-chart"), mseSeries, {});
+  if (st.config.evaluation) renderCalibration(st, done);
+  renderK(st, done);
 
   const bytesSeries = [
     { key: "wire", label: "received (wire)", color: css("--s0"),
@@ -175,20 +268,25 @@ function renderCharts(st, rounds) {
   drawLogChart($("bytes-chart"), bytesSeries, { yFormat: fmtBytes });
 }
 
-function renderTable(rounds) {
+function renderTable(rounds, k) {
   const body = document.querySelector("#rounds-table tbody");
   body.textContent = "";
   for (const r of rounds.slice(0, TABLE_ROWS)) {
     const tr = document.createElement("tr");
     tr.dataset.round = r.round_id;
     const se = r.squared_error, rel = r.relative_error, tp = r.task_progress;
+    const est = r.error_estimate;
     const cells = [
       r.round_id, r.state + (r.reason ? ` (${r.reason})` : ""),
-      `${r.clients.arrived.length}/${r.clients.expected}`, fmtBytes(r.bytes.wire),
+      `${r.clients.arrived.length}/${r.clients.expected}`, r.k || k,
+      fmtBytes(r.bytes.wire),
       r.bytes.wire_fraction_of_raw === null ? "–"
         : (100 * r.bytes.wire_fraction_of_raw).toFixed(1) + "%",
       fmtNum(r.decode_seconds), fmtNum(r.beta), fmtNum(r.r_hat),
-      se ? fmtNum(se.estimate) : "unknown", rel ? fmtNum(rel.estimate) : "–",
+      est && est.relative_error != null ? fmtNum(est.relative_error)
+        + (est.relative_error_stderr != null ? ` ± ${fmtNum(est.relative_error_stderr)}` : "")
+        : "–",
+      se ? fmtNum(se.estimate) : "–", rel ? fmtNum(rel.estimate) : "–",
       tp ? fmtNum(tp.eigenvector_distance !== null ? tp.eigenvector_distance : tp.value) : "–",
     ];
     cells.forEach((v, i) => {
@@ -226,7 +324,7 @@ async function tick() {
     if (currentView().name === "overview") {
       renderRound(st);
       renderCharts(st, page.rounds);
-      renderTable(page.rounds);
+      renderTable(page.rounds, st.config.k);
     }
     await renderView(st);
     conn.textContent = "live";

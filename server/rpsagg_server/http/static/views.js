@@ -106,14 +106,23 @@ function renderRoundDetail(st, r, id) {
     ["R̂ (from the sketches)", fmtNum(r.r_hat)], ["R prior", fmtNum(r.r_prior)],
     ["decode", r.decode_seconds === null ? "–" : fmtNum(r.decode_seconds) + " s"],
   ];
+  const ee = r.error_estimate;
+  if (ee) {
+    const pm = (v, e) => fmtNum(v) + (v != null && e != null ? ` ± ${fmtNum(e)}` : "");
+    decode.push(["estimated squared error", pm(ee.squared_error, ee.squared_error_stderr)],
+                ["estimated relative error", pm(ee.relative_error, ee.relative_error_stderr)],
+                ["  estimate's method", ee.method]);
+  }
+  decode.splice(2, 0, ["k (values per client)", r.k || st.config.k]);
   if (se) {
-    decode.push(["squared error", fmtNum(se.estimate)],
+    decode.push(["measured squared error", fmtNum(se.estimate)],
                 ["  rand-k · rand-k-spatial", `${fmtNum(se.rand_k)} · ${fmtNum(se.rand_k_spatial)}`]);
   } else {
-    decode.push(["squared error", st.config.evaluation ? "–" : "unknown (evaluation off)"]);
+    decode.push(["measured squared error",
+                 st.config.evaluation ? "–" : "not measured (evaluation off)"]);
   }
   if (rel) {
-    decode.push(["relative error", fmtNum(rel.estimate)],
+    decode.push(["measured relative error", fmtNum(rel.estimate)],
                 ["  rand-k · rand-k-spatial", `${fmtNum(rel.rand_k)} · ${fmtNum(rel.rand_k_spatial)}`]);
   }
   if (tp) {
