@@ -4,10 +4,12 @@ loopback sockets, every wait bounded and on a state (never a fixed sleep).
 * ``--max-d``: a ``--d 0`` job learns d only from a join within the bound; a d above it is
   refused and fixes nothing, and honest clients join afterwards.
 * Library clients joining a ``--d 0`` job at once all join (CANCELLED retried on Join).
+* A client of a finished job that meets the next job (``--on-finished-job new``) exits 0.
 """
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import threading
 from pathlib import Path
@@ -15,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rpsagg_server.launch import LocalJob, ServerProcess, server_command
+from rpsagg_server.launch import LocalJob, ServerProcess, client_command, server_command
 
 
 def _server(tmp_path: Path, *flags: str, db: str = "job.db") -> ServerProcess:
@@ -100,3 +102,64 @@ def test_max_d_bounds_what_a_join_can_make_the_server_allocate(tmp_path: Path) -
             "--data", "external", "--k", str(k), "--n", "1", *flags]),
             capture_output=True, text=True, timeout=60)
         assert (out.returncode, out.stderr.splitlines()) == (2, [line])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.mark.timeout(240)
+def test_a_client_of_a_finished_job_exits_when_it_meets_the_next_job(tmp_path: Path) -> None:
+    """``--on-finished-job new``: client A (a stream on stdin) submits round 1 and then waits
+    for its next line, so it is not told that the job ended; the drain bound runs out and
+    the server exits. Restarted on the same database and port, the server moves the job
+    aside and starts a new one (another job id in RoundInfo). A, given its next line, meets
+    the new job: it exits 0 and says so, instead of waiting for rounds forever."""
+    d = 8
+    port = _free_port()
+    rng = np.random.default_rng(3)
+    np.save(tmp_path / "b.npy", rng.standard_normal((2, d)))
+    flags = ("--grpc-port", str(port), "--n", "2", "--min-clients", "1", "--k", "4",
+             "--d", str(d), "--rounds", "2", "--round-timeout", "1", "--drain", "1",
+             "--linger", "0", "--on-finished-job", "new")
+
+    def line() -> bytes:
+        return (",".join(f"{v:.6f}" for v in rng.standard_normal(d)) + "\n").encode()
+
+    first = _server(tmp_path, *flags)
+    first.start()
+    a = subprocess.Popen(client_command([
+        "--server", first.target, "--client-id", "a", "--insecure", "--vectors", "-"]),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert a.stdin is not None
+        a.stdin.write(line())
+        a.stdin.flush()
+        b = subprocess.run(client_command([
+            "--server", first.target, "--client-id", "b", "--insecure", "--vectors",
+            str(tmp_path / "b.npy")]), capture_output=True, text=True, timeout=120)
+        assert b.returncode == 0, b.stderr
+        assert first.proc is not None
+        assert first.proc.wait(timeout=60) == 0  # the drain ran out without A
+        assert a.poll() is None  # A waits for its next line, not told
+        (tmp_path / "port").unlink()
+        second = _server(tmp_path, *flags)
+        with second:
+            assert second.port == port
+            a.stdin.write(line())
+            a.stdin.close()
+            a.stdin = None  # closed here (communicate would flush it)
+            _, err = a.communicate(timeout=90)
+            assert a.returncode == 0, err
+            assert ("rpsagg-client: the job a joined has ended; the server now runs a new job "
+                    "(another job id), which this client does not join") in err.decode()
+            assert "Traceback" not in err.decode()
+        assert len(list((tmp_path / "job.db.jobs").glob("*.db"))) == 1  # the first job moved
+    finally:
+        if a.poll() is None:
+            a.kill()
+            a.wait()
+        first.stop()

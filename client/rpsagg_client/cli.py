@@ -287,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
             # the result the client already waited for; no new call once the job is over
             # (the server may be stopping after its drain)
             res: RoundResult | None = client.finished_result(rid)
-            if res is None and client.job_failure is None:
+            if res is None and client.job_failure is None and not client.job_replaced:
                 try:
                     res = client.result(rid, wait=False)
                 except grpc.RpcError:
@@ -335,7 +335,10 @@ def run(args: argparse.Namespace) -> int:
             log.debug("[Client] round %d acked (%d received)", rnd.round_id, ack.received)
             pending = (rnd.round_id, sub, f"acked as {ack.received} of {joined.n}")
         report()
-    if client.job_failure:  # the job is over either way: exit 0 (a restart cannot help)
+    if client.job_replaced:  # its job ended unseen: the server runs another one now
+        print(f"rpsagg-client: the job {args.client_id} joined has ended; the server now runs "
+              "a new job (another job id), which this client does not join", file=sys.stderr)
+    elif client.job_failure:  # the job is over either way: exit 0 (a restart cannot help)
         print(f"rpsagg-client: the job failed: {client.job_failure}", file=sys.stderr)
     else:
         log.info("[Client] %s: the job is done", args.client_id)

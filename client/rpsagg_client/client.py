@@ -87,6 +87,13 @@ class AggregationClient:
         else why it failed (``--max-failed-rounds`` on the server). Once it is set,
         :meth:`rounds` asks the server nothing more: a server whose job has ended stops
         as soon as every joined client has been told.
+    job_id : int or None
+        The id of the job this client met first (``RoundInfo.job_id``; None until a reply
+        carried one: servers before the field send 0).
+    job_replaced : bool
+        A later reply carried another job id: the server was restarted into a new job
+        (``--on-finished-job new``) before this client was told that its job ended. The job
+        this client took part in is over; :meth:`rounds` ends, as at ``job_done``.
     """
 
     def __init__(
@@ -114,6 +121,8 @@ class AggregationClient:
         self.max_backoff = max_backoff
         self.index: int | None = None
         self.job_failure: str | None = None
+        self.job_id: int | None = None
+        self.job_replaced = False
         self._finished: dict[int, RoundResult] = {}
         self._metadata = () if token is None else (("authorization", f"Bearer {token}"),)
         options = [("grpc.max_receive_message_length", 256 * 1024 * 1024),
@@ -184,6 +193,12 @@ class AggregationClient:
     def current_round(self) -> RoundInfo:
         """The server's current round."""
         info: RoundInfo = self._call("GetRound", GetRoundRequest(self.client_id))
+        if info.job_id:
+            if self.job_id is None:
+                self.job_id = info.job_id
+            elif info.job_id != self.job_id:
+                self.job_replaced = True
+                return info  # another job's state: not this client's job's end
         if info.job_done:
             self.job_failure = info.job_failure
         return info
@@ -288,9 +303,9 @@ class AggregationClient:
         the job finished its rounds.
         """
         seen = 0
-        while self.job_failure is None:
+        while self.job_failure is None and not self.job_replaced:
             info = self.current_round()
-            if info.job_done:
+            if info.job_done or self.job_replaced:
                 return
             if info.round_id > seen and info.state in ("open", "collecting"):
                 seen = info.round_id

@@ -34,6 +34,7 @@ import grpc
 from rpsagg.tasks import make_task
 from rpsagg_server.auth import TokenBook, TokenInterceptor, abort, authorize
 from rpsagg_server.config import BYTES_PER_COORDINATE, ServerConfig, memory_limit
+from rpsagg_server.jobs import job_id
 from rpsagg_server.live import Rejected, check_client_id
 from rpsagg_server.startup import (
     StartupError,
@@ -61,6 +62,7 @@ class _FirstJoin:
         self._taking = False
         self.m = make_task(cfg.task, 1, cfg.params).m
         self.max_d = cfg.d_limit
+        self.job_id = job_id(store)
 
     def _starting(self) -> Rejected:
         if self.learned.done():
@@ -106,7 +108,7 @@ class _FirstJoin:
                          transform="", task=c.task, m=self.m, global_state=None,
                          state="unspecified", deadline_unix_ms=0, eval=c.eval,
                          job_done=False, task_step=0, total_rounds=c.rounds,
-                         value_bits=c.value_bits, bits=c.bits)
+                         value_bits=c.value_bits, bits=c.bits, job_id=self.job_id)
 
     async def unavailable(self, raw: bytes, context: Any) -> Any:
         await abort(context, "FirstJoin", self._starting())

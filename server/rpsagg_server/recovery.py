@@ -23,6 +23,7 @@ import numpy as np
 from rpsagg import Estimator, VectorCorrelationTracker
 from rpsagg.tasks import Task
 from rpsagg_server.config import ServerConfig
+from rpsagg_server.jobs import job_id
 from rpsagg_server.live import LiveRound
 from rpsagg_server.results import JobProgress
 from rpsagg_server.store import Store
@@ -103,6 +104,7 @@ class Recovery:
             self.tracker.restore(json.loads(frac))
         p.job_done = store.get_meta("job_done") == "1"
         p.job_failure = store.get_meta("job_failure") or ""
+        p.job_id = job_id(store)
         last = None
         for stored in store.rounds():
             live = LiveRound.from_stored(stored, self.cfg, self.m)

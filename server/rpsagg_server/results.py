@@ -38,6 +38,7 @@ class JobProgress:
     steps_done: int = 0
     job_done: bool = False
     job_failure: str = ""  # why the job ended without finishing its rounds
+    job_id: int = 0  # RoundInfo.job_id (rpsagg_server.jobs.job_id)
     failed_streak: int = 0  # consecutive failed rounds (--max-failed-rounds)
     stopping: bool = False  # asked to end the job after the current round (--rounds 0)
     done_event: asyncio.Event = field(default_factory=asyncio.Event)
@@ -166,7 +167,7 @@ class ResultBook:
             total_rounds=c.rounds, job_failure=p.job_failure if live is None else "",
             spec_version=spec_version, projection=projection, block_size=block_size,
             value_bits=c.value_bits if live is None else (live.value_bits or c.value_bits),
-            bits=c.bits,
+            bits=c.bits, job_id=p.job_id,
         )
 
     # -- WatchRounds -----------------------------------------------------------------------

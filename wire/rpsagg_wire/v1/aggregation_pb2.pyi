@@ -66,7 +66,7 @@ class Tensor(_message.Message):
     def __init__(self, shape: _Optional[_Iterable[int]] = ..., float64_le: _Optional[bytes] = ...) -> None: ...
 
 class RoundInfo(_message.Message):
-    __slots__ = ("round_id", "nonce", "scheme", "n", "k", "d", "transform", "task", "m", "global_state", "state", "deadline_unix_ms", "eval", "job_done", "task_step", "total_rounds", "job_failure", "spec_version", "projection", "block_size", "value_bits", "bits")
+    __slots__ = ("round_id", "nonce", "scheme", "n", "k", "d", "transform", "task", "m", "global_state", "state", "deadline_unix_ms", "eval", "job_done", "task_step", "total_rounds", "job_failure", "job_id", "spec_version", "projection", "block_size", "value_bits", "bits")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
     SCHEME_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +84,7 @@ class RoundInfo(_message.Message):
     TASK_STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     JOB_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROJECTION_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -106,12 +107,13 @@ class RoundInfo(_message.Message):
     task_step: int
     total_rounds: int
     job_failure: str
+    job_id: int
     spec_version: str
     projection: str
     block_size: int
     value_bits: int
     bits: int
-    def __init__(self, round_id: _Optional[int] = ..., nonce: _Optional[int] = ..., scheme: _Optional[str] = ..., n: _Optional[int] = ..., k: _Optional[int] = ..., d: _Optional[int] = ..., transform: _Optional[str] = ..., task: _Optional[str] = ..., m: _Optional[int] = ..., global_state: _Optional[_Union[Tensor, _Mapping]] = ..., state: _Optional[_Union[RoundState, str]] = ..., deadline_unix_ms: _Optional[int] = ..., eval: _Optional[bool] = ..., job_done: _Optional[bool] = ..., task_step: _Optional[int] = ..., total_rounds: _Optional[int] = ..., job_failure: _Optional[str] = ..., spec_version: _Optional[str] = ..., projection: _Optional[str] = ..., block_size: _Optional[int] = ..., value_bits: _Optional[int] = ..., bits: _Optional[int] = ...) -> None: ...
+    def __init__(self, round_id: _Optional[int] = ..., nonce: _Optional[int] = ..., scheme: _Optional[str] = ..., n: _Optional[int] = ..., k: _Optional[int] = ..., d: _Optional[int] = ..., transform: _Optional[str] = ..., task: _Optional[str] = ..., m: _Optional[int] = ..., global_state: _Optional[_Union[Tensor, _Mapping]] = ..., state: _Optional[_Union[RoundState, str]] = ..., deadline_unix_ms: _Optional[int] = ..., eval: _Optional[bool] = ..., job_done: _Optional[bool] = ..., task_step: _Optional[int] = ..., total_rounds: _Optional[int] = ..., job_failure: _Optional[str] = ..., job_id: _Optional[int] = ..., spec_version: _Optional[str] = ..., projection: _Optional[str] = ..., block_size: _Optional[int] = ..., value_bits: _Optional[int] = ..., bits: _Optional[int] = ...) -> None: ...
 
 class Vector(_message.Message):
     __slots__ = ("values_f32", "indices_i32", "reference_f64", "values_packed", "value_bits", "value_count", "scale")

@@ -69,6 +69,7 @@ class RoundInfo:
     block_size: int = 0
     value_bits: int = 32
     bits: int = 0
+    job_id: int = 0
 
 
 @dataclass(frozen=True, eq=False)

@@ -125,7 +125,7 @@ def _enc_round(r: RoundInfo) -> bytes:
         job_done=r.job_done, task_step=r.task_step, total_rounds=r.total_rounds,
         job_failure=r.job_failure,
         spec_version=r.spec_version, projection=r.projection, block_size=r.block_size,
-        value_bits=0 if r.value_bits == 32 else r.value_bits, bits=r.bits,
+        value_bits=0 if r.value_bits == 32 else r.value_bits, bits=r.bits, job_id=r.job_id,
     )
     return bytes(msg.SerializeToString())
 
@@ -139,7 +139,7 @@ def _dec_round(raw: bytes) -> RoundInfo:
         deadline_unix_ms=m.deadline_unix_ms, eval=m.eval, job_done=m.job_done,
         task_step=m.task_step, total_rounds=m.total_rounds, job_failure=m.job_failure,
         spec_version=m.spec_version, projection=m.projection, block_size=m.block_size,
-        value_bits=m.value_bits or 32, bits=m.bits,
+        value_bits=m.value_bits or 32, bits=m.bits, job_id=m.job_id,
     )
 
 
