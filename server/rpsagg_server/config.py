@@ -93,6 +93,7 @@ class ServerConfig:
     min_clients: int = 1
     max_failed_rounds: int = 10
     db: str = "rpsagg.db"
+    result_cache_bytes: int = 64 << 20
     eval: bool = False
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -198,6 +199,9 @@ class ServerConfig:
         if self.max_failed_rounds < 0:
             raise ValueError(f"--max-failed-rounds must be >= 0 (0: no limit); "
                              f"got {self.max_failed_rounds}")
+        if self.result_cache_bytes < 0:
+            raise ValueError(f"--result-cache-bytes must be >= 0 (0: no cache); "
+                             f"got {self.result_cache_bytes}")
         if not (math.isfinite(self.drain) and self.drain >= 0):
             raise ValueError(f"--drain must be a finite number >= 0; got {self.drain}")
         if self.on_finished_job not in ("keep", "new"):
@@ -405,6 +409,9 @@ def _parser() -> argparse.ArgumentParser:
         "max_failed_rounds": "end the job as failed after this many consecutive failed rounds "
         "(0: no limit)",
         "db": "SQLite database path (':memory:' keeps nothing)",
+        "result_cache_bytes": "bytes of finished rounds' estimates and task states kept in "
+        "memory (least recently read first out; the others are read back from the database "
+        "on demand; 0: none). Default 64 MiB: 8 rounds at d = 2^20",
         "eval": "evaluation mode: clients also send raw vectors; record squared errors",
         "tls_cert": "PEM server certificate",
         "tls_key": "PEM server key",

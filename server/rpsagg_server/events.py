@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 from rpsagg_server.views import (
     BetaView,
     ClientView,
-    EstimateView,
+    EstimateInfo,
     JobView,
     RoundView,
     TaskMetrics,
@@ -105,13 +105,14 @@ class RoundDecoded:
     """The round finished with an estimate (its row and the next round's are durable).
 
     ``next_state`` is the task's global state after the round; ``job_done`` says whether it
-    was the job's last round; ``estimate`` is the decoded mean with its provenance.
+    was the job's last round; ``estimate`` is what the decoded mean came from (its values
+    are in the store and the engine's archive).
     """
 
     view: RoundView
     next_state: NDArray[np.float64]
     job_done: bool
-    estimate: EstimateView | None = None
+    estimate: EstimateInfo | None = None
 
 
 @dataclass(frozen=True)
@@ -127,11 +128,11 @@ class RoundFailed:
 @dataclass(frozen=True, eq=False)
 class RoundRecovered:
     """A round read back from the store at start-up (``current``: it resumes; ``estimate``:
-    a done round's)."""
+    what a done round's estimate came from)."""
 
     view: RoundView
     current: bool
-    estimate: EstimateView | None = None
+    estimate: EstimateInfo | None = None
 
 
 # -- the job and its side computations ---------------------------------------------------------

@@ -16,11 +16,59 @@ from rpsagg.spec import SPEC_V3, SpecTooOld, UnknownSpecVersion
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.decoding import DecodeOutcome
 from rpsagg_server.rows import StoredRound
-from rpsagg_server.views import Arrival, EstimatedError, EstimateView, EvalErrors, RoundView
+from rpsagg_server.views import Arrival, EstimatedError, EstimateInfo, EvalErrors, RoundView
 from rpsagg_wire.v1.serde import Submission
 
 FloatArray = NDArray[np.float64]
 MAX_CLIENT_ID = 128
+#: the estimate of a round read back without its arrays (``LiveRound.light``)
+_UNLOADED: FloatArray = np.empty((0, 0))
+_UNLOADED.flags.writeable = False
+
+
+@dataclass(frozen=True, eq=False)
+class RoundArrays:
+    """A finished round's arrays: what it costs in memory at large d.
+
+    Attributes
+    ----------
+    estimate : ndarray, shape (m, d), or None
+        A done round's decoded mean (None for a failed round).
+    state : ndarray or None
+        The task's global state GetResult answers with: after a done round (None in rows
+        of a version that did not store it), or the one a failed round started from.
+    """
+
+    estimate: FloatArray | None
+    state: FloatArray | None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the two arrays (an array shared by both counted once)."""
+        a = 0 if self.estimate is None else self.estimate.nbytes
+        b = 0 if self.state is None or self.state is self.estimate else self.state.nbytes
+        return a + b
+
+    @classmethod
+    def of_row(cls, r: StoredRound, default_shape: tuple[int, int]) -> RoundArrays:
+        """The arrays of a whole row, bit for bit as stored (read-only views of the row's
+        bytes, no copy); ``default_shape``: the estimate's ``(m, d)`` for rows of before
+        the shape was stored."""
+        est = None
+        if r.estimate is not None:
+            est = _array(r.estimate).reshape(r.info.get("shape", default_shape))
+        if r.state == "done":
+            state = None if r.next_state is None else _array(r.next_state).reshape(
+                r.global_shape)
+        else:
+            state = _array(r.global_state).reshape(r.global_shape)
+        return cls(est, state)
+
+
+def _array(blob: bytes) -> FloatArray:
+    """Stored little-endian float64 bytes as an array (a read-only view on this platform's
+    byte order, else a copy)."""
+    return np.frombuffer(blob, dtype="<f8").astype(np.float64, copy=False)
 
 
 class Rejected(Exception):
@@ -159,10 +207,17 @@ class LiveRound:
     _arrivals: list[Arrival] = field(default_factory=list, repr=False)
     timer: asyncio.TimerHandle | None = None
     finished: asyncio.Event = field(default_factory=asyncio.Event)
+    #: a finished round read back at a restart without its arrays (``global_state`` and
+    #: the outcome's estimate are empty; :meth:`arrays` reads them from the store): it
+    #: is shown and its result kept, never written back
+    light: bool = False
 
     # -- persistence -----------------------------------------------------------------------
     def stored(self) -> StoredRound:
         """The row to commit."""
+        if self.light:
+            raise RuntimeError(f"round {self.round_id} was read without its arrays; its "
+                               "row is never written back")
         o = self.outcome
         info: dict[str, Any] = {
             "first_at": self.first_at, "deadline": self.deadline, "closed_at": self.closed_at,
@@ -205,14 +260,19 @@ class LiveRound:
 
     @classmethod
     def from_stored(cls, r: StoredRound, cfg: ServerConfig, m: int) -> LiveRound:
-        """Rebuild a round from its row (submissions are loaded separately)."""
-        gs = np.frombuffer(r.global_state, dtype="<f8").astype(np.float64).reshape(r.global_shape)
+        """Rebuild a round from its row (submissions are loaded separately). A row read
+        without its arrays (``r.arrays`` False: a finished round) gives a :attr:`light`
+        round."""
+        light = not r.arrays
+        gs = (np.empty((0,)) if light else np.frombuffer(r.global_state, dtype="<f8").astype(
+            np.float64).reshape(r.global_shape))
         info = r.info
         live = cls(round_id=r.round_id, nonce=r.nonce, task_step=r.task_step,
                    transform=r.transform, r_prior=r.r_prior, global_state=gs,
                    opened_at=r.opened_at, state=r.state, reason=r.reason,
                    first_at=info.get("first_at"), deadline=info.get("deadline"),
-                   closed_at=info.get("closed_at"), finished_at=info.get("finished_at"))
+                   closed_at=info.get("closed_at"), finished_at=info.get("finished_at"),
+                   light=light)
         live.archived = info.get("archived", {})
         live.k = int(info.get("k") or cfg.k)
         live.value_bits = int(info.get("value_bits") or cfg.value_bits or 32)
@@ -223,14 +283,16 @@ class LiveRound:
             live.next_state = np.frombuffer(r.next_state, dtype="<f8").astype(
                 np.float64).reshape(gs.shape)
         if r.estimate is not None:
-            est = np.frombuffer(r.estimate, dtype="<f8").astype(np.float64)
+            est = (_UNLOADED if light
+                   else np.frombuffer(r.estimate, dtype="<f8").astype(np.float64).reshape(
+                       info.get("shape", [m, cfg.d])))
             ev = info.get("eval_errors")
             se = info.get("estimated_error")  # absent in rows of before the estimate
             estimated = None if se is None else EstimatedError(
                 _from_json_float(se[0]), _from_json_float(se[1]), _from_json_float(se[2]),
                 str(se[3]))
             live.outcome = DecodeOutcome(
-                est.reshape(info.get("shape", [m, cfg.d])), int(info["n_prime"]),
+                est, int(info["n_prime"]),
                 float(info["beta"]), _from_json_float(info["c"]), float(info["seconds"]),
                 _from_json_float(info["r_hat"]), None if ev is None else tuple(ev), estimated,
             )
@@ -308,16 +370,26 @@ class LiveRound:
         )
 
 
-    def estimate_view(self, view: RoundView, cfg: ServerConfig) -> EstimateView | None:
-        """The round's estimate with its provenance (None unless it is done)."""
+    def estimate_info(self, view: RoundView, cfg: ServerConfig) -> EstimateInfo | None:
+        """What the round's estimate came from (None unless it is done)."""
         o = self.outcome
         if o is None or self.state != "done":
             return None
-        return EstimateView(
-            round_id=self.round_id, values=o.estimate, n_prime=o.n_prime, scheme=cfg.estimator,
+        return EstimateInfo(
+            round_id=self.round_id, n_prime=o.n_prime, scheme=cfg.estimator,
             transform=self.transform, n=cfg.n, k=self.k or cfg.k, d=cfg.d,
             wire_bytes=view.wire_bytes,
             payload_bytes=view.payload_bytes, contributors=view.clients_arrived)
+
+    def arrays(self) -> RoundArrays | None:
+        """A finished round's arrays as the engine holds them (None while it runs, and for
+        a :attr:`light` round)."""
+        if self.light or self.state not in ("done", "failed"):
+            return None
+        o = self.outcome
+        if self.state == "done":
+            return RoundArrays(None if o is None else o.estimate, self.next_state)
+        return RoundArrays(None, self.global_state)
 
 
 def _json_float(x: float) -> float | None:

@@ -95,7 +95,8 @@ class Recovery:
     def recover_rounds(self) -> LiveRound | None:
         """Read the job's progress and rounds back; returns the newest round (None: no
         round yet). Finished rounds' results are kept, and every round is shown to the
-        read model."""
+        read model. Only the newest round is read with its arrays (it resumes, or the next
+        round starts from its state); the others' are read back on demand (the archive)."""
         p, store = self.progress, self.store
         frac = store.get_meta("tracker_fraction")
         if self.tracker is not None and frac is not None:
@@ -106,7 +107,10 @@ class Recovery:
         p.job_failure = store.get_meta("job_failure") or ""
         p.job_id = job_id(store)
         last = None
-        for stored in store.rounds():
+        rows = store.rounds(arrays=False)
+        for i, stored in enumerate(rows):
+            if i == len(rows) - 1:
+                stored = store.round(stored.round_id)
             live = LiveRound.from_stored(stored, self.cfg, self.m)
             if live.state == "done":
                 p.steps_done += 1

@@ -9,19 +9,27 @@ changes a round.
 The job's end is drained: once it is done (or failed), every read answers ``job_done`` and
 the book records which joined clients have been told (:meth:`ResultBook.drain`), so the
 server stops only after each of them has seen it, or after a bounded wait.
+
+A finished round's result is kept without its arrays (the estimate and the task's state:
+``m x d`` floats each); GetResult gets them from the :class:`~rpsagg_server.archive.
+RoundArchive`, the store behind a cache of bounded size, so memory does not grow with the
+rounds. A failed read of the store answers that call ``UNAVAILABLE``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from rpsagg_server.archive import RoundArchive
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.events import Event, RoundClosed, RoundDecoded, RoundFailed, RoundOpened
 from rpsagg_server.live import LiveRound, Rejected
+from rpsagg_server.store import ReadError
 from rpsagg_server.views import EstimatedError
 from rpsagg_wire.v1.serde import Contributor, RoundEvent, RoundInfo, RoundResult
 
@@ -63,14 +71,19 @@ class ResultBook:
     clients : dict
         The membership's client ids -> indices (read, never written, here).
     progress : JobProgress
+    archive : RoundArchive
+        Finished rounds' arrays (the store, behind a bounded cache).
     """
 
     def __init__(self, config: ServerConfig, m: int, clients: dict[str, int],
-                 progress: JobProgress) -> None:
+                 progress: JobProgress, archive: RoundArchive) -> None:
         self.cfg = config
         self.m = m
         self.clients = clients
         self.progress = progress
+        self.archive = archive
+        #: finished rounds' results without their arrays (``estimate`` and
+        #: ``global_state`` None; :meth:`result` adds them from the archive)
         self.results: dict[int, RoundResult] = {}
         self.seen_done: set[str] = set()  # joined clients that were told job_done
         self._all_seen = asyncio.Event()
@@ -78,8 +91,22 @@ class ResultBook:
 
     # -- results ---------------------------------------------------------------------------
     def record(self, live: LiveRound) -> None:
-        """Keep a finished (or recovered) round's result."""
-        self.results[live.round_id] = self.build(live)
+        """Keep a finished (or recovered) round's result; its arrays go to the archive
+        (a round recovered without them is read back from the store on demand)."""
+        self.results[live.round_id] = dataclasses.replace(
+            self.build(live), estimate=None, global_state=None)
+        arrays = live.arrays()
+        if arrays is not None:
+            self.archive.put(live.round_id, arrays)
+
+    async def _with_arrays(self, res: RoundResult) -> RoundResult:
+        """A kept result with its estimate and global state (from the archive)."""
+        try:
+            arrays = await self.archive.fetch(res.round_id)
+        except ReadError as exc:
+            raise Rejected("UNAVAILABLE", f"round {res.round_id}'s result could not be "
+                           f"read back: {exc.reason}") from None
+        return dataclasses.replace(res, estimate=arrays.estimate, global_state=arrays.state)
 
     def build(self, live: LiveRound) -> RoundResult:
         """The :class:`RoundResult` of a round as it is now."""
@@ -122,14 +149,14 @@ class ResultBook:
         current = self.progress.current
         if round_id == 0:
             if self.results:
-                return self.results[max(self.results)]
+                return await self._with_arrays(self.results[max(self.results)])
             if current is None:
                 raise Rejected("NOT_FOUND", "no round has finished yet")
             round_id = current.round_id
         if round_id in self.results and not (
             current is not None and current.round_id == round_id
         ):
-            return self.results[round_id]
+            return await self._with_arrays(self.results[round_id])
         live = current
         if live is None or live.round_id != round_id:
             cur = "none" if live is None else str(live.round_id)
@@ -138,7 +165,7 @@ class ResultBook:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(live.finished.wait(), timeout)
         if round_id in self.results:
-            return self.results[round_id]
+            return await self._with_arrays(self.results[round_id])
         return self.build(live)
 
     # -- the current round -----------------------------------------------------------------

@@ -42,6 +42,7 @@ from rpsagg import Estimator, VectorCorrelationTracker, plan_budget, round_encod
 from rpsagg.schemes import WireProfile, estimator_from_options
 from rpsagg.tasks import Task, make_task
 from rpsagg_server import deadline
+from rpsagg_server.archive import RoundArchive
 from rpsagg_server.betawarm import BetaWarmup
 from rpsagg_server.config import AUTO_VALUE_BITS, VALUE_BITS_AUTO, ServerConfig
 from rpsagg_server.decoding import DecodeOptions, DecodeOutcome, decode_round
@@ -103,7 +104,10 @@ class RoundEngine:
         self.progress = JobProgress(round_encoding(self._encoding_estimator()))
         self.membership = Membership(config, store, self.publish)
         self.clients = self.membership.clients
-        self.results = ResultBook(config, self.m, self.clients, self.progress)
+        #: finished rounds' arrays: the store behind a cache of ``--result-cache-bytes``
+        self.archive = RoundArchive(store, config.result_cache_bytes,
+                                    lambda: (self.m, self.cfg.d))
+        self.results = ResultBook(config, self.m, self.clients, self.progress, self.archive)
         self.intake = Intake(config, self.m, store, self.publish, self.clients, self.progress,
                              self.results, self)
         bus.subscribe(self.results.observe)
@@ -260,7 +264,7 @@ class RoundEngine:
         if not current:
             self.results.record(live)
             self.publish(RoundRecovered(view, current=False,
-                                        estimate=live.estimate_view(view, self.cfg)))
+                                        estimate=live.estimate_info(view, self.cfg)))
         else:
             self.publish(RoundRecovered(view, current=True))
 
@@ -447,7 +451,7 @@ class RoundEngine:
         view = self.view(live)
         if live.state == "done" and live.next_state is not None:
             self.publish(RoundDecoded(view, live.next_state, job_done,
-                                      live.estimate_view(view, self.cfg)))
+                                      live.estimate_info(view, self.cfg)))
         else:
             self.publish(RoundFailed(view, job_done, failure))
         if failure:

@@ -28,7 +28,12 @@ CREATE TABLE IF NOT EXISTS submissions (
 
 @dataclass(frozen=True)
 class StoredRound:
-    """A round row as stored (``info`` holds timestamps, metrics and eval errors)."""
+    """A round row as stored (``info`` holds timestamps, metrics and eval errors).
+
+    ``arrays`` False: read without its arrays (``Store.rounds(arrays=False)``):
+    ``global_state`` is empty, ``next_state`` None, ``estimate`` empty where the row has
+    one (None where it has none); such a row is never written back.
+    """
 
     round_id: int
     nonce: int
@@ -43,6 +48,7 @@ class StoredRound:
     info: dict[str, Any]
     estimate: bytes | None
     next_state: bytes | None
+    arrays: bool = True
 
 
 @dataclass(frozen=True)

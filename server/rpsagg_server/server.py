@@ -58,7 +58,7 @@ from rpsagg_server.startup import (
     load_http_tokens,
 )
 from rpsagg_server.state import ServerState
-from rpsagg_server.store import Store, WriteError
+from rpsagg_server.store import ReadError, Store, WriteError
 from rpsagg_server.taskeval import TaskMonitor
 from rpsagg_wire.v1 import serde
 
@@ -186,6 +186,7 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
         bus.subscribe(state.apply)
         bus.subscribe(state.ledger.observe)
         engine = RoundEngine(cfg, store, bus)
+        state.read_estimate = engine.archive.estimate
         monitor = TaskMonitor(cfg, engine.task, bus.publish)
         bus.subscribe(monitor.observe)
         limit = max_request_bytes(cfg, engine.m, engine.wire)
@@ -205,7 +206,8 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
             await engine.start()
         except sqlite3.Error as exc:  # e.g. a read-only file or directory
             raise StartupError(f"--db {cfg.db}: {exc}") from None
-        except WriteError as exc:  # the first round's row could not be written (full disk)
+        except (WriteError, ReadError) as exc:  # the first round's row could not be
+            # written (full disk), or the newest round's could not be read back
             raise StartupError(f"--db {cfg.db}: {exc.reason}") from None
     except BaseException:
         if monitor is not None:
@@ -215,8 +217,8 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
     # where the task starts (round 0), then rounds finished before a restart, again
     monitor.measure_later(0, engine.task.initial_state(cfg.seed))
     for rid, res in sorted(engine.results.results.items()):
-        if res.state == "done" and res.global_state is not None:
-            monitor.measure_later(rid, res.global_state)
+        if res.state == "done":  # the state is read back in the monitor's thread
+            monitor.measure_later(rid, engine.archive.state_reader(rid))
     await server.start()
     for name in ("", serde.SERVICE):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -18,7 +18,10 @@ of :mod:`rpsagg_server.views`):
 - :meth:`ServerState.rounds` -- :class:`RoundView` list, newest first (``limit``/``offset``).
 - :meth:`ServerState.round_detail` -- one :class:`RoundView` by id (None if unknown).
 - :meth:`ServerState.estimate` -- :class:`EstimateView` of a done round: its decoded mean
-  and what it came from (n', scheme, k, d, bytes).
+  and what it came from (n', scheme, k, d, bytes). The values come from the engine's
+  archive (:mod:`rpsagg_server.archive`): an evicted round's are read from the store, so
+  this one may block for that read (call it off the event loop) and raises
+  :class:`~rpsagg_server.store.ReadError` when the read fails.
 - :meth:`ServerState.clients` -- :class:`ClientView` list ordered by client index.
 - :meth:`ServerState.client_stats` -- :class:`ClientStats` per joined client: last seen,
   rounds contributed and missed, bytes sent, straggler flag (derived from the rounds).
@@ -43,6 +46,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+from numpy.typing import NDArray
+
 from rpsagg_server.activity import ClientStats, client_stats
 from rpsagg_server.events import (
     ROUND_EVENTS,
@@ -62,6 +68,7 @@ from rpsagg_server.views import (
     Arrival,
     BetaView,
     ClientView,
+    EstimateInfo,
     EstimateView,
     EvalErrors,
     JobView,
@@ -91,7 +98,10 @@ class ServerState:
     _beta: BetaView | None = None
     _checks: dict[str, Callable[[], bool]] = field(default_factory=dict)
     _task_metrics: dict[int, TaskMetrics] = field(default_factory=dict)
-    _estimates: dict[int, EstimateView] = field(default_factory=dict)
+    _estimates: dict[int, EstimateInfo] = field(default_factory=dict)
+    #: a done round's estimate by id (the engine's archive; set by the server): blocks
+    #: while it reads an evicted round back, raises ``ReadError`` when that read fails
+    read_estimate: Callable[[int], NDArray[np.float64] | None] | None = None
     _task_note: str = "evaluation mode is off: the server measures the task only with --eval"
     #: finished jobs moved aside by earlier starts (``--on-finished-job new``), newest first,
     #: as :meth:`rpsagg_server.jobs.PastJob.as_dict` gives them; set once at start-up
@@ -122,9 +132,15 @@ class ServerState:
         return self._rounds.get(round_id)
 
     def estimate(self, round_id: int) -> EstimateView | None:
-        """A done round's estimate and its provenance (None otherwise). The array is the
-        engine's own (finished rounds keep theirs in memory anyway): read it, never write."""
-        return self._estimates.get(round_id)
+        """A done round's estimate and its provenance (None otherwise, and without an
+        archive to read it from). The values are the engine's own or read back from the
+        store (read-only): read them, never write. May block on that read: call it off the
+        event loop; raises :class:`~rpsagg_server.store.ReadError` when the read fails."""
+        info = self._estimates.get(round_id)
+        if info is None or self.read_estimate is None:
+            return None
+        values = self.read_estimate(round_id)
+        return None if values is None else EstimateView.of(info, values)
 
     def clients(self) -> list[ClientView]:
         """Joined clients, ordered by index."""

@@ -6,7 +6,9 @@ in a single transaction (group commit), so many concurrent submissions share one
 A transaction that fails (a lock held past the busy timeout, a full disk, an I/O error) is
 rolled back and reported to each waiting caller as :class:`WriteError`; the writer keeps
 serving, and an idle heartbeat transaction keeps :meth:`Store.writable` (readiness) current.
-Reads for recovery happen once at start-up, before serving.
+Reads for recovery happen once at start-up, before serving, and read the rounds without
+their arrays; a finished round's arrays are read back one round at a time, on demand
+(:meth:`Store.round`, through a second connection: :mod:`~rpsagg_server.archive`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any, NamedTuple
 
 from rpsagg_server.rows import SCHEMA, StoredRound, StoredSubmission
 
-__all__ = ["Store", "StoredRound", "StoredSubmission", "WriteError", "describe"]
+__all__ = ["ReadError", "Store", "StoredRound", "StoredSubmission", "WriteError", "describe"]
 log = logging.getLogger("rpsagg.server")
 
 _Op = tuple[str, tuple[Any, ...]]
@@ -56,6 +58,15 @@ class WriteError(Exception):
 
     Nothing of the write is in the database (its transaction was rolled back).
     """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ReadError(Exception):
+    """A read of the database failed (or found no row); ``reason`` says why in words for
+    the caller. Nothing was changed."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -345,21 +356,40 @@ class Store:
         return [(r[0], int(r[1]), float(r[2]))
                 for r in self._rows("SELECT client_id, idx, joined_at FROM clients ORDER BY idx")]
 
-    def rounds(self) -> list[StoredRound]:
-        """Every round, oldest first."""
+    def rounds(self, arrays: bool = True) -> list[StoredRound]:
+        """Every round, oldest first.
+
+        ``arrays`` False: without the rows' arrays (global state, estimate, next state:
+        what makes a round at large d large); such a row has ``arrays`` False, empty
+        ``global_state``, ``next_state`` None and ``estimate`` ``b""`` where the row has
+        one (else None). Recovery reads the rounds so; :meth:`round` reads one whole.
+        """
+        blobs = ("global_state, estimate, next_state" if arrays
+                 else "x'', CASE WHEN estimate IS NULL THEN NULL ELSE x'' END, NULL")
         rows = self._rows(
-            "SELECT round_id, nonce, state, reason, task_step, transform, r_prior, global_state,"
-            " global_shape, opened_at, info, estimate, next_state FROM rounds ORDER BY round_id"
+            "SELECT round_id, nonce, state, reason, task_step, transform, r_prior, "
+            f"global_shape, opened_at, info, {blobs} FROM rounds ORDER BY round_id"
         )
-        return [
-            StoredRound(round_id=int(r[0]), nonce=int(r[1]), state=r[2], reason=r[3],
-                        task_step=int(r[4]), transform=r[5], r_prior=r[6],
-                        global_state=bytes(r[7]), global_shape=tuple(json.loads(r[8])),
-                        opened_at=float(r[9]), info=json.loads(r[10]),
-                        estimate=None if r[11] is None else bytes(r[11]),
-                        next_state=None if r[12] is None else bytes(r[12]))
-            for r in rows
-        ]
+        return [_stored_round(r, arrays) for r in rows]
+
+    def round(self, round_id: int) -> StoredRound:
+        """One round's whole row (with its arrays). Reads through the second connection
+        (WAL readers never wait for the writer), so any thread may call it, while writes
+        are queued; raises :class:`ReadError` when the read fails or finds no row."""
+        sql = ("SELECT round_id, nonce, state, reason, task_step, transform, r_prior, "
+               "global_shape, opened_at, info, global_state, estimate, next_state "
+               "FROM rounds WHERE round_id = ?")
+        try:
+            if self._reader is None:
+                rows = self._rows(sql, (round_id,))
+            else:
+                with self._read_lock:
+                    rows = self._reader.execute(sql, (round_id,)).fetchall()
+        except sqlite3.Error as exc:
+            raise ReadError(describe_read(exc)) from None
+        if not rows:
+            raise ReadError(f"round {round_id} is not in the database")
+        return _stored_round(rows[0], True)
 
     def submissions(self, round_id: int) -> list[StoredSubmission]:
         """A round's committed submissions in arrival order."""
@@ -370,6 +400,23 @@ class Store:
         return [StoredSubmission(round_id=int(r[0]), client_id=r[1], client_seed=int(r[2]),
                                  digest=bytes(r[3]), payload=bytes(r[4]),
                                  received_at=float(r[5])) for r in rows]
+
+
+def describe_read(exc: BaseException) -> str:
+    """The reason a read failed, for logs and for clients (UNAVAILABLE, 503)."""
+    name = getattr(exc, "sqlite_errorname", "") or type(exc).__name__
+    return f"database read failed ({name}: {exc})"
+
+
+def _stored_round(r: Sequence[Any], arrays: bool) -> StoredRound:
+    """A :class:`StoredRound` from the columns :meth:`Store.rounds` and :meth:`Store.round`
+    select (the three arrays last)."""
+    return StoredRound(round_id=int(r[0]), nonce=int(r[1]), state=r[2], reason=r[3],
+                       task_step=int(r[4]), transform=r[5], r_prior=r[6],
+                       global_shape=tuple(json.loads(r[7])), opened_at=float(r[8]),
+                       info=json.loads(r[9]), global_state=bytes(r[10]),
+                       estimate=None if r[11] is None else bytes(r[11]),
+                       next_state=None if r[12] is None else bytes(r[12]), arrays=arrays)
 
 
 def _resolve_all(results: list[tuple[_Queued, list[WriteError | None]]]) -> None:

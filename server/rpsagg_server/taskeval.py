@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -28,10 +29,13 @@ from numpy.typing import NDArray
 from rpsagg.tasks import DataUnavailable, Shard, Task, load_shard
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.events import Event, Publish, RoundDecoded, TaskMeasured, TaskNoteChanged
+from rpsagg_server.store import ReadError
 from rpsagg_server.views import TaskMetrics
 
 log = logging.getLogger("rpsagg.server")
 FloatArray = NDArray[np.float64]
+#: reads a round's state back (from the store) in the monitor's thread; None: no state
+StateReader = Callable[[], FloatArray | None]
 METRIC_NAMES = {
     "power-iteration": "Rayleigh quotient",
     "kmeans": "k-means objective",
@@ -121,13 +125,23 @@ class TaskMonitor:
         cos = abs(float(u @ v)) / max(float(np.linalg.norm(v)), 1e-300)
         return TaskMetrics(name, value, lam, float(np.sqrt(max(0.0, 1.0 - cos * cos))))
 
-    async def on_round(self, round_id: int, next_state: FloatArray) -> None:
-        """Measure the state after ``round_id`` and publish it (never raises)."""
+    def _measure_state(self, state: FloatArray | StateReader) -> TaskMetrics | None:
+        """:meth:`measure` of a state, or of the one ``state()`` reads (None: no state)."""
+        value = state() if callable(state) else state
+        return None if value is None else self.measure(value)
+
+    async def on_round(self, round_id: int, next_state: FloatArray | StateReader) -> None:
+        """Measure the state after ``round_id`` (or the one a call reads back from the
+        store, in the worker thread) and publish it (never raises)."""
         if not self.enabled or self._failed:
             return
         loop = asyncio.get_running_loop()
         try:
-            metrics = await loop.run_in_executor(self._executor, self.measure, next_state)
+            metrics = await loop.run_in_executor(self._executor, self._measure_state,
+                                                 next_state)
+        except ReadError as exc:  # this round's state could not be read back: skip it
+            log.warning("[TaskMonitor] round %d not measured: %s", round_id, exc.reason)
+            return
         except (DataUnavailable, ValueError, OSError) as exc:
             self._failed = True
             self.publish(TaskNoteChanged(f"the server cannot load the task's data: {exc}"))
@@ -146,8 +160,9 @@ class TaskMonitor:
         if isinstance(event, RoundDecoded):
             self.measure_later(event.view.round_id, event.next_state)
 
-    def measure_later(self, round_id: int, next_state: FloatArray) -> None:
-        """Measure in the background (:meth:`on_round`); cancelled by :meth:`close`."""
+    def measure_later(self, round_id: int, next_state: FloatArray | StateReader) -> None:
+        """Measure in the background (:meth:`on_round`); cancelled by :meth:`close`.
+        ``next_state``: the state, or a call that reads it (in the worker thread)."""
         if not self.enabled or self._failed:
             return
         task = asyncio.ensure_future(self.on_round(round_id, next_state))

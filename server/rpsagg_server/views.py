@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 from numpy.typing import NDArray
@@ -198,16 +198,14 @@ class RoundView:
     value_bits: int = 32
 
 
-@dataclass(frozen=True, eq=False)
-class EstimateView:
-    """A finished round's estimate and what it came from (``/api/rounds/{id}/estimate``).
+@dataclass(frozen=True)
+class EstimateInfo:
+    """What a done round's estimate came from (its values live in the store and the
+    bounded cache of :mod:`~rpsagg_server.archive`, not here).
 
     Attributes
     ----------
     round_id : int
-    values : ndarray, shape (m, d)
-        The decoded mean of each of the m vector slots (the engine's array: read, never
-        written).
     n_prime : int
         Clients whose submissions it was decoded from.
     scheme, transform : str
@@ -222,7 +220,6 @@ class EstimateView:
     """
 
     round_id: int
-    values: NDArray[np.float64]
     n_prime: int
     scheme: str
     transform: str
@@ -232,6 +229,27 @@ class EstimateView:
     wire_bytes: int
     payload_bytes: int
     contributors: tuple[str, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class EstimateView(EstimateInfo):
+    """A finished round's estimate and what it came from (``/api/rounds/{id}/estimate``):
+    the fields of :class:`EstimateInfo` and the values.
+
+    Attributes
+    ----------
+    values : ndarray, shape (m, d)
+        The decoded mean of each of the m vector slots, bit for bit as stored (read-only
+        where it was read back from the store: read it, never write it).
+    """
+
+    values: NDArray[np.float64] = field(default_factory=lambda: np.empty((0, 0)))
+
+    @classmethod
+    def of(cls, info: EstimateInfo, values: NDArray[np.float64]) -> EstimateView:
+        """The view of ``info``'s round with its ``values``."""
+        return cls(**{f.name: getattr(info, f.name) for f in fields(EstimateInfo)},
+                   values=values)
 
 
 @dataclass(frozen=True)

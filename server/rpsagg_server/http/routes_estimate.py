@@ -9,6 +9,10 @@ per round and ``(m, d)`` for m (``--mean-vectors``); CSV has one vector per line
 
 Provenance (the round, n', scheme, transform, n, k, d, bytes received) is in the JSON
 document and, for every format, in ``X-Rpsagg-*`` response headers.
+
+A round whose estimate left the server's bounded cache (``--result-cache-bytes``) is read
+back from the database in the worker thread that serves the request; a failed read is
+answered 503 with the reason.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from fastapi.responses import StreamingResponse
 from numpy.typing import NDArray
 
 from rpsagg_server.http.deps import StateDep
+from rpsagg_server.store import ReadError
 from rpsagg_server.views import EstimateView
 
 router = APIRouter(prefix="/api/rounds", tags=["rounds"])
@@ -117,6 +122,7 @@ def csv_stream(values: NDArray[np.float64]) -> Iterator[bytes]:
               "the JSON document)"},
         404: {"description": "No round with this id"},
         409: {"description": "The round has no estimate (not finished, or failed)"},
+        503: {"description": "The estimate could not be read back from the database"},
     })
 def get_estimate(
     state: StateDep,
@@ -128,7 +134,11 @@ def get_estimate(
     """The decoded mean of a done round, streamed in chunks, with what it came from: n'
     (clients decoded), scheme, transform, n, k, d and the bytes received. Shape ``(d,)``,
     or ``(m, d)`` for m vectors per round. Every format gives the same float64 values."""
-    est = state.estimate(round_id)
+    try:
+        est = state.estimate(round_id)  # an evicted round's is read from the database
+    except ReadError as exc:
+        raise HTTPException(503, f"round {round_id}'s estimate could not be read back: "
+                            f"{exc.reason}") from None
     if est is None:
         view = state.round_detail(round_id)
         if view is None:
