@@ -1,6 +1,7 @@
 """Container health check of the rpsagg images (standard library only).
 
-    rpsagg-healthcheck http   # server: GET /readyz on 127.0.0.1:$RPSAGG_HTTP_PORT (default 8000)
+    rpsagg-healthcheck http   # server: GET /readyz on 127.0.0.1:$RPSAGG_HTTP_PORT (default 8000),
+                              # over HTTPS when the dashboard serves it (--http-tls)
     rpsagg-healthcheck tcp    # client: the server at $RPSAGG_SERVER accepts TCP connections
     rpsagg-healthcheck ray    # Ray worker: its raylet runs, and the head at $RAY_ADDRESS
                               # (host:port of the GCS) accepts TCP connections
@@ -10,17 +11,81 @@ Exit status 0 when healthy, 1 otherwise (what Docker's HEALTHCHECK expects).
 
 from __future__ import annotations
 
+import http.client
 import os
 import socket
+import ssl
 import sys
 import urllib.request
 
+_ON = ("1", "true", "yes", "on")
+
+
+def _tls_context() -> ssl.SSLContext:
+    """TLS to the server's own dashboard on 127.0.0.1: the name in its certificate is the
+    server's public one, and the CA is not in the container, so no chain or name check;
+    the certificate presented must be the server's own (``RPSAGG_TLS_CERT``), where that
+    file is readable here."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def _own_certificate() -> bytes | None:
+    """The DER bytes of the first certificate in ``RPSAGG_TLS_CERT`` (None: not readable)."""
+    path = os.environ.get("RPSAGG_TLS_CERT")
+    if not path:
+        return None
+    try:
+        with open(path, encoding="ascii") as fh:
+            pem = fh.read()
+        end = pem.index("-----END CERTIFICATE-----") + len("-----END CERTIFICATE-----")
+        return ssl.PEM_cert_to_DER_cert(pem[pem.index("-----BEGIN CERTIFICATE-----"):end])
+    except (OSError, ValueError):
+        return None
+
+
+def _readyz(scheme: str, port: int) -> str:
+    """GET /readyz over ``scheme``; an HTTP error status raises ``urllib.error.HTTPError``."""
+    if scheme == "http":
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=4) as resp:
+            return f"HTTP {resp.status}"
+    conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=4, context=_tls_context())
+    try:
+        conn.connect()
+        own = _own_certificate()
+        sock = conn.sock
+        if not isinstance(sock, ssl.SSLSocket):  # pragma: no cover - connect() made it
+            raise OSError("no TLS connection")
+        if own is not None and sock.getpeercert(binary_form=True) != own:
+            raise OSError("the dashboard's certificate is not the server's RPSAGG_TLS_CERT")
+        conn.request("GET", "/readyz")
+        resp = conn.getresponse()
+        resp.read()
+        if resp.status != 200:
+            raise OSError(f"HTTPS {resp.status} from /readyz")
+        return f"HTTPS {resp.status}"
+    finally:
+        conn.close()
+
 
 def check_http() -> str:
-    """The server's readiness probe: the database answers and gRPC is serving."""
+    """The server's readiness probe: the database answers and gRPC is serving.
+
+    HTTPS when ``RPSAGG_HTTP_TLS`` is on (what ``--http-tls`` reads from the environment),
+    else plain HTTP; a dashboard that answers the first with no HTTP response at all (a
+    TLS server given plain text closes the connection; a plain one given a TLS hello
+    answers 400 or closes) is tried with the other, so a ``--http-tls`` from the command
+    line or a config file is found too."""
     port = int(os.environ.get("RPSAGG_HTTP_PORT", "8000"))
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=4) as resp:
-        return f"HTTP {resp.status}"
+    tls = os.environ.get("RPSAGG_HTTP_TLS", "").strip().lower() in _ON
+    first, second = ("https", "http") if tls else ("http", "https")
+    try:
+        return _readyz(first, port)
+    except (http.client.RemoteDisconnected, http.client.BadStatusLine, ConnectionResetError,
+            ssl.SSLError):
+        return _readyz(second, port)
 
 
 def check_tcp() -> str:

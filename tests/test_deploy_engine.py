@@ -391,3 +391,47 @@ def test_images_run_the_compiled_kernels() -> None:
     for name, want in expected.items():
         assert np.array_equal(got[name], want), (
             name, float(np.abs(got[name] - want).max() / np.abs(want).max()))
+
+
+@pytest.mark.timeout(900)
+def test_tls_override_with_an_https_dashboard_is_healthy(request: pytest.FixtureRequest,
+                                                          tmp_path: Path) -> None:
+    """The TLS override with ``RPSAGG_HTTP_TLS=true``: the dashboard serves HTTPS only, and
+    the image's HEALTHCHECK speaks HTTPS to it (pinned to the server's own certificate), so
+    the server turns healthy (before: "Remote end closed connection without response",
+    unhealthy forever). /readyz answers over HTTPS under the test CA; plain HTTP gets no
+    response."""
+    import http.client
+
+    build_images("server", "client")
+    certs = tmp_path / "certs"
+    subprocess.run([str(ROOT / "scripts" / "make-test-ca.sh"), "-o", str(certs)], check=True,
+                   capture_output=True, timeout=60)
+    gen = project(request, tmp_path, RPSAGG_N="2", RPSAGG_ROUNDS="2",
+                  RPSAGG_CERTS=str(certs), RPSAGG_HTTP_TLS="true")
+    p = next(gen)
+    try:
+        p.files = [COMPOSE, COMPOSE_TLS]
+        p.compose("up", "-d", "server")
+        p.wait_healthy("server", timeout=180)
+        name = next(c["Name"] for c in p.containers() if c["Service"] == "server")
+        health = json.loads(docker("inspect", "--format", "{{json .State.Health}}", name))
+        assert health["Status"] == "healthy"
+        assert any(r["ExitCode"] == 0 and "HTTPS 200" in r["Output"] for r in health["Log"])
+        port = int(p.compose("port", "server", "8000").strip().rpartition(":")[2])
+        ctx = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+        conn = http.client.HTTPSConnection("localhost", port, timeout=10, context=ctx)
+        try:
+            conn.request("GET", "/readyz")
+            assert conn.getresponse().status == 200
+        finally:
+            conn.close()
+        plain = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            with pytest.raises((http.client.RemoteDisconnected, ConnectionResetError)):
+                plain.request("GET", "/readyz")
+                plain.getresponse()
+        finally:
+            plain.close()
+    finally:
+        next(gen, None)
