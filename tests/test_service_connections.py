@@ -17,17 +17,19 @@ The start-up log states the descriptor budget of both ports.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import resource
 import socket
+import ssl
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from service_util import server_command
-from test_http_exposure import connect, http_get, server, wait_closed
+from service_util import make_certs, server_command
+from test_http_exposure import connect, http_get, metric, server, wait_closed
 
 from rpsagg_client import AggregationClient
 
@@ -98,3 +100,153 @@ def test_the_budget_refuses_caps_beyond_the_limit(tmp_path: Path) -> None:
     assert proc.returncode != 0
     assert "--grpc-max-connections 1000" in proc.stderr and "ulimit -n" in proc.stderr, \
         proc.stderr[-1000:]
+
+
+def _metric_wait(base: str, name: str, want: Callable[[float], bool], timeout: float,
+                 ctx: ssl.SSLContext | None = None) -> float:
+    """Poll ``/metrics`` until ``want(value)``; fails after ``timeout`` s."""
+    end = time.monotonic() + timeout
+    while True:
+        value = metric(http_get(base + "/metrics", ctx=ctx)[1].decode(), name)
+        if want(value):
+            return value
+        assert time.monotonic() < end, f"{name} = {value} after {timeout} s"
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("limit", [1024, 256])
+def test_health_probes_answer_while_the_dashboard_cap_is_full(tmp_path: Path,
+                                                              limit: int) -> None:
+    flood_n = limit - 24
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < flood_n + 300:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, flood_n + 500), hard))
+    with server(tmp_path, "--http-header-timeout", "120", preexec=_limit(limit)) as srv:
+        base = f"http://127.0.0.1:{srv.http_port}"
+        # the cap full of requests that never finish, then connections that send nothing
+        # (they take the probes' reserve until displaced)
+        flood = [connect(srv.http_port, b"GET /api/status HTTP/1.1\r\nHost: x\r\n")
+                 for _ in range(flood_n)]
+        silent: list[socket.socket] = []
+        clients: list[AggregationClient] = []
+        try:
+            end = time.monotonic() + 30
+            while True:  # the cap is full: a fresh non-probe request is refused
+                if http_get(base + "/api/status")[0] == 503:
+                    break
+                assert time.monotonic() < end, "the cap never filled"
+                time.sleep(0.05)
+            silent = [connect(srv.http_port) for _ in range(40)]
+            assert srv.open_fds() <= limit
+            for _ in range(10):
+                for path in ("/healthz", "/readyz"):
+                    t0 = time.monotonic()
+                    status, body = http_get(base + path)
+                    assert status == 200, (path, body)
+                    assert time.monotonic() - t0 < 5.0  # (bench/connections.py times it)
+            c = AggregationClient(f"127.0.0.1:{srv.grpc_port}", "c0", insecure=True,
+                                  timeout=10, retry_budget=30)
+            clients.append(c)
+            assert c.join().client_index == 0
+            assert srv.open_fds() <= limit
+        finally:
+            for c in clients:
+                c.close()
+            for s in [*flood, *silent]:
+                s.close()
+        assert srv.proc.poll() is None
+
+
+@pytest.mark.timeout(120)
+def test_a_response_nobody_reads_is_aborted_at_the_write_deadline(tmp_path: Path) -> None:
+    timeout = 2.0
+    with server(tmp_path, "--http-header-timeout", str(timeout)) as srv:
+        base = f"http://127.0.0.1:{srv.http_port}"
+        readers: list[socket.socket] = []
+        request = b"GET /static/dashboard.js HTTP/1.1\r\nHost: x\r\n\r\n"
+        try:
+            for _ in range(5):
+                s = socket.socket()
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                s.connect(("127.0.0.1", srv.http_port))
+                s.setblocking(False)
+                with contextlib.suppress(BlockingIOError):
+                    s.send(request * 2000)  # pipelined, never read
+                readers.append(s)
+            # each stalls its response (the server's buffer above its high mark), then is
+            # aborted once the write deadline passes; nothing else is held
+            _metric_wait(base, "rpsagg_http_writes_timed_out_total", lambda v: v == 5,
+                         timeout + 20.0)
+            _metric_wait(base, "rpsagg_http_connections_open", lambda v: v == 1, 10.0)
+        finally:
+            for s in readers:
+                s.close()
+
+
+def _closed_within(s: ssl.SSLSocket, bound: float) -> tuple[bytes, float]:
+    """What ``s`` received until the server closed the TCP connection (not only its TLS
+    session: this client never sends its own close_notify), and when (fails after
+    ``bound``)."""
+    got = b""
+    t0 = time.monotonic()
+    s.settimeout(bound)
+    while True:
+        try:
+            chunk = s.recv(65536)
+        except (ConnectionResetError, ssl.SSLError):
+            break
+        except TimeoutError:
+            raise AssertionError(f"still open {bound} s later; got {got[:80]!r}") from None
+        if not chunk:  # the server's close_notify: now the TCP close
+            with socket.socket(fileno=os.dup(s.fileno())) as raw:
+                raw.settimeout(max(0.01, bound - (time.monotonic() - t0)))
+                try:
+                    while raw.recv(65536):
+                        pass
+                except ConnectionResetError:
+                    pass
+                except TimeoutError:
+                    raise AssertionError(f"TLS closed, TCP still open {bound} s later; "
+                                         f"got {got[:80]!r}") from None
+            break
+        got += chunk
+    return got, time.monotonic() - t0
+
+
+@pytest.fixture(scope="module")
+def tls_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("tls")
+    make_certs(tmp)
+    return tmp
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_https_connections_close_at_their_deadlines(tmp_path: Path, tls_dir: Path,
+                                                    loop: str) -> None:
+    timeout = 1.0
+    ctx = ssl.create_default_context(cafile=str(tls_dir / "ca.pem"))
+    tls = ["--tls-cert", str(tls_dir / "server.pem"), "--tls-key", str(tls_dir / "server.key"),
+           "--http-tls"]
+    with server(tmp_path, *tls, "--http-header-timeout", str(timeout), "--event-loop", loop,
+                ) as srv:
+        def tls_conn() -> ssl.SSLSocket:
+            raw = socket.create_connection(("127.0.0.1", srv.http_port), timeout=10)
+            return ctx.wrap_socket(raw, server_hostname="localhost")
+
+        # a request cut off: 408 at the deadline, and the socket closed then (no wait for
+        # the client's close_notify)
+        cut = tls_conn()
+        cut.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        got, took = _closed_within(cut, timeout + 10.0)
+        assert got.startswith(b"HTTP/1.1 408 "), got[:80]
+        assert took < timeout + 2.0, took
+        cut.close()
+        # an idle keep-alive: closed at uvicorn's 5 s as over plain HTTP
+        kept = tls_conn()
+        kept.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        got, took = _closed_within(kept, 30.0)
+        assert got.startswith(b"HTTP/1.1 200 "), got[:80]
+        assert took < 5.0 + 2.0, took
+        kept.close()
