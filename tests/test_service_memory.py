@@ -8,17 +8,20 @@ rounds, the RSS after 40 rounds stays near the RSS after 10, a restart on that d
 starts near a fresh server's, and every old round's estimate, evicted long ago, is still
 served bit for bit as stored: by GetResult and by the dashboard's ``.npy`` download,
 before and after the restart. Every wait is on a state (the port file, a round's result),
-with a bound.
+with a bound. The soak benchmark (``bench/soak.py``) runs here too, bounded to 10 s at
+d = 2^14.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import socket
 import sqlite3
 import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -162,3 +165,21 @@ def test_memory_stays_bounded_and_old_estimates_are_served(tmp_path: Path) -> No
     # a restart reads no old estimate eagerly (it read all 80 MiB of them before)
     assert restarted < 1.5 * fresh_rss and restarted - fresh_rss < 20, (restarted, fresh_rss)
     assert os.path.getsize(db) > ROUNDS * D * 8  # they are all in the store
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RSS from /proc")
+def test_the_soak_benchmark_scaled_down(tmp_path: Path) -> None:
+    """``bench/soak.py`` bounded in time (the 24-hour soak at a size CI runs): its own
+    checks hold (old rounds bit for bit after the restart) and so do the targets."""
+    out = tmp_path / "soak.json"
+    bench = Path(__file__).resolve().parents[1] / "bench" / "soak.py"
+    proc = subprocess.run(
+        [sys.executable, str(bench), "--d", "16384", "--seconds", "10", "--after", "3",
+         "--check", "5", "--cache-bytes", str(8 * 16384 * 8), "--json", str(out)],
+        capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    fig = json.loads(out.read_text())
+    s = fig["summary"]
+    assert s["rounds"] >= 10 and fig["mismatched_rounds"] == [] and fig["checked_rounds"]
+    assert s["ratio_last_to_10"] < 2.0 and s["ratio_restarted_to_fresh"] < 1.5, s
