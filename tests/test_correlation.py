@@ -152,3 +152,24 @@ def test_per_vector_priors_beat_a_shared_prior_when_the_slots_differ() -> None:
             diffs[t] = float(e_own @ e_own - e_wrong @ e_wrong)
         se = diffs.std(ddof=1) / np.sqrt(trials)
         assert diffs.mean() < -4 * se, (j, diffs.mean(), se)
+
+
+def test_planning_prior_is_the_least_of_the_smoothed_and_the_newest() -> None:
+    """A budget is planned at min(smoothed, newest) fraction: a falling R is met at once,
+    a rising one waits for the smoothing; a restored tracker (no newest) plans at the
+    smoothed prior; fewer than two messages fold nothing."""
+    from rpsagg import CorrelationTracker, VectorCorrelationTracker
+
+    t = CorrelationTracker(alpha=0.5)
+    assert t.planning_prior(5) is None
+    t.fold(4.0, 5)  # fraction 1
+    assert t.prior(5) == t.planning_prior(5) == 4.0
+    t.fold(0.0, 5)  # falls: newest 0, smoothed 0.5
+    assert (t.prior(5), t.planning_prior(5)) == (2.0, 0.0)
+    t.fold(4.0, 5)  # rises: newest 1, smoothed 0.75
+    assert (t.prior(5), t.planning_prior(5)) == (3.0, 3.0)
+    t.fold(9.0, 1)  # one message: nothing
+    assert (t.prior(5), t.planning_prior(5)) == (3.0, 3.0)
+    v = VectorCorrelationTracker(2)
+    v.restore([0.5, None])
+    assert v.planning_priors(3) == [1.0, None]

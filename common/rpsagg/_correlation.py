@@ -104,10 +104,13 @@ class CorrelationTracker:
         Weight of the newest round (0 < alpha <= 1).
     fraction : float or None
         Smoothed fraction, None before the first round with two or more messages.
+    last : float or None
+        The newest round's fraction alone (not persisted: None after a restore).
     """
 
     alpha: float = 0.5
     fraction: float | None = None
+    last: float | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 < self.alpha <= 1.0:
@@ -120,9 +123,14 @@ class CorrelationTracker:
         self._fold(r_hat, len(batch))
         return r_hat
 
+    def fold(self, r_hat: float, count: int) -> None:
+        """Fold in a round's R_hat from ``count`` messages (fewer than two: nothing)."""
+        self._fold(r_hat, count)
+
     def _fold(self, r_hat: float, count: int) -> None:
         if count >= 2:
             frac = float(np.clip(r_hat / (count - 1), 0.0, 1.0))
+            self.last = frac
             self.fraction = (
                 frac
                 if self.fraction is None
@@ -132,6 +140,15 @@ class CorrelationTracker:
     def prior(self, n: int) -> float | None:
         """Prior R for ``n`` clients (None until a round has been seen)."""
         return None if self.fraction is None else self.fraction * max(0, n - 1)
+
+    def planning_prior(self, n: int) -> float | None:
+        """The R to plan a budget for: the least of the smoothed prior and the newest
+        round's own, so a falling correlation is met at once while a rising one waits for
+        the smoothing (the error grows faster as R falls than it shrinks as R rises)."""
+        if self.fraction is None:
+            return None
+        frac = self.fraction if self.last is None else min(self.fraction, self.last)
+        return frac * max(0, n - 1)
 
 
 @dataclass
@@ -175,6 +192,10 @@ class VectorCorrelationTracker:
     def priors(self, n: int) -> list[float | None]:
         """Prior R of every slot for ``n`` clients (None for a slot not seen yet)."""
         return [slot.prior(n) for slot in self.slots]
+
+    def planning_priors(self, n: int) -> list[float | None]:
+        """:meth:`CorrelationTracker.planning_prior` of every slot."""
+        return [slot.planning_prior(n) for slot in self.slots]
 
     @property
     def fractions(self) -> list[float | None]:

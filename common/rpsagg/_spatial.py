@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from typing import Self
 
 import numpy as np
@@ -16,6 +17,7 @@ from rpsagg._encoded import Encoded
 from rpsagg._error import ErrorEstimate, quantization_variance, sketch_error
 from rpsagg._error_coef import (
     ErrorCoefficients,
+    free_coefficients,
     quantized_relative_extra,
     rps_coefficients,
     spatial_coefficients,
@@ -217,9 +219,16 @@ class RandProjSpatial(Estimator, _SpatialMixin):
 
     def predicted_relative_error(self, r: float) -> float:
         """Predicted relative error ``E||x_hat - x_bar||^2 / ||x_bar||^2`` at correlation R
-        for n messages (``auto`` takes R as its prior); float32 values, padded SRHT scaled
-        by ``d / d'``."""
-        coef = self.coefficients(None, r)
+        for n messages (``auto`` takes R as its prior); padded SRHT scaled by ``d / d'``.
+
+        For planning, so always the closed form: the free-probability limit
+        (:func:`rpsagg._error_coef.free_coefficients`, microseconds, no Monte Carlo and no
+        beta), infinite where the limit is (c = 1 at nk = D, the hard edge).
+        """
+        other = self.with_prior(r) if self.transform.kind == "auto" else self
+        coef = free_coefficients(self.n, self.k, self.d_pad, other._c_for(self.n))
+        if not (math.isfinite(coef.a) and math.isfinite(coef.b)):
+            return math.inf
         extra = quantized_relative_extra(coef, self.k, self.value_bits, r)
         return (coef.relative_error(r) + extra) * self.d / self.d_pad
 

@@ -292,11 +292,12 @@ class RandProjSpatialFedAvg(FedAvg):
 
     def _target_k(self, enc: RoundEncoding) -> int:
         """The smallest k in ``[k_min, k]`` whose predicted relative error for the last
-        round's number of replies, at the smoothed R_hat of earlier rounds (0 before one is
-        known: the cautious choice), is at most ``target_rel_error``; ``k`` when none is."""
+        round's number of replies, at the least of the smoothed and the newest R_hat (0
+        before one is known: the cautious choice), is at most ``target_rel_error``; ``k``
+        when none is."""
         n = int(self._last_n or 1)
-        r = self.tracker.prior(n) or 0.0
-        prior = r if self.transform == "auto" else None
+        r = self.tracker.planning_prior(n) or 0.0  # the least of the smoothed and newest R_hat
+        prior = self.tracker.prior(n) if self.transform == "auto" else None
         top = min(int(self.k or enc.d), enc.d)
 
         def make(k: int, bits: int) -> Estimator:
@@ -408,12 +409,7 @@ class RandProjSpatialFedAvg(FedAvg):
         rhat = r_hat(plan.estimator, msgs)
         if rhat is not None:
             metrics["rpsagg.r-hat"] = rhat
-            if len(msgs) >= 2:
-                frac = float(np.clip(rhat / (len(msgs) - 1), 0.0, 1.0))
-                t = self.tracker
-                t.fraction = frac if t.fraction is None else (
-                    (1.0 - t.alpha) * t.fraction + t.alpha * frac
-                )
+            self.tracker.fold(rhat, len(msgs))
         return new_arrays, metrics
 
     def _accept(self, plan: _RoundPlan, valid: list[Message]) -> list[_Accepted]:

@@ -382,8 +382,8 @@ def _parser() -> argparse.ArgumentParser:
         "k": "floats per client per vector (with --target-rel-error: of the first round, and "
         "the default --k-max)",
         "target_rel_error": "choose each round's k: the smallest in [--k-min, --k-max] whose "
-        "predicted relative error at the smoothed R_hat of earlier rounds is at most this "
-        "(0: off, a fixed --k)",
+        "predicted relative error at the least of the smoothed R_hat of earlier rounds and "
+        "the last round's is at most this (0: off, a fixed --k)",
         "k_min": "with --target-rel-error: the smallest k a round may use",
         "k_max": "with --target-rel-error: the largest k a round may use (0: --k)",
         "d": "vector length (0 with --data external: the first client's join says it, and "

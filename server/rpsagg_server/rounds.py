@@ -174,14 +174,18 @@ class RoundEngine:
         ``k`` and ``value_bits``: the round's, default ``--k`` and ``--value-bits``)."""
         return self._make_estimator(prior, k, value_bits)
 
-    def round_budget(self, priors: tuple[float | None, ...] | None) -> tuple[int, int]:
+    def round_budget(self, priors: tuple[float | None, ...] | None,
+                     decode_prior: float | None = None) -> tuple[int, int]:
         """``(k, value_bits)`` of a new round: ``--k`` and ``--value-bits`` without
         ``--target-rel-error``. With it, the smallest k in ``[--k-min, --k-max]`` whose
         predicted relative error at the smoothed R_hat (the least of the vector slots': the
         cautious one) is at most the target; with ``--value-bits auto``, the width (of
         :data:`~rpsagg_server.config.AUTO_VALUE_BITS`) and k with the fewest bytes that meet
-        it (:func:`rpsagg.plan_budget`). While no R_hat is known (the first round), or when
-        no budget reaches the target: ``--k-max`` at the widest width."""
+        it (:func:`rpsagg.plan_budget`). ``priors`` are the R to plan for (the engine passes
+        :meth:`rpsagg.VectorCorrelationTracker.planning_priors`: the least of the smoothed
+        and the newest R_hat); ``decode_prior``, the prior ``transform=auto`` decodes the
+        round with (default: the planned R). While no R_hat is known (the first round), or
+        when no budget reaches the target: ``--k-max`` at the widest width."""
         c = self.cfg
         top = c.k_max or c.k
         widths = AUTO_VALUE_BITS if c.value_bits == VALUE_BITS_AUTO else (c.value_bits,)
@@ -191,7 +195,7 @@ class RoundEngine:
         if not known or not c.d:
             return top, max(widths)
         r = min(known)
-        prior = r if c.transform == "auto" else None
+        prior = (r if decode_prior is None else decode_prior) if c.transform == "auto" else None
         plan = plan_budget(lambda k, bits: self._make_estimator(prior, k, bits),
                            c.target_rel_error, r, k_min=c.k_min, k_max=min(top, c.d),
                            value_bits=widths)
@@ -332,9 +336,12 @@ class RoundEngine:
         a committed submission always has its round row (a restart resumes the same round).
         """
         tracked = None if self.tracker is None else tuple(self.tracker.priors(self.cfg.n))
-        k, bits = self.round_budget(tracked)
+        # the budget is planned at the least of the smoothed and the newest R_hat
         priors = tracked if self.cfg.transform == "auto" else None  # what the decode uses
         prior = None if priors is None else priors[0]
+        k, bits = self.round_budget(
+            None if self.tracker is None else tuple(self.tracker.planning_priors(self.cfg.n)),
+            prior)
         est = self._make_estimator(prior, k, bits)
         live = LiveRound(
             round_id=round_id, nonce=secrets.randbits(64), task_step=self.progress.steps_done,
@@ -499,3 +506,4 @@ class RoundEngine:
         for t in list(self._tasks):
             t.cancel()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self.archive.close()
