@@ -75,7 +75,7 @@ class ServerConfig:
     http_max_connections: int = 0
     grpc_max_connections: int = 0
     grpc_handshake_timeout: float = 5.0
-    grpc_idle_timeout: float = 60.0
+    grpc_idle_timeout: float = 10.0
     n: int = 10
     k: int = 102
     d: int = 1024
