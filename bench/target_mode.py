@@ -2,11 +2,12 @@ r"""The server's target mode (``--target-rel-error EPS``) against the fixed-k sw
 
 In-process, with the server's rule: before every round the k is
 ``plan_budget(make, EPS, R, k_min=, k_max=min(k_max, d))`` at R = the least of
-``VectorCorrelationTracker(m).priors(n)`` (alpha 0.5), k_max while no R_hat is known (the
-first round); with ``--transform auto`` the round's estimator also takes that prior; after the
-decode the tracker folds in the round's messages (``rpsagg_server.rounds.RoundEngine.round_k``,
+``VectorCorrelationTracker(m).planning_priors(n)`` (alpha 0.5: per slot the least of the
+smoothed R_hat and the last round's), k_max while no R_hat is known (the first round); with
+``--transform auto`` the round's estimator takes the smoothed prior; after the decode the
+tracker folds in the round's messages (``rpsagg_server.rounds.RoundEngine.round_budget``,
 ``decoding.decode_round``). Where ``rpsagg_server`` is importable every round's k is checked
-against ``RoundEngine.round_k`` itself.
+against ``RoundEngine.round_budget`` itself.
 
 Workloads (n = 10 clients, d = 1024; the vectors of every round are fixed first, so the
 target mode and every fixed k see the same vectors and the same client seeds):
@@ -27,8 +28,8 @@ The fixed-k sweep runs a geometric grid of k over the same rounds; the smallest 
 mean relative error is <= the target mode's achieved mean is then found by bisection on the
 integers between the two grid points around it (the sweep's mean falls with k up to noise).
 The same is printed without the first round (sent at k_max). A second table plans the k at
-other R for comparison (not the server's rule): the least of the smoothed and the last R_hat,
-and the round's true R.
+other R for comparison (not the server's rule): the smoothed R_hat alone, and the round's
+true R.
 
 Usage (one BLAS thread; see bench_anyd.py)::
 
@@ -119,20 +120,21 @@ class Rule:
                                       prior_r=prior if self.transform == "auto" else None,
                                       projection="auto", value_bits=32, bits=0)
 
-    def round_k(self, priors: tuple[float | None, ...]) -> int:
+    def round_k(self, priors: tuple[float | None, ...],
+                decode_prior: float | None = None) -> int:
         known = [p for p in priors if p is not None]
         if self.target <= 0:
             return self.k_max
         if not known:
             return self.k_max
         r = min(known)
-        prior = r if self.transform == "auto" else None
+        prior = (r if decode_prior is None else decode_prior) if self.transform == "auto" else None
         plan = plan_budget(lambda k, bits: self.make(prior, k), self.target, r,
                            k_min=self.k_min, k_max=min(self.k_max, D), value_bits=(32,))
         return plan.k
 
 
-def server_round_k() -> Callable[[Rule, tuple[float | None, ...]], int] | None:
+def server_round_k() -> Callable[[Rule, tuple[float | None, ...], float | None], int] | None:
     """``RoundEngine.round_k`` of the server, on a stand-in for the engine with the rule's
     options (None where ``rpsagg_server`` is not importable)."""
     try:
@@ -141,7 +143,7 @@ def server_round_k() -> Callable[[Rule, tuple[float | None, ...]], int] | None:
     except ImportError:
         return None
 
-    def call(rule: Rule, priors: tuple[float | None, ...]) -> int:
+    def call(rule: Rule, priors: tuple[float | None, ...], decode_prior: float | None) -> int:
         cfg = ServerConfig(n=N, d=D, k=rule.k_max, estimator=ESTIMATOR,
                            transform=rule.transform, target_rel_error=rule.target,
                            k_min=rule.k_min, k_max=rule.k_max, insecure=True)
@@ -149,7 +151,7 @@ def server_round_k() -> Callable[[Rule, tuple[float | None, ...]], int] | None:
         engine = RoundEngine.__new__(RoundEngine)
         engine.cfg = cfg
         engine.projection = "auto"
-        return int(engine.round_k(priors))
+        return int(engine.round_budget(priors, decode_prior)[0])
 
     return call
 
@@ -189,35 +191,34 @@ class Run:
         return float(np.mean([N * (4 * k + 8) for k in self.k]))
 
 
-VARIANTS = ("server", "min-last", "oracle")
+VARIANTS = ("server", "smoothed", "oracle")
 
 
 def run(wl: Workload, rule: Rule, fixed_k: int | None = None,
-        check: Callable[[Rule, tuple[float | None, ...]], int] | None = None,
+        check: Callable[[Rule, tuple[float | None, ...], float | None], int] | None = None,
         variant: str = "server") -> Run:
     """The rounds of ``wl`` under the target mode (``fixed_k`` None) or a fixed k (the
     tracker still feeds auto's prior, as in a server without a target).
 
-    ``variant`` (not the server's; for the comparison only) plans the k at another R:
-    ``min-last``: the least of the smoothed prior and the last round's R_hat (clipped as
-    the tracker clips it); ``oracle``: the round's true R. The decode's prior stays the
-    tracker's.
+    ``variant`` ``server`` plans the k as the server does, at the least of the smoothed
+    prior and the last round's R_hat (``VectorCorrelationTracker.planning_priors``); for
+    the comparison only, ``smoothed`` plans at the smoothed prior alone and ``oracle`` at the
+    round's true R. The decode's prior stays the tracker's smoothed one.
     """
     m = wl.rounds[0].shape[0]
     tracker = VectorCorrelationTracker(m)
-    last: list[float | None] = [None] * m
     out = Run()
     for t, vecs in enumerate(wl.rounds):
         tracked = tuple(tracker.priors(N))
-        planned = tracked
-        if variant == "min-last":
-            planned = tuple(p if p is None or q is None else min(p, q)
-                            for p, q in zip(tracked, last, strict=True))
+        planned = tuple(tracker.planning_priors(N))
+        if variant == "smoothed":
+            planned = tracked
         elif variant == "oracle":
             planned = (wl.true_r(t),)
-        k = rule.round_k(planned) if fixed_k is None else fixed_k
+        decode_prior = tracked[0] if rule.transform == "auto" else None
+        k = rule.round_k(planned, decode_prior) if fixed_k is None else fixed_k
         if check is not None and fixed_k is None and variant == "server":
-            k_server = check(rule, tracked)
+            k_server = check(rule, planned, decode_prior)
             if k_server != k:
                 raise AssertionError(f"{wl.name} round {t}: k {k}, server's round_k {k_server}")
         priors = tracked if rule.transform == "auto" else (None,) * m
@@ -232,8 +233,7 @@ def run(wl: Workload, rule: Rule, fixed_k: int | None = None,
             sq += float(err @ err)
             norm += float(mean @ mean)
             batches.append(msgs)
-        r_hats = tracker.update(batches)
-        last = [min(max(r / (N - 1), 0.0), 1.0) * (N - 1) for r in r_hats]
+        tracker.update(batches)
         out.k.append(k)
         out.sq.append(sq)
         out.norm.append(norm)
@@ -444,8 +444,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nerror within +-20 % of EPS: {len(rows) - len(err_missed)} of {len(rows)}; "
           f"bytes <= 110 % of the fixed k: {len(rows) - len(bytes_missed)} of {len(rows)} "
           f"({time.perf_counter() - t_start:.0f} s)")
-    print("\nThe rule's R (server: the smoothed R_hat; min-last: the least of it and the last "
-          "round's R_hat; oracle: the round's true R):\n")
+    print("\nThe rule's R (server: the least of the smoothed R_hat and the last round's; "
+          "smoothed: the smoothed R_hat alone; oracle: the round's true R):\n")
     print("| workload | EPS | planned at | mean rel. err | SE | vs EPS | mean k | bytes ratio |")
     print("|---|---|---|---|---|---|---|---|")
     for name, eps, variant, rel, se, mk, ratio in variants:
