@@ -15,15 +15,32 @@ Usage::
     python bench/bench_core.py                  # full run, prints a table
     python bench/bench_core.py --json out.json  # also write the figures as JSON
     python bench/bench_core.py --quick          # small sizes only (smoke test)
+
+Host against container (``--container IMAGE``): the same rounds (the same messages, written
+to a folder the container mounts) decoded here and inside ``IMAGE`` (``docker run`` with this
+script mounted read-only; the Docker engine of the environment, e.g. ``scripts/engine.sh
+up``), one untimed decode on each side, then timed ones alternating decode by decode (on a
+shared machine both sides then see the same load), at least ``--decode-repeats`` on each
+side and until the host's took ``--container-seconds``; medians of the wall-clock and of the
+CPU seconds (every thread of the process; under load the wall clock also measures the
+scheduler's shares) side by side, each side's estimate compared with the other's bit for
+bit, and each side's product path (``rpsagg.projections.product_path``)::
+
+    python bench/bench_core.py --container rpsagg-server:latest --transform avg \
+        --case 20,100,4096 --case 100,1024,1048576 --decode-repeats 11
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -35,7 +52,7 @@ from numpy.typing import NDArray
 
 import rpsagg
 from rpsagg import beta as rbeta
-from rpsagg.projections import srht_encode
+from rpsagg.projections import product_path, srht_encode
 
 FloatArray = NDArray[np.float64]
 
@@ -187,6 +204,195 @@ def bench_decode(
     )
 
 
+@dataclass
+class ContainerRow:
+    """One round decoded on the host and inside a container image, side by side."""
+
+    n: int
+    k: int
+    d: int
+    transform: str
+    solve: str
+    host_s: float
+    container_s: float
+    ratio: float
+    host_cpu_s: float
+    container_cpu_s: float
+    cpu_ratio: float
+    host_times: list[float]
+    container_times: list[float]
+    host_cpu: list[float]
+    container_cpu: list[float]
+    host_products: str
+    container_products: str
+    bit_identical: bool
+    rel_diff: float
+
+
+def make_round(n: int, k: int, d: int, transform: str, seed: int
+               ) -> tuple[rpsagg.RandProjSpatial, list[rpsagg.Encoded]]:
+    """The estimator and the n messages of one round (those :func:`bench_decode` times)."""
+    est = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d, transform=transform)
+    assert isinstance(est, rpsagg.RandProjSpatial)
+    base = (seed << 20) + 1
+    return est, [est.encode(x, seed=base + i) for i, x in enumerate(client_vectors(n, d, seed))]
+
+
+def save_round(path: str, est: rpsagg.Estimator, msgs: list[rpsagg.Encoded],
+               transform: str) -> None:
+    """The round as an .npz: what :func:`load_round` needs to decode it anywhere."""
+    m = msgs[0]
+    np.savez(path, nkd=np.array([len(msgs), m.k, m.d]), transform=np.array(transform),
+             scheme=np.array(est.name), spec_version=np.array(m.spec_version),
+             seeds=np.array([x.seed for x in msgs], dtype=np.uint64),
+             values=np.stack([x.values for x in msgs]))
+
+
+def load_round(path: str) -> tuple[rpsagg.RandProjSpatial, list[rpsagg.Encoded]]:
+    """The estimator and messages :func:`save_round` wrote."""
+    with np.load(path) as f:
+        n, k, d = (int(v) for v in f["nkd"])
+        est = rpsagg.make_estimator(str(f["scheme"]), n=n, k=k, d=d,
+                                    transform=str(f["transform"]))
+        assert isinstance(est, rpsagg.RandProjSpatial)
+        msgs = [rpsagg.Encoded(str(f["scheme"]), int(s), k, d, v,
+                               spec_version=str(f["spec_version"]))
+                for s, v in zip(f["seeds"], f["values"], strict=True)]
+    return est, msgs
+
+
+def one_decode(est: rpsagg.RandProjSpatial, msgs: list[rpsagg.Encoded]
+               ) -> tuple[float, float, rpsagg.DecodeResult]:
+    """The wall-clock and CPU seconds (all the process's threads) of one decode, and its
+    result."""
+    start, cpu = time.perf_counter(), time.process_time()
+    result = est.decode_with_info(msgs)
+    return time.perf_counter() - start, time.process_time() - cpu, result
+
+
+def serve_round(path: str) -> None:
+    """The container's side of ``--container``: load the round at ``path``, compute beta and
+    decode once (untimed), then answer on two named pipes beside ``path`` (not on stdin and
+    stdout, which Docker relays through its daemon, whose threads would then share the
+    CPUs with the timed decode): ``ready``; then one timed decode per ``decode`` line read
+    from ``cmd``, its seconds written to ``ans``; at ``end``, one JSON line: the estimate's
+    float64 bytes (hex), the product path and the versions."""
+    est, msgs = load_round(path)
+    est.beta_details(len(msgs))
+    *_, result = one_decode(est, msgs)
+    folder = os.path.dirname(path)
+    with open(os.path.join(folder, "cmd")) as cmd, \
+            open(os.path.join(folder, "ans"), "w") as ans:
+        ans.write("ready\n")
+        ans.flush()
+        for line in cmd:
+            if line.strip() == "decode":
+                took, cpu, result = one_decode(est, msgs)
+                ans.write(f"{took!r} {cpu!r}\n")
+            elif line.strip() == "end":
+                ans.write(json.dumps({
+                    "estimate": np.ascontiguousarray(result.estimate, "<f8").tobytes().hex(),
+                    "products": product_path(), "numpy": np.__version__,
+                    "scipy": scipy.__version__, "python": platform.python_version()}) + "\n")
+                return
+            ans.flush()
+
+
+def bench_container(image: str, n: int, k: int, d: int, transform: str, repeats: int,
+                    seconds: float, seed: int, env: list[str]) -> ContainerRow:
+    """One round decoded here and in ``image`` (one container process for the whole case),
+    alternating one decode at a time (host first, then container first), so both see the
+    same load, at least ``repeats`` times and until the host's decodes took ``seconds``;
+    the medians, and the two estimates compared."""
+    est, msgs = make_round(n, k, d, transform, seed)
+    here = os.path.dirname(os.path.abspath(__file__))
+    host_times: list[float] = []
+    container_times: list[float] = []
+    host_cpu: list[float] = []
+    container_cpu: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="rpsagg-bench-") as io_dir:
+        save_round(os.path.join(io_dir, "round.npz"), est, msgs, transform)
+        os.mkfifo(os.path.join(io_dir, "cmd"))
+        os.mkfifo(os.path.join(io_dir, "ans"))
+        run = ["docker", "run", "--rm", "--user", f"{os.getuid()}:{os.getgid()}",
+               "-e", "RPSAGG_CACHE_DIR=/tmp/rpsagg-cache", "-v", f"{here}:/bench:ro",
+               "-v", f"{io_dir}:/io", *[a for e in env for a in ("-e", e)],
+               "--entrypoint", "python", image, "/bench/bench_core.py",
+               "--serve-round", "/io/round.npz"]
+        with subprocess.Popen(run, stdin=subprocess.DEVNULL) as proc:
+            done = threading.Event()
+
+            def unblock() -> None:
+                """A container that ended opens none of its pipes' ends: open them, so that
+                ours open (and read an end of file)."""
+                proc.wait()
+                while not done.is_set():
+                    for name, mode in (("cmd", os.O_RDONLY), ("ans", os.O_WRONLY)):
+                        with contextlib.suppress(OSError):
+                            os.close(os.open(os.path.join(io_dir, name), mode | os.O_NONBLOCK))
+                    time.sleep(0.1)
+
+            threading.Thread(target=unblock, daemon=True).start()
+            est.beta_details(n)
+            *_, result = one_decode(est, msgs)  # untimed, as the container's first
+            with open(os.path.join(io_dir, "cmd"), "w") as cmd, \
+                    open(os.path.join(io_dir, "ans")) as ans:
+
+                def ask(line: str) -> str:
+                    cmd.write(line + "\n")
+                    cmd.flush()
+                    answer = ans.readline()
+                    if not answer:
+                        raise SystemExit(f"the container ended ({proc.wait()}): its stderr "
+                                         "is above")
+                    return answer
+
+                if ans.readline().strip() != "ready":
+                    raise SystemExit(f"the container ended ({proc.wait()}): its stderr is "
+                                     "above")
+                r = 0
+                while r < repeats or sum(host_times) < seconds:
+                    r += 1
+                    for side in ("host", "container") if r % 2 else ("container", "host"):
+                        if side == "host":
+                            took, cpu, result = one_decode(est, msgs)
+                            host_times.append(took)
+                            host_cpu.append(cpu)
+                        else:
+                            took, cpu = (float(v) for v in ask("decode").split())
+                            container_times.append(took)
+                            container_cpu.append(cpu)
+                meta = json.loads(ask("end"))
+            done.set()
+    print(f"# {(n, k, d)} {transform}: host {np.median(host_times):.4f} s, container "
+          f"{np.median(container_times):.4f} s ({r} each)", file=sys.stderr, flush=True)
+    ours = result.estimate
+    theirs = np.frombuffer(bytes.fromhex(meta["estimate"]), dtype="<f8").reshape(ours.shape)
+    info = result.solve
+    host_s, container_s = float(np.median(host_times)), float(np.median(container_times))
+    host_c, container_c = float(np.median(host_cpu)), float(np.median(container_cpu))
+    rel = float(np.linalg.norm(ours - theirs) / np.linalg.norm(ours))
+    return ContainerRow(n, k, d, transform, info.method if info else "-", host_s, container_s,
+                        container_s / host_s, host_c, container_c, container_c / host_c,
+                        host_times, container_times, host_cpu, container_cpu, product_path(),
+                        meta["products"], bool(np.array_equal(ours, theirs)), rel)
+
+
+def print_container(image: str, rows: list[ContainerRow]) -> None:
+    """The host-against-container table."""
+    print(f"\nDecode here and in {image} (same messages; medians of wall-clock and of CPU "
+          "seconds; ratio = container / host)")
+    print(f"{'n':>4} {'k':>5} {'d':>8} {'T':>4} {'solver':>15} {'host s':>8} {'cont. s':>8} "
+          f"{'ratio':>6} {'host CPU':>8} {'cont. CPU':>9} {'ratio':>6} {'products':>13} "
+          f"{'estimates':>14}")
+    for r in rows:
+        same = "bit for bit" if r.bit_identical else f"{r.rel_diff:.1e} rel"
+        print(f"{r.n:>4} {r.k:>5} {r.d:>8} {r.transform:>4} {r.solve:>15} {r.host_s:>8.4f} "
+              f"{r.container_s:>8.4f} {r.ratio:>6.2f} {r.host_cpu_s:>8.4f} "
+              f"{r.container_cpu_s:>9.4f} {r.cpu_ratio:>6.2f} "
+              f"{r.host_products + '/' + r.container_products:>13} {same:>14}")
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -290,11 +496,42 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-decode", action="store_true", help="skip the decode benchmark")
     p.add_argument("--no-dense", action="store_true", help="skip the dense reference decoder")
     p.add_argument("--seed", type=int, default=7, help="seed of the synthetic data")
+    p.add_argument("--container", metavar="IMAGE",
+                   help="decode the cases here and inside IMAGE (docker run), side by side; "
+                        "no encode, no dense reference")
+    p.add_argument("--container-seconds", type=float, default=10.0,
+                   help="with --container: decode each case at least --decode-repeats times "
+                        "and until the host's decodes took this long (default 10)")
+    p.add_argument("--container-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="with --container: an environment variable of the container "
+                        "(repeatable; e.g. RPSAGG_NATIVE=0)")
+    p.add_argument("--serve-round", metavar="NPZ", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+
+    if args.serve_round:  # inside the container of --container
+        serve_round(args.serve_round)
+        return 0
 
     dims = QUICK_ENCODE_DIMS if args.quick else ENCODE_DIMS
     cases = args.case or list(QUICK_DECODE_CASES if args.quick else DECODE_CASES)
     transforms = args.transform or list(TRANSFORMS)
+
+    if args.container:
+        if args.decode_repeats < 1:
+            p.error("--decode-repeats must be >= 1")
+        rows = [bench_container(args.container, n, k, d, t, args.decode_repeats,
+                                args.container_seconds, args.seed, args.container_env)
+                for n, k, d in cases for t in transforms]
+        print(f"load average {os.getloadavg()[0]:.1f}; host FWHT {rpsagg.FWHT_BACKEND}")
+        print_container(args.container, rows)
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump({"image": args.container, "container_env": args.container_env,
+                           "numpy": np.__version__, "scipy": scipy.__version__,
+                           "python": platform.python_version(), "cpus": os.cpu_count(),
+                           "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                           "rows": [asdict(r) for r in rows]}, fh, indent=1)
+        return 0
 
     enc: list[EncodeRow] = []
     if not args.no_encode:
