@@ -1,11 +1,13 @@
 """--target-rel-error: each round's k is the smallest whose predicted relative error at the
-smoothed R_hat of earlier rounds meets the target; it is announced in RoundInfo.k, the
+least of the smoothed and the last R_hat meets the target; it is announced in RoundInfo.k, the
 clients encode with it, the API shows it, the measured error lands on the target, and a
 restart resumes an open round with the k it announced."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,21 @@ def _vectors(rng: np.random.Generator) -> np.ndarray:
     return rng.normal(size=D) + rng.normal(size=(N, D)) / 3.0
 
 
-def _run_rounds(target: str, clients: list[AggregationClient], rng: np.random.Generator,
+@contextmanager
+def _joined(port: int) -> Iterator[list[AggregationClient]]:
+    """N clients joined to the server on ``port``, closed afterwards."""
+    clients = [AggregationClient(f"127.0.0.1:{port}", f"client-{i}", insecure=True,
+                                 timeout=30.0) for i in range(N)]
+    try:
+        for c in clients:
+            c.join()
+        yield clients
+    finally:
+        for c in clients:
+            c.close()
+
+
+def _run_rounds(clients: list[AggregationClient], rng: np.random.Generator,
                 rounds: int) -> list[tuple[int, int, float]]:
     """Run ``rounds`` rounds; returns (round id, announced k, true R) of each."""
     out = []
@@ -64,16 +80,8 @@ def test_target_mode_moves_k_and_reaches_the_target(tmp_path: Path) -> None:
     rng = np.random.default_rng(5)
     rounds = 24
     with in_process_server(cfg) as srv:
-        target = f"127.0.0.1:{srv.port}"
-        clients = [AggregationClient(target, f"client-{i}", insecure=True, timeout=30.0)
-                   for i in range(N)]
-        try:
-            for c in clients:
-                c.join()
-            seen = _run_rounds(target, clients, rng, rounds)
-        finally:
-            for c in clients:
-                c.close()
+        with _joined(srv.port) as clients:
+            seen = _run_rounds(clients, rng, rounds)
         app = create_app(srv.running.state, CollectorRegistry())
         with TestClient(app) as http:
             status = http.get("/api/status").json()
@@ -105,38 +113,20 @@ def test_a_restart_resumes_the_open_round_with_its_k(tmp_path: Path) -> None:
     committed before the restart with it."""
     cfg = _config(tmp_path)
     rng = np.random.default_rng(9)
-    with in_process_server(cfg) as srv:
-        target = f"127.0.0.1:{srv.port}"
-        clients = [AggregationClient(target, f"client-{i}", insecure=True, timeout=30.0)
-                   for i in range(N)]
-        try:
-            for c in clients:
-                c.join()
-            _run_rounds(target, clients, rng, 3)
-            rnd = clients[0].current_round()
-            assert rnd.k < K_MAX  # chosen by the target mode
-            xs = _vectors(rng)
-            for c, x in zip(clients[:3], xs[:3], strict=True):  # a part of the round
-                c.submit_encoded(c.encode(rnd, x[None, :]))
-        finally:
-            for c in clients:
-                c.close()
-    with in_process_server(cfg) as srv:
-        target = f"127.0.0.1:{srv.port}"
-        clients = [AggregationClient(target, f"client-{i}", insecure=True, timeout=30.0)
-                   for i in range(N)]
-        try:
-            for c in clients:
-                c.join()
-            again = clients[0].current_round()
-            assert (again.round_id, again.nonce, again.k) == (rnd.round_id, rnd.nonce, rnd.k)
-            for c, x in zip(clients[3:], xs[3:], strict=True):
-                c.submit_encoded(c.encode(again, x[None, :]))
-            res = clients[0].result(again.round_id, wait=True)
-            assert res.state == "done"
-        finally:
-            for c in clients:
-                c.close()
+    with in_process_server(cfg) as srv, _joined(srv.port) as clients:
+        _run_rounds(clients, rng, 3)
+        rnd = clients[0].current_round()
+        assert rnd.k < K_MAX  # chosen by the target mode
+        xs = _vectors(rng)
+        for c, x in zip(clients[:3], xs[:3], strict=True):  # a part of the round
+            c.submit_encoded(c.encode(rnd, x[None, :]))
+    with in_process_server(cfg) as srv, _joined(srv.port) as clients:
+        again = clients[0].current_round()
+        assert (again.round_id, again.nonce, again.k) == (rnd.round_id, rnd.nonce, rnd.k)
+        for c, x in zip(clients[3:], xs[3:], strict=True):
+            c.submit_encoded(c.encode(again, x[None, :]))
+        res = clients[0].result(again.round_id, wait=True)
+        assert res.state == "done"
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -164,12 +154,7 @@ def test_value_bits_auto_picks_the_fewest_bytes(tmp_path: Path) -> None:
     cfg = _config(tmp_path, value_bits=0)
     rng = np.random.default_rng(21)
     with in_process_server(cfg) as srv:
-        target = f"127.0.0.1:{srv.port}"
-        clients = [AggregationClient(target, f"client-{i}", insecure=True, timeout=30.0)
-                   for i in range(N)]
-        try:
-            for c in clients:
-                c.join()
+        with _joined(srv.port) as clients:
             infos = []
             for _ in range(8):
                 rnd = clients[0].current_round()
@@ -177,9 +162,6 @@ def test_value_bits_auto_picks_the_fewest_bytes(tmp_path: Path) -> None:
                 for c, x in zip(clients, _vectors(rng), strict=True):
                     c.submit_encoded(c.encode(rnd, x[None, :]))
                 assert clients[0].result(rnd.round_id, wait=True).state == "done"
-        finally:
-            for c in clients:
-                c.close()
         app = create_app(srv.running.state, CollectorRegistry())
         with TestClient(app) as http:
             rows = {r["round_id"]: r for r in http.get("/api/rounds/export.json").json()}
