@@ -1,7 +1,8 @@
 """The client's default id (rpsagg_client.identity): its compose container name from Docker's
-embedded DNS, parsed from a real DNS answer.
+embedded DNS, read from a real DNS answer.
 
-A DNS responder on loopback (UDP, a free port) answers the PTR query the way Docker's does
+A DNS responder on loopback (UDP, a free port; its answers built byte by byte here, not with
+dnspython, which asks the query) answers the PTR query the way Docker's does
 (``<name>.<network>``, with a compression pointer to the question); a resolv.conf naming
 127.0.0.11 marks a container on a user-defined network. On the real engine
 tests/test_deploy_engine.py checks that the replicas join as ``<project>-client-N``.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,23 +22,31 @@ import pytest
 from rpsagg_client import identity
 
 
-def _answer(query: bytes, name: str | None, rcode: int = 0) -> bytes:
+def _answer(query: bytes, name: str | int | None) -> bytes:
+    """The answer to ``query``: a PTR record for a ``name``, none for None, an int: that RCODE."""
     qid = query[:2]
-    question = query[12:]
-    if name is None:
-        return qid + struct.pack(">HHHHH", 0x8180 | rcode, 1, 0, 0, 0) + question
+    end = 12
+    while query[end]:  # the question's name (uncompressed in a query), then QTYPE and QCLASS
+        end += 1 + query[end]
+    question = query[12:end + 5]
+    if name is None or isinstance(name, int):
+        return qid + struct.pack(">HHHHH", 0x8180 | (name or 0), 1, 0, 0, 0) + question
     rdata = b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0"
     answer = b"\xc0\x0c" + struct.pack(">HHIH", 12, 1, 600, len(rdata)) + rdata
     return qid + struct.pack(">HHHHH", 0x8180, 1, 1, 0, 0) + question + answer
 
 
+#: the responder's port, the answers it is to give (``_answer``'s ``name``) and the queries seen
+Responder = tuple[int, list[str | int | None], list[bytes]]
+
+
 @pytest.fixture
-def dns() -> Iterator[tuple[int, list[str | None], list[bytes]]]:
-    """A one-thread DNS responder: answers with the next name of ``names``."""
+def dns() -> Iterator[Responder]:
+    """A one-thread DNS responder: answers each query with the next of ``names``."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("127.0.0.1", 0))
     sock.settimeout(0.2)
-    names: list[str | None] = []
+    names: list[str | int | None] = []
     seen: list[bytes] = []
     stop = threading.Event()
 
@@ -60,7 +70,7 @@ def dns() -> Iterator[tuple[int, list[str | None], list[bytes]]]:
         sock.close()
 
 
-def test_reverse_name_parses_a_ptr_answer(dns: tuple[int, list[str | None], list[bytes]]) -> None:
+def test_reverse_name_parses_a_ptr_answer(dns: Responder) -> None:
     port, names, seen = dns
     names.append("myproj-client-3.myproj_default")
     got = identity.reverse_name("172.18.0.7", server="127.0.0.1", port=port)
@@ -70,13 +80,20 @@ def test_reverse_name_parses_a_ptr_answer(dns: tuple[int, list[str | None], list
     assert b"\x017\x010\x0218\x03172\x07in-addr\x04arpa\x00\x00\x0c\x00\x01" in q
 
 
-def test_no_answer_or_no_server_is_none(dns: tuple[int, list[str | None], list[bytes]]) -> None:
+def test_no_answer_or_no_server_is_none(dns: Responder) -> None:
     port, names, _ = dns
     names.append(None)  # NOERROR with no answer record
     assert identity.reverse_name("10.0.0.1", server="127.0.0.1", port=port) is None
+    names.extend([3, 2])  # NXDOMAIN, SERVFAIL
+    assert identity.reverse_name("10.0.0.2", server="127.0.0.1", port=port) is None
+    assert identity.reverse_name("10.0.0.3", server="127.0.0.1", port=port) is None
+    assert not names  # each was asked once and answered
     # nothing answers: None after the timeout
+    t0 = time.monotonic()
     assert identity.reverse_name("10.0.0.1", server="127.0.0.1", port=port,
                                  timeout=0.2) is None
+    assert time.monotonic() - t0 < 2.0
+    assert identity.reverse_name("not an address", server="127.0.0.1", port=port) is None
 
 
 def test_container_name_only_behind_dockers_dns(tmp_path: Path,

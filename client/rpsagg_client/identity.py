@@ -9,7 +9,7 @@ reverse (PTR) query for a container's own address with ``<name>.<network>``. Tha
 stable across re-creation and readable on the dashboard, so it is the default id of a
 client in a compose replica. Everywhere else the default is the host name.
 
-The query is a plain DNS message over UDP (RFC 1035, section 4), standard library only.
+The query is asked with dnspython (``dns.resolver``), straight to that one server.
 """
 
 from __future__ import annotations
@@ -17,9 +17,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-import secrets
 import socket
-import struct
+
+import dns.exception
+import dns.rdtypes.ANY.PTR
+import dns.resolver
+import dns.reversename
 
 log = logging.getLogger("rpsagg.client")
 
@@ -36,71 +39,39 @@ def _uses_docker_dns(resolv_conf: str = "/etc/resolv.conf") -> bool:
         return False
 
 
-def _encode_name(name: str) -> bytes:
-    return b"".join(bytes([len(p)]) + p.encode("ascii") for p in name.split(".") if p) + b"\0"
-
-
-def _read_name(msg: bytes, pos: int) -> tuple[str, int]:
-    """A possibly compressed domain name at ``pos``; returns it and the offset after it."""
-    labels: list[str] = []
-    end = -1
-    for _ in range(128):  # bounds a malicious pointer loop
-        length = msg[pos]
-        if length & 0xC0 == 0xC0:  # a pointer to an earlier name
-            if end < 0:
-                end = pos + 2
-            pos = ((length & 0x3F) << 8) | msg[pos + 1]
-            continue
-        if length == 0:
-            return ".".join(labels), (end if end >= 0 else pos + 1)
-        labels.append(msg[pos + 1:pos + 1 + length].decode("ascii", "replace"))
-        pos += 1 + length
-    raise ValueError("DNS name too long or looping")
-
-
 def reverse_name(address: str, server: str = DOCKER_DNS, port: int = 53,
                  timeout: float = 1.0) -> str | None:
-    """The PTR name of an IPv4 ``address`` from the DNS ``server`` (None: no answer).
+    """The PTR name of an IP ``address`` from the DNS ``server`` (None: no answer).
+
+    None also when the server does not answer within ``timeout``, answers NXDOMAIN or an
+    error, or when ``address`` is not an IP address.
 
     Parameters
     ----------
     address : str
-        Dotted IPv4 address.
+        Dotted IPv4 (or IPv6) address.
     server : str
-        The DNS server to ask.
+        The IP address of the DNS server to ask.
     port : int
         Its UDP port.
     timeout : float
         Seconds to wait for the answer.
     """
-    qid = secrets.randbits(16)
-    qname = ".".join(reversed(address.split("."))) + ".in-addr.arpa"
-    query = struct.pack(">HHHHHH", qid, 0x0100, 1, 0, 0, 0) + _encode_name(qname)
-    query += struct.pack(">HH", 12, 1)  # QTYPE PTR, QCLASS IN
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.settimeout(timeout)
-        try:
-            s.sendto(query, (server, port))
-            msg = s.recv(4096)
-        except OSError:
-            return None
     try:
-        rid, flags, qd, an = struct.unpack(">HHHH", msg[:8])
-        if rid != qid or flags & 0x000F or an == 0:
-            return None
-        pos = 12
-        for _ in range(qd):
-            _, pos = _read_name(msg, pos)
-            pos += 4
-        for _ in range(an):
-            _, pos = _read_name(msg, pos)
-            rtype, _, _, rdlen = struct.unpack(">HHIH", msg[pos:pos + 10])
-            pos += 10
-            if rtype == 12:
-                return _read_name(msg, pos)[0]
-            pos += rdlen
-    except (struct.error, IndexError, ValueError):
+        qname = dns.reversename.from_address(address)
+    except (dns.exception.SyntaxError, ValueError):
         return None
+    resolver = dns.resolver.Resolver(configure=False)  # this server only, not resolv.conf
+    resolver.nameservers = [server]
+    resolver.port = port
+    resolver.timeout = resolver.lifetime = timeout
+    try:
+        answer = resolver.resolve(qname, "PTR", search=False)
+    except dns.exception.DNSException:  # timeout, NXDOMAIN, no answer, SERVFAIL, bad reply
+        return None
+    for rdata in answer:
+        if isinstance(rdata, dns.rdtypes.ANY.PTR.PTR):
+            return rdata.target.to_text(omit_final_dot=True)
     return None
 
 
