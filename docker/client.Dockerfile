@@ -5,6 +5,8 @@
 
 # --- build: a virtual environment with the library and the client ------------------------
 ARG BASE_IMAGE=python:3.11.14-slim-bookworm
+# never run as a container: no HEALTHCHECK (hadolint's DL3057, .hadolint.yaml)
+# hadolint ignore=DL3057
 FROM ${BASE_IMAGE} AS build
 ENV VIRTUAL_ENV=/opt/venv PIP_DISABLE_PIP_VERSION_CHECK=1
 # a C compiler for the library's compiled kernels (rpsagg._fast; this stage only, the runtime

@@ -5,6 +5,8 @@
 
 # --- build: a virtual environment with the library and the server ------------------------
 ARG BASE_IMAGE=python:3.11.14-slim-bookworm
+# never run as a container: no HEALTHCHECK (hadolint's DL3057, .hadolint.yaml)
+# hadolint ignore=DL3057
 FROM ${BASE_IMAGE} AS build
 # "[ray]" for the Ray decode backend and the compose file's ray profile (ray start); empty
 # by default: the default server never needs Ray's ~70 MB
