@@ -96,23 +96,67 @@ class RandK(Estimator):
         return coef.relative_error(r) + quantized_relative_extra(coef, self.k, self.value_bits, r)
 
 
-def wangni_probabilities(x: FloatArray, k: int) -> FloatArray:
-    """Keep probabilities ``p_j = min(1, c |x_j|)`` with ``sum_j p_j = k`` (Wangni et al.).
+def wangni_scale(x: FloatArray, k: int) -> float | None:
+    """Wangni's ``c``: ``p_j = min(1, c |x_j|)`` has ``sum_j p_j = k``.
 
-    When x has at most k non-zero entries every one of them is kept (p = 1).
+    The arithmetic of ``docs/wire-format.md`` section 6: ``a`` the magnitudes sorted
+    decreasing, ``S_j = a_{d-1} + ... + a_j`` added in binary64 from the smallest up,
+    ``c = (k - j) / S_j`` for the least ``j < k`` with ``a_j ((k - j) / S_j) <= 1`` (j = 0
+    when there is none, which only rounding can cause).
+
+    Parameters
+    ----------
+    x : ndarray of float64, shape (d,)
+        Finite.
+    k : int
+        The expected number of kept coordinates, ``1 <= k <= d``.
+
+    Returns
+    -------
+    float or None
+        ``c``; None when x has at most k non-zero entries (every one of them is kept).
+
+    Raises
+    ------
+    ValueError
+        When the sum of the magnitudes overflows binary64 (``c`` would be 0).
     """
     mag = np.abs(x)
-    nnz = int(np.count_nonzero(mag))
-    if nnz <= k:
-        return (mag > 0).astype(np.float64)
-    order = np.argsort(-mag, kind="stable")
-    a = mag[order]
-    suffix = np.cumsum(a[::-1])[::-1]  # suffix[j] = sum_{i >= j} a_i
+    if int(np.count_nonzero(mag)) <= k:
+        return None
+    a = mag[np.argsort(-mag, kind="stable")]
+    with np.errstate(over="ignore"):  # reported below
+        suffix = np.cumsum(a[::-1])[::-1]  # suffix[j] = sum_{i >= j} a_i, smallest first
+    if not np.isfinite(suffix[0]):
+        raise ValueError("x is too large: the sum of its magnitudes overflows float64")
     j = np.arange(k)
     scale = (k - j) / suffix[:k]
     ok = a[:k] * scale <= 1.0
-    first = int(np.argmax(ok))  # j = k-1 always satisfies the condition when nnz > k
-    c = scale[first]
+    first = int(np.argmax(ok))  # j = k-1 satisfies the condition but for rounding
+    return float(scale[first])
+
+
+def wangni_probabilities(x: FloatArray, k: int) -> FloatArray:
+    """Keep probabilities ``p_j = min(1, c |x_j|)`` with ``sum_j p_j = k`` (Wangni et al.).
+
+    When x has at most k non-zero entries every one of them is kept (p = 1); ``c`` is
+    :func:`wangni_scale`'s.
+
+    Parameters
+    ----------
+    x : ndarray of float64, shape (d,)
+        Finite.
+    k : int
+        The expected number of kept coordinates, ``1 <= k <= d``.
+
+    Returns
+    -------
+    ndarray of float64, shape (d,)
+    """
+    mag = np.abs(x)
+    c = wangni_scale(x, k)
+    if c is None:
+        return (mag > 0).astype(np.float64)
     return np.minimum(1.0, c * mag)
 
 

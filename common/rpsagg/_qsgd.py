@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 from rpsagg._encoded import Encoded
 from rpsagg._error import per_message_error
 from rpsagg._estimator import DecodeResult, Estimator, FloatArray
-from rpsagg._quantize import float32_ceil, quantize_qsgd
+from rpsagg._quantize import qsgd_norm, quantize_qsgd
 from rpsagg._wireprofile import SchemeTraits
 
 QSGD_MAX_BITS = 16
@@ -31,7 +31,7 @@ QSGD_MAX_BITS = 16
 def qsgd_variance(x: FloatArray, bits: int) -> float:
     """Exact ``E||Q(x) - x||^2`` of one client's QSGD message for ``x`` (float32 norm)."""
     s = (1 << bits) - 1
-    norm = float(float32_ceil(float(np.sqrt(np.dot(x, x)))))
+    norm = float(qsgd_norm(x))
     if norm == 0.0:
         return 0.0
     r = np.abs(x) * (s / norm)

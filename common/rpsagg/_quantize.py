@@ -165,14 +165,46 @@ def quantize_uniform(values: FloatArray, bits: int, seed: int) -> tuple[CodeArra
     return _stochastic_round(t, top, seed), m
 
 
+def sum_of_squares(x: FloatArray) -> float:
+    """``x_0^2 + x_1^2 + ...`` in binary64, added strictly left to right.
+
+    Each square is rounded to binary64 (no fused multiply-add), then added to the running
+    sum in index order: ``docs/wire-format.md`` section 13 fixes this order for QSGD's
+    norm, so that every implementation gets the same scale. (``np.dot`` and ``np.sum``
+    add in an order of their own; ``np.cumsum`` is sequential by definition.)
+
+    Parameters
+    ----------
+    x : ndarray of float64
+
+    Returns
+    -------
+    float
+        The sum (``inf`` when it overflows; 0.0 for an empty ``x``).
+    """
+    if x.size == 0:
+        return 0.0
+    with np.errstate(over="ignore", invalid="ignore"):  # the caller reports an overflow
+        squares = np.multiply(x, x)
+        np.cumsum(squares, out=squares)
+    return float(squares[-1])
+
+
+def qsgd_norm(x: FloatArray) -> np.float32:
+    """QSGD's scale: ``sqrt`` of :func:`sum_of_squares` rounded up to binary32.
+
+    ``ValueError`` when it exceeds binary32's largest finite value.
+    """
+    return float32_ceil(float(np.sqrt(sum_of_squares(x))))
+
+
 def quantize_qsgd(x: FloatArray, s: int, seed: int) -> tuple[CodeArray, np.float32]:
     """QSGD codes ``c = s + sign(x_j) l_j`` with the random level ``l_j`` of ``s |x_j| / ||x||``.
 
     ``E[l_j] = s |x_j| / ||x||`` exactly when ``||x||`` is the float32 norm sent (rounded
-    up, so no ratio exceeds 1).
+    up, so no ratio exceeds 1; :func:`qsgd_norm`).
     """
-    with np.errstate(over="ignore"):  # float32_ceil reports an overflow
-        norm = float32_ceil(float(np.sqrt(np.dot(x, x))))
+    norm = qsgd_norm(x)
     if norm == 0:
         return np.full(x.size, s, dtype=np.uint32), norm
     levels = _stochastic_round(np.abs(x) * (s / float(norm)), s, seed).astype(np.int64)
