@@ -132,6 +132,28 @@ def same_message(expected: dict[str, Any]) -> Callable[[dict[str, Any]], str | N
     return check
 
 
+def refused() -> Callable[[dict[str, Any]], str | None]:
+    """The implementation refuses the request (``{"refused": why}``)."""
+    def check(reply: dict[str, Any]) -> str | None:
+        if "refused" in reply:
+            return None
+        if "error" in reply:
+            return f"error reply instead of a refusal: {reply['error']}"
+        return f"accepted: {json.dumps(reply)[:120]}"
+    return check
+
+
+def sparse_message(values: list[str], indices: list[int]
+                   ) -> Callable[[dict[str, Any]], str | None]:
+    """A message with indices (Rand-k-Wangni, Induced): values and indices, in order."""
+    value_check = equal("values_f32", values, _hex_ints)
+    index_check = equal("indices", indices)
+
+    def check(reply: dict[str, Any]) -> str | None:
+        return index_check(reply) or value_check(reply)
+    return check
+
+
 def f32(bits: int) -> float:
     return float(struct.unpack("<f", struct.pack("<I", bits))[0])
 
@@ -156,6 +178,14 @@ def within(y_f64: list[str], tol: float, exact_bits: list[str] | None
 
 # -- the checks the vectors define ---------------------------------------------------------
 def golden_x(d: int, kind: str = "golden") -> list[float]:
+    """The input of a case: ``x_j = (j mod 7) - 3`` ("golden"), 0 ("zero"), or the other
+    named inputs of the sparse cases ("squares", "spike", "sparse")."""
+    if kind == "squares":
+        return [float((j * j) % 23 - 11) for j in range(d)]
+    if kind == "spike":
+        return [100.0, *golden_x(d)[1:]]
+    if kind == "sparse":
+        return [0.0] * (d - 3) + [2.5, -1.0, 0.5]
     return [float((j % 7) - 3) if kind == "golden" else 0.0 for j in range(d)]
 
 
@@ -271,6 +301,28 @@ def build_checks(v: dict[str, Any]) -> list[Check]:
         out.append((f"{at}.quantize", {"op": "quantize", "codebook": codebook, "bits": qbits,
                                        "seed": c["seed"], "values_f64": c["values_f64"]},
                     same_message({n: c[n] for n in ("packed_hex", "scale_bits")})))
+    for i, c in enumerate(v.get("qsgd_norm_cases", [])):
+        x = [float.fromhex(a) for a in c["x"]]
+        at = f"qsgd_norm_cases[{i}] (d={len(x)}, bits={c['bits']})"
+        out.append((f"{at}.encode", {"op": "encode", "scheme": "qsgd", "seed": c["seed"],
+                                     "d": len(x), "bits": c["bits"], "x": x},
+                    same_message(c)))
+        out.append((f"{at}.quantize", {"op": "quantize", "codebook": "qsgd", "bits": c["bits"],
+                                       "seed": c["seed"], "values_f64": c["x"]},
+                    same_message({n: c[n] for n in ("packed_hex", "scale_bits")})))
+    for group, scheme in (("wangni_cases", "rand-k-wangni"), ("induced_cases", "induced")):
+        for i, c in enumerate(v.get(group, [])):
+            s, k, d = c["seed"], c["k"], c["d"]
+            at = f"{group}[{i}] (seed {s}, k={k}, d={d}, x {c['x']})"
+            out.append((at, {"op": "encode", "scheme": scheme, "seed": s, "k": k, "d": d,
+                             "x": golden_x(d, c["x"])},
+                        sparse_message(c["values_f32"], c["indices"])))
+    for i, c in enumerate(v.get("decode_cases", [])):
+        req = c["request"]
+        out.append((f"decode_cases[{i}] ({req['scheme']}, d={req['d']})", req,
+                    equal("values_f32", c["values_f32"], hexnorm)))
+    for i, c in enumerate(v.get("refusal_cases", [])):
+        out.append((f"refusal_cases[{i}] ({c['why']})", c["request"], refused()))
     return out
 
 

@@ -118,11 +118,46 @@ QUANTIZED_CASES: list[tuple[str, dict[str, Any], int, str]] = [
     ("rand-k", {"k": 6, "value_bits": 3}, 20, "zero"),
     ("qsgd", {"bits": 2}, 20, "zero"),
     ("eden", {"bits": 2}, 20, "zero"),
+    # uniform codes wider than 16 bits, up to 31 (the widest a Vector carries)
+    ("rand-k", {"k": 6, "value_bits": 17}, 20, "golden"),
+    ("rand-k", {"k": 12, "value_bits": 24}, 20, "golden"),
+    ("rand-k-spatial", {"k": 6, "value_bits": 31}, 20, "golden"),
+    ("rand-proj-spatial", {"k": 9, "value_bits": 20, "projection": "srht"}, 20, "golden"),
+    ("rand-proj-spatial", {"k": 9, "value_bits": 31, "projection": "hblocks"}, 300, "golden"),
 ]
+# QSGD's norm (section 13): the squares summed left to right in binary64. The first x is
+# the two-coordinate example of the section; on the second, that order gives another
+# binary32 scale than the exact sum (math.fsum), numpy's pairwise np.sum and BLAS's dot.
+QSGD_NORM_CASES: list[tuple[list[str], int]] = [
+    (["0x1p+0", "0x1.ep-24"], 2),
+    (["0x1p+0", "0x1.8p+2", "0x1.cp-24", "-0x1.cp+2", "0x1.cp-25", "0x1.8p+2", "0x0p+0",
+      "-0x1.8p+1", "0x1.cp-24", "-0x1p+1", "0x1.8p+2", "-0x1.4p+2", "-0x1.8p+1", "0x1p+2",
+      "-0x1p+1", "0x1.8p-25"], 4),
+]  # fmt: skip
+# Rand-k-Wangni and Induced (sections 5, 6): (seed, k, d, x). x "golden" is (j mod 7) - 3
+# (ties in |x|), "squares" (j^2 mod 23) - 11, "spike" golden with x_0 = 100 (a p_j = 1),
+# "sparse" three non-zero coordinates (at most k: all kept).
+SPARSE_CASES: list[tuple[int, int, int, str]] = [
+    (1, 6, 20, "golden"), (0x0123456789ABCDEF, 5, 30, "squares"), (MASK64, 4, 20, "spike"),
+    (7, 5, 20, "sparse"), (2, 1, 20, "golden"), (3, 20, 20, "squares"), (4, 7, 1000, "squares"),
+]  # fmt: skip
 
 
 def golden_x(d: int) -> list[float]:
     return [float((j % 7) - 3) for j in range(d)]
+
+
+def named_x(kind: str, d: int) -> list[float]:
+    """The inputs of SPARSE_CASES."""
+    if kind == "golden":
+        return golden_x(d)
+    if kind == "squares":
+        return [float((j * j) % 23 - 11) for j in range(d)]
+    if kind == "spike":
+        return [100.0, *golden_x(d)[1:]]
+    if kind == "sparse":
+        return [0.0] * (d - 3) + [2.5, -1.0, 0.5]
+    raise ValueError(kind)
 
 
 def f32_bits(value: float) -> int:
@@ -226,6 +261,207 @@ def quantized_case(name: str, options: dict[str, Any], d: int, xkind: str) -> di
     return case
 
 
+def qsgd_norm_case(x_hex: list[str], bits: int) -> dict[str, Any]:
+    import math
+
+    from rpsagg._quantize import sum_of_squares
+
+    seed = QUANTIZED_SEED
+    x = np.array([float.fromhex(v) for v in x_hex])
+    est = rpsagg.make_estimator("qsgd", n=2, d=x.size, bits=bits)
+    msg = est.encode(x, seed)
+    assert msg.codes is not None and msg.scales is not None
+    sq = sum_of_squares(x)
+    running = 0.0
+    for v in x.tolist():  # the order the spec states, in plain Python
+        running += v * v
+    assert sq == running
+    if x.size > 2:  # this x tells the orders apart
+        from rpsagg._quantize import float32_ceil
+
+        others = {float(float32_ceil(math.sqrt(t))) for t in (
+            math.fsum(x * x), float(np.sum(x * x)), float(np.dot(x, x)))}
+        assert float(msg.scales[0]) not in others, "the case no longer tells the orders apart"
+    return {
+        "x": x_hex, "bits": bits, "seed": f"0x{seed:016x}", "sum_sq": sq.hex(),
+        "value_bits": msg.value_bits, "value_count": int(msg.codes.size),
+        "packed_hex": pack_codes(msg.codes, msg.value_bits).hex(),
+        "scale_bits": hex(int(msg.scales.view(np.uint32)[0])),
+    }  # fmt: skip
+
+
+def sparse_case(scheme: str, seed: int, k: int, d: int, kind: str) -> dict[str, Any]:
+    from rpsagg._coordinates import wangni_scale
+
+    x = np.array(named_x(kind, d))
+    est = rpsagg.make_estimator(scheme, n=2, k=k, d=d)
+    msg = est.encode(x, seed)
+    assert msg.indices is not None
+    case: dict[str, Any] = {"seed": hex(seed), "k": k, "d": d, "x": kind}
+    if scheme == "rand-k-wangni":
+        c = wangni_scale(x, k)
+        case["c"] = None if c is None else c.hex()
+    case["indices"] = [int(i) for i in msg.indices]
+    case["values_f32"] = [hex(int(v)) for v in msg.values.view(np.uint32)]
+    return case
+
+
+def _message(msg: Any) -> dict[str, Any]:
+    """An Encoded as the conformance kit's decode requests carry it."""
+    out: dict[str, Any] = {}
+    if msg.codes is None:
+        out["values_f32"] = [hex(int(v)) for v in msg.values.view(np.uint32)]
+    else:
+        out.update({"packed_hex": pack_codes(msg.codes, msg.value_bits).hex(),
+                    "value_bits": msg.value_bits, "value_count": int(msg.codes.size),
+                    "scale_bits": hex(int(msg.scales.view(np.uint32)[0]))})
+    if msg.indices is not None:
+        out["indices"] = [int(i) for i in msg.indices]
+    return out
+
+
+def _job(scheme: str, d: int, k: int | None, value_bits: int = 32, bits: int = 0
+         ) -> dict[str, Any]:
+    req: dict[str, Any] = {"op": "decode", "scheme": scheme, "d": d,
+                           "spec_version": spec.SPEC_VERSION}
+    if k is not None:
+        req["k"] = k
+    if value_bits != 32:
+        req["value_bits"] = value_bits
+    if bits:
+        req["bits"] = bits
+    return req
+
+
+def decode_cases(quantized: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What a decoder reads from a message: the quantized cases, a float sketch, a sparse
+    message, and a scale of -0.0 (accepted: every value is a zero)."""
+    from rpsagg.quantize import dequantize
+
+    out = []
+    for c in quantized:
+        d, opts, scheme = c.get("d", 20), c["options"], c["message_scheme"]
+        codes = rpsagg.quantize.unpack_codes(bytes.fromhex(c["packed_hex"]), c["value_count"],
+                                             c["value_bits"])
+        scale = np.array([int(c["scale_bits"], 16)], dtype=np.uint32).view(np.float32)
+        book = scheme if scheme in ("eden", "qsgd") else "uniform"
+        values = dequantize(book, codes, scale, c["value_bits"])
+        req = _job(scheme, d, opts.get("k"), opts.get("value_bits", 32), opts.get("bits", 0))
+        req["message"] = {n: c[n] for n in ("packed_hex", "value_bits", "value_count",
+                                             "scale_bits")}
+        out.append({"request": req,
+                    "values_f32": [hex(int(v)) for v in values.view(np.uint32)]})
+    x = np.array(golden_x(20))
+    for scheme, k in (("rand-proj-spatial", 6), ("rand-k-wangni", 6), ("induced", 6)):
+        msg = rpsagg.make_estimator(scheme, n=2, k=k, d=20).encode(x, 5)
+        req = dict(_job(msg.scheme, 20, k), message=_message(msg))
+        out.append({"request": req, "values_f32": req["message"]["values_f32"]})
+    req = _job("qsgd", 4, None, bits=2)
+    codes = np.array([3, 5, 6, 1], dtype=np.uint32)
+    req["message"] = {"packed_hex": pack_codes(codes, 3).hex(), "value_bits": 3,
+                      "value_count": 4, "scale_bits": "0x80000000"}  # scale -0.0
+    values = dequantize("qsgd", codes, np.array([-0.0], dtype=np.float32), 3)
+    assert not np.any(values)
+    out.append({"request": req, "values_f32": [hex(int(v)) for v in values.view(np.uint32)]})
+    return out
+
+
+def refusal_cases() -> list[dict[str, Any]]:
+    """Requests a conforming implementation refuses (section 11): encodes with options or
+    inputs the spec rules out, and messages a decoder must not accept. Each is checked here
+    to be refused by the library."""
+    sys.path.insert(0, str(ROOT / "conformance" / "adapters"))
+    from rpsagg_adapter import handle
+
+    x20 = golden_x(20)
+    enc = {"op": "encode", "seed": "0x1", "d": 20, "x": x20}
+    cases: list[tuple[str, dict[str, Any]]] = [
+        ("value_bits 0", {**enc, "scheme": "rand-k", "k": 6, "value_bits": 0}),
+        ("value_bits 33", {**enc, "scheme": "rand-k", "k": 6, "value_bits": 33}),
+        ("eden bits 3", {**enc, "scheme": "eden", "bits": 3}),
+        ("qsgd bits 0", {**enc, "scheme": "qsgd", "bits": 0}),
+        ("qsgd bits 17", {**enc, "scheme": "qsgd", "bits": 17}),
+        ("k 0", {**enc, "scheme": "rand-proj-spatial", "k": 0}),
+        ("k > d", {**enc, "scheme": "rand-k", "k": 21}),
+        ("k > d (rand-k-wangni)", {**enc, "scheme": "rand-k-wangni", "k": 21}),
+        ("block size 1", {**enc, "scheme": "rand-proj-spatial:block=1", "k": 20}),
+        ("block size 3", {**enc, "scheme": "rand-proj-spatial:block=3", "k": 10}),
+        ("fewer floats than blocks", {**enc, "scheme": "rand-proj-spatial:block=4", "k": 4}),
+        ("seed 2^64", {**enc, "scheme": "rand-k", "k": 6, "seed": "0x10000000000000000"}),
+        ("a value beyond binary32", {**enc, "scheme": "rand-k", "k": 20,
+                                     "x": [3.5e38] * 20}),
+        ("a transform beyond binary64", {**enc, "scheme": "rand-proj-spatial", "k": 6,
+                                         "x": [1e308] * 20}),
+        ("a uniform scale beyond binary32", {**enc, "scheme": "rand-k", "k": 20,
+                                             "value_bits": 4, "x": [3.5e38] * 20}),
+        ("a QSGD norm beyond binary32", {**enc, "scheme": "qsgd", "bits": 2, "d": 2,
+                                         "x": [3e38, 3e38]}),
+        ("Wangni magnitudes summing beyond binary64",
+         {**enc, "scheme": "rand-k-wangni", "k": 1, "d": 3, "x": [1e308] * 3}),
+    ]
+    job = _job("rand-k", 20, 6, value_bits=3)
+    msg = {"packed_hex": "748101", "value_bits": 3, "value_count": 6, "scale_bits": "0x40400000"}
+    qjob = _job("qsgd", 4, None, bits=2)
+    qmsg = {"packed_hex": "ab03", "value_bits": 3, "value_count": 4, "scale_bits": "0x3f800000"}
+    fjob = _job("rand-proj-spatial", 20, 6)
+    floats = {"values_f32": ["0x3f800000"] * 6}
+    wjob = _job("rand-k-wangni", 20, 6)
+    decode: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+        ("message bits other than the job's", job, {**msg, "value_bits": 4,
+                                                    "packed_hex": "00000000"}),
+        ("packed values at 32 bits", _job("rand-k", 20, 6), {
+            "packed_hex": "00" * 24, "value_bits": 32, "value_count": 6,
+            "scale_bits": "0x3f800000"}),
+        ("value_count other than k", job, {**msg, "value_count": 5, "packed_hex": "7401"}),
+        ("packed bytes too few for value_count", job, {**msg, "packed_hex": "7481"}),
+        ("packed bytes too many for value_count", job, {**msg, "packed_hex": "74810100"}),
+        ("non-zero padding bits", job, {**msg, "packed_hex": "748141"}),
+        ("a QSGD code above 2s", qjob, {**qmsg, "packed_hex": "eb03"}),
+        ("value_count other than d (qsgd)", qjob, {**qmsg, "value_count": 3,
+                                                   "packed_hex": "ab01"}),
+        ("value_count other than d' (eden)", _job("eden", 20, None, bits=1), {
+            "packed_hex": "ffff0f", "value_bits": 1, "value_count": 20,  # d' = 32
+            "scale_bits": "0x3f800000"}),
+        ("NaN scale", job, {**msg, "scale_bits": "0x7fc00000"}),
+        ("infinite scale", job, {**msg, "scale_bits": "0x7f800000"}),
+        ("negative scale", job, {**msg, "scale_bits": "0xbf800000"}),
+        ("values beyond binary32 (eden)", _job("eden", 4, None, bits=8), {
+            "packed_hex": "ffffffff", "value_bits": 8, "value_count": 4,
+            "scale_bits": "0x7f7fffff"}),
+        ("float values where codes are due", job, floats),
+        ("codes where float values are due", fjob, msg),
+        ("float count other than k", fjob, {"values_f32": ["0x3f800000"] * 5}),
+        ("NaN value", fjob, {"values_f32": ["0x7fc00000"] + ["0x3f800000"] * 5}),
+        ("infinite value", fjob, {"values_f32": ["0xff800000"] + ["0x3f800000"] * 5}),
+        ("indices where the scheme sends none", fjob, {**floats,
+                                                       "indices": [0, 1, 2, 3, 4, 5]}),
+        ("no indices where the scheme sends them", wjob, floats),
+        ("an index outside [0, d)", wjob, {**floats, "indices": [0, 1, 2, 3, 4, 20]}),
+        ("a negative index", wjob, {**floats, "indices": [-1, 1, 2, 3, 4, 5]}),
+        ("fewer indices than values", wjob, {**floats, "indices": [0, 1, 2, 3, 4]}),
+        ("more values than d (rand-k-wangni)", wjob, {"values_f32": ["0x3f800000"] * 21,
+                                                      "indices": [*range(20), 0]}),
+    ]
+    for why, j, m in decode:
+        cases.append((why, {**j, "message": m}))
+    versions = [
+        ("an unknown spec version", fjob, floats, "rpsagg-seed-v9"),
+        ("a DCT message claiming v1", _job("rand-proj-spatial:dct", 20, 6), floats,
+         "rpsagg-seed-v1"),
+        ("a quantized message claiming v2", job, msg, "rpsagg-seed-v2"),
+        ("an hblocks message claiming v3", _job("rand-proj-spatial:hblocks", 20, 6), floats,
+         "rpsagg-seed-v3"),
+    ]
+    for why, j, m, version in versions:
+        cases.append((why, {**j, "message": m, "spec_version": version}))
+    out = []
+    for why, req in cases:
+        reply = handle(json.loads(json.dumps(req)))
+        assert "refused" in reply, f"the library does not refuse {why}: {reply}"
+        out.append({"why": why, "request": req})
+    return out
+
+
 def build() -> dict[str, Any]:
     tags = {n: spec._tag(raw.encode()) for n, raw in TAGS.items()}
     out: dict[str, Any] = {"spec": spec.SPEC_VERSION, "about": ABOUT}
@@ -259,6 +495,12 @@ def build() -> dict[str, Any]:
     out["lloyd_max_centroids"] = {
         str(b): [float(c).hex() for c in centroids(b)] for b in EDEN_BITS
     }
+    # sections added with the specification of Wangni, Induced, QSGD's norm and refusals
+    out["qsgd_norm_cases"] = [qsgd_norm_case(*c) for c in QSGD_NORM_CASES]
+    out["wangni_cases"] = [sparse_case("rand-k-wangni", *c) for c in SPARSE_CASES]
+    out["induced_cases"] = [sparse_case("induced", *c) for c in SPARSE_CASES]
+    out["decode_cases"] = decode_cases(out["quantized_cases"])
+    out["refusal_cases"] = refusal_cases()
     assert tags["QROUND"] == TAG_QROUND
     return out
 

@@ -130,6 +130,38 @@ def centroid_table_off_by_an_ulp(req: dict[str, Any]) -> dict[str, Any]:
     return reply
 
 
+def qsgd_norm_by_dot(req: dict[str, Any]) -> dict[str, Any]:
+    """QSGD's sum of squares in BLAS's order (np.dot), not left to right."""
+    real = _quantize.sum_of_squares
+    _quantize.sum_of_squares = lambda x: float(np.dot(x, x))
+    try:
+        return handle(req)
+    finally:
+        _quantize.sum_of_squares = real
+
+
+def induced_ties_to_the_higher_index(req: dict[str, Any]) -> dict[str, Any]:
+    """Induced's top k/2 with ties in |x_j| broken towards the higher index."""
+    if req["op"] != "encode" or req["scheme"] != "induced":
+        return handle(req)
+    x, k, d = np.array(req["x"], dtype=np.float64), int(req["k"]), int(req["d"])
+    k_top, k_rand = k // 2, k - k // 2
+    top = sorted(range(d), key=lambda j: (-abs(x[j]), -j))[:k_top]
+    residual = x.copy()
+    residual[top] = 0.0
+    rand = [int(j) for j in spec.sample_distinct(int(req["seed"], 16), spec.TAG_INDUCED,
+                                                 k_rand, d)]
+    values = np.concatenate([x[top], residual[rand] * (d / k_rand)]).astype(np.float32)
+    return {"values_f32": [hex(int(b)) for b in values.view(np.uint32)],
+            "indices": [int(j) for j in top] + rand}
+
+
+def never_refuses(req: dict[str, Any]) -> dict[str, Any]:
+    """Accepts whatever it is given: a refusal becomes an empty message."""
+    reply = handle(req)
+    return {"values_f32": []} if "refused" in reply else reply
+
+
 def exits_early(req: dict[str, Any]) -> dict[str, Any]:
     """The implementation crashes on the first encode."""
     if req["op"] == "encode":
@@ -141,7 +173,8 @@ MISTAKES = {f.__name__: f for f in (
     sorted_rows, little_endian_tags, binary32_quantizer_input, rounding_keyed_by_another_seed,
     scale_rounded_to_nearest, eden_scale_rounded_up, qsgd_zero_codes,
     dct_off_by_1e5, hblocks_without_second_signs, block_seed_without_inner_mix,
-    centroid_table_off_by_an_ulp, exits_early,
+    centroid_table_off_by_an_ulp, qsgd_norm_by_dot, induced_ties_to_the_higher_index,
+    never_refuses, exits_early,
 )}  # fmt: skip
 
 if __name__ == "__main__":

@@ -81,3 +81,11 @@ def test_default_krylov_tolerance_error_is_within_its_documented_bound() -> None
     msgs = [cg.encode(x, 60 + i) for i, x in enumerate(xs)]
     a, b = cg.decode(msgs), exact.decode(msgs)
     assert np.linalg.norm(a - b) / np.linalg.norm(b) <= 1e-5
+
+
+@pytest.mark.parametrize("block_size", [1, 0, 3, 48])
+def test_block_size_is_a_power_of_two_of_at_least_two(block_size: int) -> None:
+    # docs/wire-format.md, "Blockwise SRHT": b = 2^m with m >= 1
+    with pytest.raises(ValueError, match=r"block_size must be a power of two >= 2"):
+        rpsagg.make_estimator("rand-proj-spatial", n=2, k=64, d=64, block_size=block_size)
+    assert rpsagg.make_estimator("rand-proj-spatial", n=2, k=32, d=64, block_size=2).blocks == 32

@@ -74,6 +74,17 @@ def test_vectors_cover_every_tag_projection_and_quantizer() -> None:
     zero = {c["message_scheme"] for c in VECTORS["quantized_cases"] if c.get("x") == "zero"}
     assert zero >= {"rand-k", "rand-proj-spatial:hblocks", "qsgd", "eden"}
     assert set(VECTORS["lloyd_max_centroids"]) == {"1", "2", "4", "8"}
+    # uniform codes past 16 bits, up to the 31 a Vector carries
+    assert set().union(*widths.values()) >= {17, 24, 31}
+    # every scheme the service offers has encode vectors, and decoders have refusals
+    assert VECTORS["qsgd_norm_cases"] and VECTORS["wangni_cases"] and VECTORS["induced_cases"]
+    assert any(c["c"] is None for c in VECTORS["wangni_cases"])  # at most k non-zero: all kept
+    refused = " ".join(c["why"] for c in VECTORS["refusal_cases"])
+    for what in ("value_bits 0", "eden bits 3", "block size 1", "value_count other than k",
+                 "NaN scale", "negative scale", "non-zero padding bits", "an unknown spec"):
+        assert what in refused
+    assert any(c["request"]["message"].get("scale_bits") == "0x80000000"
+               for c in VECTORS["decode_cases"])  # -0.0 is accepted
 
 
 def test_one_tolerance_rule() -> None:
@@ -102,13 +113,16 @@ BROKEN_CASES = [
     ("little_endian_tags", {"keys"}),
     ("binary32_quantizer_input", {"quantized_cases"}),
     ("rounding_keyed_by_another_seed", {"quantized_cases"}),
-    ("scale_rounded_to_nearest", {"quantized_cases"}),
+    ("scale_rounded_to_nearest", {"quantized_cases", "qsgd_norm_cases"}),
     ("eden_scale_rounded_up", {"quantized_cases"}),
     ("qsgd_zero_codes", {"quantized_cases"}),
     ("dct_off_by_1e5", {"dct_cases"}),
     ("hblocks_without_second_signs", {"hblocks_cases"}),
     ("block_seed_without_inner_mix", {"blockwise_cases"}),
     ("centroid_table_off_by_an_ulp", {"lloyd_max_centroids"}),
+    ("qsgd_norm_by_dot", {"qsgd_norm_cases"}),
+    ("induced_ties_to_the_higher_index", {"induced_cases"}),
+    ("never_refuses", {"refusal_cases"}),
 ]
 
 

@@ -29,7 +29,7 @@ from rpsagg._lloyd_max import (
 )
 from rpsagg._lloyd_max_table import HALF_CENTROIDS
 from rpsagg._qsgd import qsgd_variance
-from rpsagg._quantize import pack_codes, packed_size, unpack_codes
+from rpsagg._quantize import float32_ceil, pack_codes, packed_size, sum_of_squares, unpack_codes
 from rpsagg.synthetic import correlated_vectors
 
 Z = 4.0
@@ -184,6 +184,52 @@ def test_qsgd_unbiased_and_its_size() -> None:
     msg = est.encode(xs[0], 1)
     assert msg.value_bits == 3 and msg.bits == 3 * d + 32 + 64
     assert msg.codes is not None and int(msg.codes.max()) <= 6
+
+
+def python_left_to_right(x: np.ndarray) -> float:
+    """docs/wire-format.md section 13's sum of squares, in plain Python."""
+    total = 0.0
+    for v in x.tolist():
+        total += v * v
+    return total
+
+
+def test_qsgd_norm_sums_the_squares_left_to_right() -> None:
+    # the section's example: [1, 15 * 2^-27] gives the scale 0x3F800001
+    x = np.array([1.0, 15 * 2.0**-27])
+    msg = rpsagg.make_estimator("qsgd", n=2, d=2, bits=2).encode(x, 1)
+    assert msg.scales is not None and int(msg.scales.view(np.uint32)[0]) == 0x3F800001
+    # the same order at every length, also where BLAS, numpy's pairwise sum and the exact
+    # sum differ from it; qsgd_variance takes the same norm
+    rng = np.random.default_rng(13)
+    differs = 0
+    for d in (1, 2, 3, 7, 8, 9, 16, 17, 31, 128, 1000, 4097):
+        for _ in range(5):
+            x = rng.standard_normal(d) * np.exp(4 * rng.standard_normal(d))
+            want = python_left_to_right(x)
+            assert sum_of_squares(x) == want
+            scale = rpsagg.make_estimator("qsgd", n=2, d=d, bits=3).encode(x, 7).scales
+            assert scale is not None and float(scale[0]) == float(
+                float32_ceil(math.sqrt(want)))
+            differs += float(np.dot(x, x)) != want or math.fsum(x * x) != want
+    assert differs  # the inputs do tell the orders apart
+    assert sum_of_squares(np.zeros(0)) == 0.0
+    assert sum_of_squares(np.array([1e200, 1e200])) == math.inf
+    with pytest.raises(ValueError, match="quantization scale overflows float32"):
+        rpsagg.make_estimator("qsgd", n=2, d=2, bits=2).encode(np.array([3e38, 3e38]), 1)
+
+
+def test_qsgd_norm_vectors_are_reproduced() -> None:
+    vectors = json.loads((Path(__file__).resolve().parents[1] / "docs" / "wire-vectors.json"
+                          ).read_text(encoding="utf-8"))
+    for c in vectors["qsgd_norm_cases"]:
+        x = np.array([float.fromhex(v) for v in c["x"]])
+        assert python_left_to_right(x).hex() == c["sum_sq"]
+        msg = rpsagg.make_estimator("qsgd", n=2, d=x.size, bits=c["bits"]).encode(
+            x, int(c["seed"], 16))
+        assert msg.codes is not None and msg.scales is not None
+        assert pack_codes(msg.codes, msg.value_bits).hex() == c["packed_hex"]
+        assert hex(int(msg.scales.view(np.uint32)[0])) == c["scale_bits"]
 
 
 # -- factory -----------------------------------------------------------------------------------

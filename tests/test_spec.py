@@ -822,3 +822,96 @@ def test_worked_example_of_the_document() -> None:
     assert spec.client_id_word("client-0") == 0x16C2885525297D11
     assert spec.derive_round_seed(1, 2, "client-0", 0) == 0xDDFC6760C0D058EA
     assert spec.derive_round_seed(1, 2, "client-0", 1) == 0xC5E9BBF600EA0398
+
+
+# -- Rand-k-Wangni and Induced (sections 5 and 6), from the document in plain Python --------
+def named_x(kind: str, d: int) -> list[float]:
+    """The inputs of the vectors' ``wangni_cases`` and ``induced_cases``."""
+    if kind == "squares":
+        return [float((j * j) % 23 - 11) for j in range(d)]
+    if kind == "spike":
+        return [100.0, *golden_x(d)[1:]]
+    if kind == "sparse":
+        return [0.0] * (d - 3) + [2.5, -1.0, 0.5]
+    assert kind == "golden"
+    return golden_x(d)
+
+
+def ref_wangni_c(x: list[float], k: int) -> float | None:
+    """Section 6: c from the magnitudes sorted decreasing and their suffix sums."""
+    a = sorted((abs(v) for v in x), reverse=True)
+    if sum(1 for v in a if v) <= k:
+        return None
+    suffix = [0.0] * len(a)
+    running = 0.0
+    for j in range(len(a) - 1, -1, -1):  # from the smallest up
+        running += a[j]
+        suffix[j] = running
+    for j in range(k):
+        c = (k - j) / suffix[j]
+        if a[j] * c <= 1.0:
+            return c
+    return k / suffix[0]
+
+
+def ref_wangni_encode(x: list[float], seed: int, k: int) -> tuple[list[int], list[int]]:
+    c = ref_wangni_c(x, k)
+    p = [(1.0 if v else 0.0) if c is None else min(1.0, c * abs(v)) for v in x]
+    u = ref_uniforms(seed, "rpsWNGNI", len(x))
+    keep = [j for j in range(len(x)) if u[j] < p[j]]
+    return keep, [f32_bits(x[j] / p[j]) for j in keep]
+
+
+def ref_induced_encode(x: list[float], seed: int, k: int) -> tuple[list[int], list[int]]:
+    d, k_top = len(x), k // 2
+    k_rand = k - k_top
+    top = sorted(range(d), key=lambda j: (-abs(x[j]), j))[:k_top]
+    residual = [0.0 if j in top else v for j, v in enumerate(x)]
+    rand = ref_sample_distinct(seed, "rpsINDCD", k_rand, d)
+    scale = d / k_rand
+    values = [x[j] for j in top] + [residual[j] * scale for j in rand]
+    return top + rand, [f32_bits(v) for v in values]
+
+
+@pytest.mark.parametrize("group", ["wangni_cases", "induced_cases"])
+def test_sparse_vectors_follow_the_document(group: str, kernels: str) -> None:
+    scheme = "rand-k-wangni" if group == "wangni_cases" else "induced"
+    ref = ref_wangni_encode if scheme == "rand-k-wangni" else ref_induced_encode
+    for c in VECTORS[group]:
+        seed, k, d = int(c["seed"], 16), c["k"], c["d"]
+        x = named_x(c["x"], d)
+        indices, bits = ref(x, seed, k)
+        assert indices == c["indices"] and bits == [int(b, 16) for b in c["values_f32"]]
+        msg = rpsagg.make_estimator(scheme, n=2, k=k, d=d).encode(np.array(x), seed)
+        assert msg.indices is not None and msg.indices.tolist() == indices
+        assert msg.values.view(np.uint32).tolist() == bits
+        if scheme == "rand-k-wangni":
+            c_ref = ref_wangni_c(x, k)
+            assert c["c"] == (None if c_ref is None else c_ref.hex())
+
+
+def test_wangni_and_induced_agree_with_the_document_on_random_inputs(kernels: str) -> None:
+    rng = np.random.default_rng(20)
+    for trial in range(40):
+        d = int(rng.integers(1, 300))
+        k = int(rng.integers(1, d + 1))
+        x = rng.standard_normal(d) * np.exp(3 * rng.standard_normal(d))
+        x[rng.random(d) < 0.2] = 0.0
+        x[rng.random(d) < 0.1] = 1.5  # ties in |x|
+        seed = int(rng.integers(0, 2**63)) * 2 + trial % 2
+        for scheme, ref in (("rand-k-wangni", ref_wangni_encode),
+                            ("induced", ref_induced_encode)):
+            indices, bits = ref(x.tolist(), seed, k)
+            msg = rpsagg.make_estimator(scheme, n=2, k=k, d=d).encode(x, seed)
+            assert msg.indices is not None and msg.indices.tolist() == indices, (scheme, d, k)
+            assert msg.values.view(np.uint32).tolist() == bits, (scheme, d, k)
+
+
+def test_wangni_refuses_magnitudes_whose_sum_overflows() -> None:
+    est = rpsagg.make_estimator("rand-k-wangni", n=2, k=1, d=3)
+    with pytest.raises(ValueError, match="sum of its magnitudes overflows float64"):
+        est.encode(np.array([1e308, 1e308, 1e308]), 1)
+    # at most k non-zero coordinates: nothing is summed, every one is sent as it is
+    msg = rpsagg.make_estimator("rand-k-wangni", n=2, k=2, d=3).encode(
+        np.array([3e38, 0.0, -3e38]), 1)
+    assert msg.indices is not None and msg.indices.tolist() == [0, 2]

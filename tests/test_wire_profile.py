@@ -131,6 +131,12 @@ def test_values_bits_and_codes_are_checked() -> None:
         eden.validate(VectorPayload(np.empty(0, np.float32), None, None,
                                     np.array([0, 1, 2, 3], np.uint32), 2, 3e38))
     est.validate(VectorPayload(np.empty(0, np.float32), None, None, codes, 4, 1.0))
+    # a negative scale is refused; -0.0 is zero and accepted (docs/wire-format.md section 13)
+    with pytest.raises(ValueError, match=r"message.scale must be finite and >= 0; got -1.0"):
+        est.validate(VectorPayload(np.empty(0, np.float32), None, None, codes, 4, -1.0))
+    negative_zero = VectorPayload(np.empty(0, np.float32), None, None, codes, 4, -0.0)
+    est.validate(negative_zero)
+    assert not np.any(est.wire.values_of(negative_zero))
     floats = make_estimator("rand-k", n=N, k=3, d=D)
     with pytest.raises(ValueError, match=r"message.values contains NaN or Inf"):
         floats.validate(VectorPayload(np.array([1, np.nan, 2], np.float32)))

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 import rpsagg
-from rpsagg import spec
+from rpsagg import check_spec_version, spec
 from rpsagg.projections import block_seed
-from rpsagg.quantize import centroids, pack_codes, quantize
+from rpsagg.quantize import centroids, pack_codes, quantize, unpack_codes
 
 
 def _int(value: Any) -> int:
@@ -54,6 +55,45 @@ def _estimator(req: dict[str, Any]) -> rpsagg.Estimator:
     return rpsagg.make_estimator(base, **opts)
 
 
+@dataclass(frozen=True)
+class _Received:
+    """One received vector, the shape ``Estimator.validate`` reads."""
+
+    values: np.ndarray
+    indices: np.ndarray | None
+    codes: np.ndarray | None
+    value_bits: int
+    scale: float
+
+
+def _received(message: dict[str, Any]) -> _Received:
+    """A decode request's ``message`` as the vector a decoder received."""
+    indices = None
+    if "indices" in message:
+        indices = np.array([int(i) for i in message["indices"]], dtype=np.int64)
+    if "packed_hex" not in message:
+        bits = np.array([int(b, 16) for b in message.get("values_f32", [])], dtype=np.uint32)
+        return _Received(bits.view(np.float32), indices, None, 32, 0.0)
+    value_bits = int(message["value_bits"])
+    if not 1 <= value_bits <= 31:
+        raise ValueError(f"packed values need value_bits in [1, 31]; got {value_bits}")
+    codes = unpack_codes(bytes.fromhex(message["packed_hex"]), int(message["value_count"]),
+                         value_bits)
+    scale = np.array([int(message["scale_bits"], 16)], dtype=np.uint32).view(np.float32)[0]
+    return _Received(np.zeros(0, dtype=np.float32), indices, codes, value_bits, float(scale))
+
+
+def _decode(req: dict[str, Any]) -> dict[str, Any]:
+    """The values a message stands for, after the checks a decoder makes."""
+    est = _estimator(req)
+    check_spec_version(str(req.get("spec_version", rpsagg.SPEC_VERSION)),
+                       est.wire.spec_version)
+    received = _received(req["message"])
+    est.validate(received, "message")
+    values = est.wire.values_of(received)
+    return {"values_f32": [hex(int(b)) for b in values.view(np.uint32)]}
+
+
 def _message(codes: Any, scale: Any, bits: int) -> dict[str, Any]:
     return {
         "packed_hex": pack_codes(np.asarray(codes), bits).hex(),
@@ -63,8 +103,21 @@ def _message(codes: Any, scale: Any, bits: int) -> dict[str, Any]:
     }
 
 
+def _encode(req: dict[str, Any]) -> dict[str, Any]:
+    est = _estimator(req)
+    msg = est.encode(np.array(req["x"], dtype=np.float64), _int(req["seed"]))
+    if msg.codes is None:
+        out: dict[str, Any] = {"values_f32": [hex(int(b)) for b in msg.values.view(np.uint32)]}
+        if msg.indices is not None:
+            out["indices"] = [int(i) for i in msg.indices]
+        return out
+    assert msg.scales is not None
+    return _message(msg.codes, msg.scales[0], msg.value_bits)
+
+
 def handle(req: dict[str, Any]) -> dict[str, Any]:
-    """The reply to one request (an ``{"error": ...}`` reply for anything it cannot do)."""
+    """The reply to one request: ``{"refused": ...}`` for an encode or decode the library
+    refuses, an ``{"error": ...}`` reply for anything it cannot do."""
     op = req.get("op")
     if op == "stream_key":
         return {"key": hex(spec.stream_key(_int(req["seed"]), _tag(req["tag"])))}
@@ -89,13 +142,11 @@ def handle(req: dict[str, Any]) -> dict[str, Any]:
         return {"seed": hex(block_seed(_int(req["seed"]), int(req["block"])))}
     if op == "centroids":
         return {"values": [float(c).hex() for c in centroids(int(req["bits"]))]}
-    if op == "encode":
-        est = _estimator(req)
-        msg = est.encode(np.array(req["x"], dtype=np.float64), _int(req["seed"]))
-        if msg.codes is None:
-            return {"values_f32": [hex(int(b)) for b in msg.values.view(np.uint32)]}
-        assert msg.scales is not None
-        return _message(msg.codes, msg.scales[0], msg.value_bits)
+    if op in ("encode", "decode"):
+        try:
+            return _encode(req) if op == "encode" else _decode(req)
+        except ValueError as exc:  # the library refuses what the spec rules out
+            return {"refused": str(exc)}
     if op == "quantize":
         values = [float.fromhex(v) for v in req["values_f64"]]
         codebook, bits = str(req["codebook"]), int(req["bits"])
