@@ -42,6 +42,8 @@ def test_quantized_rounds(changes: dict, bits_per_value: int, count: int) -> Non
             c.join()
         rnd = clients[0].current_round()
         assert (rnd.value_bits, rnd.bits) == (cfg.value_bits, cfg.bits)
+        # EDEN and QSGD send every coordinate: RoundInfo.k is 0, not --k
+        assert rnd.k == (0 if cfg.estimator in ("eden", "qsgd") else K)
         # packed codes are defined from rpsagg-seed-v3 on: the round says so, and refuses a
         # submission that claims an older format (nothing is committed)
         assert rnd.spec_version == "rpsagg-seed-v3"
@@ -118,6 +120,13 @@ def test_mismatched_value_bits_are_rejected() -> None:
 def test_flags() -> None:
     cfg = load_config(["--insecure", "--estimator", "eden", "--bits", "4"], env={})
     assert (cfg.estimator, cfg.bits, cfg.value_bits) == ("eden", 4, 32)
+    # --k means nothing to EDEN and QSGD: the default 102 does not have to fit d = 100
+    for name in ("eden", "qsgd"):
+        cfg = load_config(["--insecure", "--estimator", name, "--bits", "2", "--d", "100"],
+                          env={})
+        assert (cfg.d, cfg.k) == (100, 102)
+    with pytest.raises(ValueError, match=r"--k must be in \[1, d\] = \[1, 100\]"):
+        load_config(["--insecure", "--estimator", "rand-k", "--d", "100"], env={})
     cfg = load_config(["--insecure", "--value-bits", "2"], env={"RPSAGG_ESTIMATOR": "rand-k"})
     assert cfg.value_bits == 2
     for argv, text in ((["--estimator", "eden"], "needs --bits"),

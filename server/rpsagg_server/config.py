@@ -157,9 +157,11 @@ class ServerConfig:
         if self.d > self.d_limit:
             raise ValueError(f"--d {self.d} is above --max-d {self.d_limit} (the largest d "
                              "this server may allocate for; raise --max-d for more)")
-        if self.d and not 1 <= self.k <= self.d:
+        if not traits.takes_k:
+            pass  # eden, qsgd send every coordinate: --k is ignored (RoundInfo.k is 0)
+        elif self.d and not 1 <= self.k <= self.d:
             raise ValueError(f"--k must be in [1, d] = [1, {self.d}]; got {self.k}")
-        if self.k < 1:
+        elif self.k < 1:
             raise ValueError(f"--k must be >= 1; got {self.k}")
         if not (math.isfinite(self.target_rel_error) and self.target_rel_error >= 0):
             raise ValueError(f"--target-rel-error must be a finite number >= 0 (0: off); "
@@ -380,7 +382,7 @@ def _parser() -> argparse.ArgumentParser:
                              "(the client reconnects when it calls again)",
         "n": "number of clients",
         "k": "floats per client per vector (with --target-rel-error: of the first round, and "
-        "the default --k-max)",
+        "the default --k-max); eden and qsgd send every coordinate and ignore it",
         "target_rel_error": "choose each round's k: the smallest in [--k-min, --k-max] whose "
         "predicted relative error at the least of the smoothed R_hat of earlier rounds and "
         "the last round's is at most this (0: off, a fixed --k)",

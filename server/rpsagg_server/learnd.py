@@ -36,6 +36,7 @@ from rpsagg_server.auth import TokenBook, TokenInterceptor, abort, authorize
 from rpsagg_server.config import BYTES_PER_COORDINATE, ServerConfig, memory_limit
 from rpsagg_server.jobs import job_id
 from rpsagg_server.live import Rejected, check_client_id
+from rpsagg_server.results import announced_k
 from rpsagg_server.startup import (
     StartupError,
     bind_grpc,
@@ -82,7 +83,7 @@ class _FirstJoin:
                 raise Rejected("FAILED_PRECONDITION", "this job takes d from the first "
                                "client's join, and this join says none (JoinRequest.d; "
                                "rpsagg-client --vectors sends it)")
-            if req.d < self.cfg.k:
+            if req.d < announced_k(self.cfg, self.cfg.k):
                 raise Rejected("INVALID_ARGUMENT", f"d = {req.d} (client {req.client_id!r}) "
                                f"is below the job's k = {self.cfg.k}")
             if req.d > self.max_d:
@@ -104,7 +105,8 @@ class _FirstJoin:
 
     async def GetRound(self, raw: bytes, context: Any) -> RoundInfo:
         c = self.cfg
-        return RoundInfo(round_id=0, nonce=0, scheme=c.estimator, n=c.n, k=c.k, d=0,
+        return RoundInfo(round_id=0, nonce=0, scheme=c.estimator, n=c.n,
+                         k=announced_k(c, c.k), d=0,
                          transform="", task=c.task, m=self.m, global_state=None,
                          state="unspecified", deadline_unix_ms=0, eval=c.eval,
                          job_done=False, task_step=0, total_rounds=c.rounds,

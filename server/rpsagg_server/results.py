@@ -25,6 +25,7 @@ import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from rpsagg.schemes import scheme_traits
 from rpsagg_server.archive import RoundArchive
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.events import Event, RoundClosed, RoundDecoded, RoundFailed, RoundOpened
@@ -32,6 +33,23 @@ from rpsagg_server.live import LiveRound, Rejected
 from rpsagg_server.store import ReadError
 from rpsagg_server.views import EstimatedError
 from rpsagg_wire.v1.serde import Contributor, RoundEvent, RoundInfo, RoundResult
+
+
+def announced_k(cfg: ServerConfig, k: int) -> int:
+    """``RoundInfo.k``: the round's k, or 0 for schemes without one (``eden``, ``qsgd``
+    send every coordinate and ignore ``--k``).
+
+    Parameters
+    ----------
+    cfg : ServerConfig
+    k : int
+        The round's k (``--k`` or the one ``--target-rel-error`` chose).
+
+    Returns
+    -------
+    int
+    """
+    return k if scheme_traits(cfg.estimator).takes_k else 0
 
 
 @dataclass
@@ -183,7 +201,8 @@ class ResultBook:
         return RoundInfo(
             round_id=0 if live is None else live.round_id,
             nonce=0 if live is None else live.nonce,
-            scheme=c.estimator, n=c.n, k=c.k if live is None else (live.k or c.k), d=c.d,
+            scheme=c.estimator, n=c.n,
+            k=announced_k(c, c.k if live is None else (live.k or c.k)), d=c.d,
             transform="" if live is None else live.transform, task=c.task, m=self.m,
             global_state=None if live is None else live.global_state,
             state="unspecified" if live is None else live.state,
