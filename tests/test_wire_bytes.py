@@ -7,6 +7,9 @@ end to end through a server, whose round results report the sum over the round.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import numpy as np
 import pytest
 from service_util import base_config, in_process_server
@@ -112,3 +115,60 @@ def test_round_wire_bytes_reported_by_the_server(eval_mode: bool) -> None:
     assert sub.spec_version == rnd.spec_version
     assert res.wire_bytes == expected == n * documented_wire_bytes(
         rnd.round_id, "client-0", [k], [0], rnd.spec_version)
+
+
+def test_protocol_doc_cost_figures() -> None:
+    # docs/protocol.md "What a submission costs": the wire figures with the spec_version the
+    # reference client sends for a float SRHT round (the round's, v1), and the payload, whose
+    # seed is counted once per submission
+    from rpsagg import make_estimator, round_encoding
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "protocol.md").read_text(
+        encoding="utf-8")
+    spec_version, projection, _ = round_encoding(
+        make_estimator("rand-proj-spatial", n=2, k=128, d=4096))
+    assert (spec_version, projection) == ("rpsagg-seed-v1", "srht")
+    assert "`rpsagg-seed-v1` (the round's `RoundInfo.spec_version`)" in doc
+    assert documented_wire_bytes(1, "client-3", [102], [0], spec_version) == 451
+    assert documented_wire_bytes(1, "client-3", [128], [0], spec_version) == 555
+    assert "451 bytes for\nk = 102" in doc and "555 bytes for k = 128" in doc
+
+    def payload(m: int, k: int, value_bits: int = 32) -> int:
+        est = make_estimator("rand-k", n=2, k=k, d=1024, value_bits=value_bits)
+        vectors = []
+        for j in range(m):
+            msg = est.encode(np.arange(1024.0), j + 1)
+            vectors.append(VectorPayload(
+                msg.values if msg.codes is None else np.empty(0, np.float32), None, None,
+                msg.codes, msg.value_bits,
+                0.0 if msg.scales is None else float(msg.scales[0])))
+        sub = Submission(1, "c", 1, tuple(vectors))
+        parsed = serde.parse_request("Submit", serde.serializer("Submit")(sub))
+        assert parsed.payload_bytes == sub.payload_bytes
+        return sub.payload_bytes
+
+    assert payload(1, 102) == 416 and "k = 102: 416 bytes" in doc
+    assert payload(1, 102, value_bits=4) == 63 and "`--value-bits 4`, 63 bytes" in doc
+    assert payload(4, 97) == 1560 and "k = 97, 1,560 bytes" in doc
+
+
+def test_request_limit_counts_indices_only_where_sent() -> None:
+    # docs/protocol.md: values at 4 bytes each (codes too), indices only for the schemes
+    # that send them, d' values for EDEN and d for QSGD
+    from rpsagg import make_estimator
+    from rpsagg_server.server import max_request_bytes
+
+    cfg = replace(base_config(), d=100, k=10)
+
+    def limit(name: str, **opts: int) -> int:
+        return max_request_bytes(cfg, 1, make_estimator(name, n=2, d=100, **opts).wire)
+
+    def formula(values: int, indices: int) -> int:
+        return int(1.25 * ((4 * values + 4 * indices + 32) + 1024)) + 4096
+
+    assert limit("rand-proj-spatial", k=10) == formula(10, 0)
+    assert limit("rand-proj-spatial", k=10, value_bits=4) == formula(10, 0)
+    assert limit("induced", k=10) == formula(10, 10)
+    assert limit("rand-k-wangni", k=10) == formula(100, 100)
+    assert limit("eden", bits=2) == formula(128, 0)
+    assert limit("qsgd", bits=2) == formula(100, 0)
