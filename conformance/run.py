@@ -116,14 +116,17 @@ def equal(name: str, expected: Any, norm: Callable[[Any], Any] = lambda v: v
 
 
 def same_message(expected: dict[str, Any]) -> Callable[[dict[str, Any]], str | None]:
-    """A quantized message: packed codes, value_bits, value_count, scale bits, all exact."""
+    """A quantized message: packed codes, value_bits, value_count, the scale's bits (or the
+    block scales' bits), all exact."""
     def check(reply: dict[str, Any]) -> str | None:
-        for name in ("packed_hex", "scale_bits", "value_bits", "value_count"):
+        for name in ("packed_hex", "scale_bits", "scales_bits", "value_bits", "value_count"):
             if name not in expected:
                 continue
             got, want = _field(reply, name), expected[name]
             if name == "scale_bits":
                 got, want = int(str(got), 16), int(str(want), 16)
+            elif name == "scales_bits":
+                got, want = _hex_ints(got), _hex_ints(want)
             elif name == "packed_hex":
                 got, want = str(got).lower(), str(want).lower()
             if got != want:
@@ -276,6 +279,21 @@ def build_checks(v: dict[str, Any]) -> list[Check]:
         out.append((f"{at}.y", {"op": "encode", "scheme": c["scheme"], "seed": s, "k": k,
                                 "d": d, "x": golden_x(d)},
                     equal("values_f32", c["y"], hexnorm)))
+    for i, c in enumerate(v.get("blockwise_quantized_cases", [])):
+        s, k, d, b, vb = c["seed"], c["k"], c["d"], c["block_size"], c["value_bits"]
+        xkind = c.get("x", "golden")
+        at = (f"blockwise_quantized_cases[{i}] (seed {s}, k={k}, d={d}, b={b}, "
+              f"value_bits={vb}" + (", x=0)" if xkind == "zero" else ")"))
+        for j, blk in enumerate(c["blocks"]):
+            out.append((f"{at}.blocks[{j}].seed", {"op": "block_seed", "seed": s, "block": j},
+                        equal("seed", blk["seed"], hexint)))
+            out.append((f"{at}.blocks[{j}].quantize",
+                        {"op": "quantize", "codebook": "uniform", "bits": vb,
+                         "seed": blk["seed"], "values_f64": blk["values_f64"]},
+                        same_message({n: blk[n] for n in ("packed_hex", "scale_bits")})))
+        out.append((f"{at}.encode", {"op": "encode", "scheme": c["scheme"], "seed": s, "k": k,
+                                     "d": d, "value_bits": vb, "x": golden_x(d, xkind)},
+                    same_message(c)))
     for i, r in enumerate(v["round"]):
         req = {"op": "round_seed", **{f: r[f] for f in
                                        ("client_seed", "nonce", "client_id", "vector_index")}}

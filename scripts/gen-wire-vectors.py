@@ -39,6 +39,7 @@ from rpsagg import spec  # noqa: E402
 from rpsagg._blockwise import block_budgets, block_seed  # noqa: E402
 from rpsagg._lloyd_max import EDEN_BITS, centroids  # noqa: E402
 from rpsagg._quantize import TAG_QROUND, pack_codes  # noqa: E402
+from rpsagg.quantize import quantize  # noqa: E402
 
 OUT = ROOT / "docs" / "wire-vectors.json"
 MASK64 = (1 << 64) - 1
@@ -56,7 +57,8 @@ ABOUT = (
     "values_f64 is the quantizer's input (the binary64 sketch values, x for qsgd, the rotated z "
     "for eden), packed_hex the message's codes packed least significant bit first, scale_bits "
     "the binary32 bit pattern of its scale, bits the message's size on the wire (Encoded.bits); "
-    "codes and scale must match exactly."
+    "codes and scale must match exactly. blockwise_quantized (rpsagg-seed-v5): the same per "
+    "block, scales_bits one binary32 scale per block; exact."
 )
 
 # The published first outputs of SplitMix64 (state 0: Vigna's reference code; 1234567: the
@@ -81,6 +83,13 @@ HBLOCKS_CASES = [(0, 4, 100), (1, 9, 300), (MASK64, 12, 12), (0x9F143CDEF6E1B1FA
 # (seed, k, d, block size): a short last block, d a multiple of b, one-float blocks, b = 2
 BLOCKWISE_CASES = [(1, 10, 300, 64), (MASK64, 7, 100, 32), (0x2A, 8, 256, 64),
                    (0x8BADF00DDEADBEEF, 3, 5, 2)]  # fmt: skip
+# (seed, k, d, block size, value_bits, x): quantized blockwise (section 15): a short last
+# block, unequal budgets, d a multiple of b, one-float blocks at 1 bit, 31 bits, x = 0
+BLOCKWISE_QUANTIZED_CASES: list[tuple[int, int, int, int, int, str]] = [
+    (1, 10, 300, 64, 3, "golden"), (MASK64, 7, 100, 32, 8, "golden"),
+    (0x2A, 24, 256, 64, 4, "golden"), (0x8BADF00DDEADBEEF, 3, 5, 2, 1, "golden"),
+    (0x0123456789ABCDEF, 12, 40, 16, 31, "golden"), (1, 10, 300, 64, 4, "zero"),
+]  # fmt: skip
 ROUND_CASES = [(0, 0, "", 0), (1, 2, "client-0", 0), (1, 2, "client-0", 1),
                (MASK64, MASK64, "Zoë-Ω", 7), (123456789, 987654321, "alice", 0)]  # fmt: skip
 QUANTIZED_SEED = 0x0123456789ABCDEF
@@ -218,6 +227,42 @@ def blockwise_case(seed: int, k: int, d: int, b: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def blockwise_quantized_case(seed: int, k: int, d: int, b: int, value_bits: int, xkind: str
+                             ) -> dict[str, Any]:
+    """Section 15: the message, and each block as the section 13 message it is."""
+    x = np.array(golden_x(d) if xkind == "golden" else [0.0] * d)
+    est = rpsagg.make_estimator("rand-proj-spatial", n=2, k=k, d=d, block_size=b,
+                                value_bits=value_bits)
+    msg = est.encode(x, seed)
+    assert msg.codes is not None and msg.scales is not None
+    values = quantizer_input(est, x, seed)
+    blocks, budgets = -(-d // b), block_budgets(k, -(-d // b))
+    per_block: list[dict[str, Any]] = []
+    offset = 0
+    for j, kb in enumerate(budgets):
+        bseed = block_seed(seed, j)
+        part = values[offset : offset + kb]
+        codes, scale = quantize("uniform", part, value_bits, bseed)
+        assert np.array_equal(codes, msg.codes[offset : offset + kb])
+        assert float(scale) == float(msg.scales[j])
+        per_block.append({"seed": hex(bseed), "values_f64": [float(v).hex() for v in part],
+                          "packed_hex": pack_codes(codes, value_bits).hex(),
+                          "scale_bits": hex(f32_bits(float(scale)))})
+        offset += kb
+    case: dict[str, Any] = {"seed": hex(seed), "k": k, "d": d, "block_size": b,
+                            "value_bits": value_bits}
+    if xkind != "golden":
+        case["x"] = xkind
+    case.update({
+        "scheme": msg.scheme, "budgets": budgets, "blocks": per_block,
+        "value_count": int(msg.codes.size),
+        "packed_hex": pack_codes(msg.codes, value_bits).hex(),
+        "scales_bits": [hex(int(v)) for v in msg.scales.view(np.uint32)], "bits": msg.bits,
+    })  # fmt: skip
+    assert len(case["scales_bits"]) == blocks
+    return case
+
+
 def quantizer_input(est: Any, x: np.ndarray, seed: int) -> np.ndarray:
     """What the quantizer rounds: the binary64 values ``_encode`` gives (section 13's v_j)."""
     values, _ = est._encode(x, seed)
@@ -313,8 +358,11 @@ def _message(msg: Any) -> dict[str, Any]:
         out["values_f32"] = [hex(int(v)) for v in msg.values.view(np.uint32)]
     else:
         out.update({"packed_hex": pack_codes(msg.codes, msg.value_bits).hex(),
-                    "value_bits": msg.value_bits, "value_count": int(msg.codes.size),
-                    "scale_bits": hex(int(msg.scales.view(np.uint32)[0]))})
+                    "value_bits": msg.value_bits, "value_count": int(msg.codes.size)})
+        if ":block=" in msg.scheme:  # section 15: one scale per block
+            out["scales_bits"] = [hex(int(v)) for v in msg.scales.view(np.uint32)]
+        else:
+            out["scale_bits"] = hex(int(msg.scales.view(np.uint32)[0]))
     if msg.indices is not None:
         out["indices"] = [int(i) for i in msg.indices]
     return out
@@ -333,9 +381,11 @@ def _job(scheme: str, d: int, k: int | None, value_bits: int = 32, bits: int = 0
     return req
 
 
-def decode_cases(quantized: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """What a decoder reads from a message: the quantized cases, a float sketch, a sparse
-    message, and a scale of -0.0 (accepted: every value is a zero)."""
+def decode_cases(quantized: list[dict[str, Any]], blockwise: list[dict[str, Any]]
+                 ) -> list[dict[str, Any]]:
+    """What a decoder reads from a message: the quantized cases, the quantized blockwise
+    cases, a float sketch, a sparse message, and a scale of -0.0 (accepted: every value is a
+    zero), also as a block scale."""
     from rpsagg.quantize import dequantize
 
     out = []
@@ -351,6 +401,17 @@ def decode_cases(quantized: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                              "scale_bits")}
         out.append({"request": req,
                     "values_f32": [hex(int(v)) for v in values.view(np.uint32)]})
+    for c in blockwise:
+        codes = rpsagg.quantize.unpack_codes(bytes.fromhex(c["packed_hex"]), c["value_count"],
+                                             c["value_bits"])
+        scales = np.array([int(b, 16) for b in c["scales_bits"]], dtype=np.uint32)
+        values = dequantize("uniform", codes, scales.view(np.float32), c["value_bits"],
+                            c["budgets"])
+        req = _job(c["scheme"], c["d"], c["k"], c["value_bits"])
+        req["message"] = {n: c[n] for n in ("packed_hex", "value_bits", "value_count",
+                                             "scales_bits")}
+        out.append({"request": req,
+                    "values_f32": [hex(int(v)) for v in values.view(np.uint32)]})
     x = np.array(golden_x(20))
     for scheme, k in (("rand-proj-spatial", 6), ("rand-k-wangni", 6), ("induced", 6)):
         msg = rpsagg.make_estimator(scheme, n=2, k=k, d=20).encode(x, 5)
@@ -362,6 +423,14 @@ def decode_cases(quantized: list[dict[str, Any]]) -> list[dict[str, Any]]:
                       "value_count": 4, "scale_bits": "0x80000000"}  # scale -0.0
     values = dequantize("qsgd", codes, np.array([-0.0], dtype=np.float32), 3)
     assert not np.any(values)
+    out.append({"request": req, "values_f32": [hex(int(v)) for v in values.view(np.uint32)]})
+    req = _job("rand-proj-spatial:block=4", 8, 4, value_bits=2)  # two blocks of 2 values
+    codes = np.array([3, 0, 1, 2], dtype=np.uint32)
+    scales = np.array([-0.0, 1.5], dtype=np.float32)
+    req["message"] = {"packed_hex": pack_codes(codes, 2).hex(), "value_bits": 2,
+                      "value_count": 4, "scales_bits": ["0x80000000", "0x3fc00000"]}
+    values = dequantize("uniform", codes, scales, 2, [2, 2])
+    assert not np.any(values[:2]) and values[2] == np.float32(-0.5)
     out.append({"request": req, "values_f32": [hex(int(v)) for v in values.view(np.uint32)]})
     return out
 
@@ -398,6 +467,8 @@ def refusal_cases() -> list[dict[str, Any]]:
                                          "x": [3e38, 3e38]}),
         ("Wangni magnitudes summing beyond binary64",
          {**enc, "scheme": "rand-k-wangni", "k": 1, "d": 3, "x": [1e308] * 3}),
+        ("a block scale beyond binary32", {**enc, "scheme": "rand-proj-spatial:block=4",
+                                           "k": 10, "value_bits": 4, "x": [3e38] * 20}),
     ]
     job = _job("rand-k", 20, 6, value_bits=3)
     msg = {"packed_hex": "748101", "value_bits": 3, "value_count": 6, "scale_bits": "0x40400000"}
@@ -442,6 +513,27 @@ def refusal_cases() -> list[dict[str, Any]]:
         ("more values than d (rand-k-wangni)", wjob, {"values_f32": ["0x3f800000"] * 21,
                                                       "indices": [*range(20), 0]}),
     ]
+    bjob = _job("rand-proj-spatial:block=4", 8, 4, value_bits=2)  # blocks of 2 values
+    bmsg = {"packed_hex": "c9", "value_bits": 2, "value_count": 4,
+            "scales_bits": ["0x3f800000", "0x3fc00000"]}
+    decode += [
+        ("fewer block scales than blocks", bjob, {**bmsg, "scales_bits": ["0x3f800000"]}),
+        ("more block scales than blocks", bjob, {**bmsg, "scales_bits": ["0x3f800000"] * 3}),
+        ("one scale where block scales are due", bjob, {
+            "packed_hex": "c9", "value_bits": 2, "value_count": 4, "scale_bits": "0x3f800000"}),
+        ("a non-zero scale beside block scales", bjob, {**bmsg, "scale_bits": "0x3f800000"}),
+        ("block scales where one scale is due", job, {
+            "packed_hex": "748101", "value_bits": 3, "value_count": 6,
+            "scales_bits": ["0x40400000"]}),
+        ("a NaN block scale", bjob, {**bmsg, "scales_bits": ["0x3f800000", "0x7fc00000"]}),
+        ("an infinite block scale", bjob, {**bmsg, "scales_bits": ["0x7f800000",
+                                                                   "0x3f800000"]}),
+        ("a negative block scale", bjob, {**bmsg, "scales_bits": ["0x3f800000",
+                                                                  "0xbf800000"]}),
+        ("block codes where float values are due", _job("rand-proj-spatial:block=4", 8, 4),
+         bmsg),
+        ("float values where block codes are due", bjob, {"values_f32": ["0x3f800000"] * 4}),
+    ]
     for why, j, m in decode:
         cases.append((why, {**j, "message": m}))
     versions = [
@@ -451,6 +543,7 @@ def refusal_cases() -> list[dict[str, Any]]:
         ("a quantized message claiming v2", job, msg, "rpsagg-seed-v2"),
         ("an hblocks message claiming v3", _job("rand-proj-spatial:hblocks", 20, 6), floats,
          "rpsagg-seed-v3"),
+        ("a quantized blockwise message claiming v4", bjob, bmsg, "rpsagg-seed-v4"),
     ]
     for why, j, m, version in versions:
         cases.append((why, {**j, "message": m, "spec_version": version}))
@@ -499,7 +592,11 @@ def build() -> dict[str, Any]:
     out["qsgd_norm_cases"] = [qsgd_norm_case(*c) for c in QSGD_NORM_CASES]
     out["wangni_cases"] = [sparse_case("rand-k-wangni", *c) for c in SPARSE_CASES]
     out["induced_cases"] = [sparse_case("induced", *c) for c in SPARSE_CASES]
-    out["decode_cases"] = decode_cases(out["quantized_cases"])
+    # section added with quantized blockwise values (rpsagg-seed-v5)
+    out["blockwise_quantized_cases"] = [
+        blockwise_quantized_case(*c) for c in BLOCKWISE_QUANTIZED_CASES
+    ]
+    out["decode_cases"] = decode_cases(out["quantized_cases"], out["blockwise_quantized_cases"])
     out["refusal_cases"] = refusal_cases()
     assert tags["QROUND"] == TAG_QROUND
     return out

@@ -121,6 +121,55 @@ def block_seed_without_inner_mix(req: dict[str, Any]) -> dict[str, Any]:
     return handle(req)
 
 
+def _blockwise_quantized(req: dict[str, Any], one_scale: bool) -> dict[str, Any]:
+    """A section 15 encode gone wrong: every block quantized with the message's seed (the
+    spec: the block's seed), or all k values on one grid (the spec: a scale per block)."""
+    est = rpsagg_adapter._estimator(req)
+    seed = int(req["seed"], 16)
+    values, _ = est._encode(np.array(req["x"], dtype=np.float64), seed)
+    counts = est.scale_counts
+    assert counts is not None
+    bits = est.value_bits
+    if one_scale:
+        codes, scale = quantize("uniform", values, bits, seed)
+        scales = np.full(len(counts), scale, dtype=np.float32)
+    else:
+        parts = []
+        offset = 0
+        for kb in counts:
+            parts.append(quantize("uniform", values[offset : offset + kb], bits, seed))
+            offset += kb
+        codes = np.concatenate([c for c, _ in parts])
+        scales = np.array([m for _, m in parts], dtype=np.float32)
+    return rpsagg_adapter._message(codes, scales, bits, blockwise=True)
+
+
+def _is_blockwise_quantized_encode(req: dict[str, Any]) -> bool:
+    return (req["op"] == "encode" and ":block=" in str(req.get("scheme"))
+            and int(req.get("value_bits", 32)) < 32)
+
+
+def block_rounding_keyed_by_the_message_seed(req: dict[str, Any]) -> dict[str, Any]:
+    """Quantized blockwise: each block's rpsQRND_ stream keyed by the message's seed."""
+    if _is_blockwise_quantized_encode(req):
+        try:
+            return _blockwise_quantized(req, one_scale=False)
+        except ValueError as exc:
+            return {"refused": str(exc)}
+    return handle(req)
+
+
+def one_scale_for_all_blocks(req: dict[str, Any]) -> dict[str, Any]:
+    """Quantized blockwise: the k values quantized as one section 13 message (one grid),
+    its scale repeated for every block."""
+    if _is_blockwise_quantized_encode(req):
+        try:
+            return _blockwise_quantized(req, one_scale=True)
+        except ValueError as exc:
+            return {"refused": str(exc)}
+    return handle(req)
+
+
 def centroid_table_off_by_an_ulp(req: dict[str, Any]) -> dict[str, Any]:
     """EDEN's 4-bit table with its largest centroid one ulp off."""
     reply = handle(req)
@@ -173,6 +222,7 @@ MISTAKES = {f.__name__: f for f in (
     sorted_rows, little_endian_tags, binary32_quantizer_input, rounding_keyed_by_another_seed,
     scale_rounded_to_nearest, eden_scale_rounded_up, qsgd_zero_codes,
     dct_off_by_1e5, hblocks_without_second_signs, block_seed_without_inner_mix,
+    block_rounding_keyed_by_the_message_seed, one_scale_for_all_blocks,
     centroid_table_off_by_an_ulp, qsgd_norm_by_dot, induced_ties_to_the_higher_index,
     never_refuses, exits_early,
 )}  # fmt: skip

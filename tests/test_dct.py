@@ -132,7 +132,7 @@ def test_default_projection_and_schemes() -> None:
     with pytest.raises(ValueError, match="has no 'rand-proj-spatial:dct'"):
         dct.decode([v1])
     v9 = rpsagg.Encoded(msg.scheme, 1, 5, 300, msg.values, spec_version="rpsagg-seed-v9")
-    with pytest.raises(ValueError, match="seed-v1, rpsagg-seed-v2, rpsagg-seed-v3, rpsagg-seed-v4"):
+    with pytest.raises(ValueError, match="seed-v2, rpsagg-seed-v3, rpsagg-seed-v4, rpsagg-seed-v5"):
         dct.decode([v9])
     # an SRHT message of the v1 format still decodes
     srht = rpsagg.make_estimator("rand-proj-spatial", n=3, k=5, d=300, projection="srht")

@@ -242,9 +242,9 @@ def expected_snapshot() -> dict[str, Any]:
 # The reference against itself and against published values
 # --------------------------------------------------------------------------------------
 def test_spec_version() -> None:
-    assert rpsagg.SPEC_VERSION == spec.SPEC_VERSION == VECTORS["spec"] == "rpsagg-seed-v4"
+    assert rpsagg.SPEC_VERSION == spec.SPEC_VERSION == VECTORS["spec"] == "rpsagg-seed-v5"
     assert spec.SPEC_VERSIONS == (
-        "rpsagg-seed-v1", "rpsagg-seed-v2", "rpsagg-seed-v3", "rpsagg-seed-v4"
+        "rpsagg-seed-v1", "rpsagg-seed-v2", "rpsagg-seed-v3", "rpsagg-seed-v4", "rpsagg-seed-v5"
     )
 
 

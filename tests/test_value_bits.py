@@ -116,7 +116,7 @@ def test_quantized_messages_need_spec_v3() -> None:
 
     est = rpsagg.make_estimator("rand-k", n=2, k=4, d=16, value_bits=2)
     msgs = [est.encode(np.arange(16.0), seed=s) for s in (1, 2)]
-    assert all(m.spec_version == rpsagg.SPEC_VERSION == "rpsagg-seed-v4" for m in msgs)
+    assert all(m.spec_version == rpsagg.SPEC_VERSION == "rpsagg-seed-v5" for m in msgs)
     assert est.decode(msgs).shape == (16,)
     for old in ("rpsagg-seed-v2", "rpsagg-seed-v1"):
         stale = [dataclasses.replace(m, spec_version=old) for m in msgs]

@@ -172,3 +172,29 @@ def test_request_limit_counts_indices_only_where_sent() -> None:
     assert limit("rand-k-wangni", k=10) == formula(100, 100)
     assert limit("eden", bits=2) == formula(128, 0)
     assert limit("qsgd", bits=2) == formula(100, 0)
+
+
+def test_block_scales_round_trip() -> None:
+    # docs/wire-format.md section 15: a quantized blockwise vector's scales travel in
+    # Vector.scales_f32 (one float32 per block, little-endian), Vector.scale left 0
+    codes = np.array([3, 0, 1, 2, 2, 1], dtype=np.uint32)
+    scales = np.array([1.5, -0.0, 3.25], dtype=np.float32)
+    vec = VectorPayload(np.zeros(0, np.float32), codes=codes, value_bits=2, scales=scales)
+    sub = Submission(1, "c", 7, (vec,), spec_version="rpsagg-seed-v5")
+    raw = serde.canonical_bytes(sub)
+    msg = pb.SubmitRequest.FromString(raw)
+    assert msg.vectors[0].scales_f32 == scales.astype("<f4").tobytes()
+    assert msg.vectors[0].scale == 0.0
+    back = serde._dec_submit(raw)
+    got = back.vectors[0]
+    assert got.scales is not None
+    np.testing.assert_array_equal(got.scales.view(np.uint32), scales.view(np.uint32))
+    np.testing.assert_array_equal(got.codes, codes)
+    assert got.payload_bytes == 2 + 4 * 3
+    plain = serde._dec_submit(serde.canonical_bytes(replace(sub, vectors=(replace(
+        vec, scales=None, scale=1.5),))))
+    assert plain.vectors[0].scales is None and plain.vectors[0].payload_bytes == 2 + 4
+    bad = pb.SubmitRequest.FromString(raw)
+    bad.vectors[0].scales_f32 = b"\0" * 5
+    with pytest.raises(serde.WireError, match="scales_f32"):
+        serde._dec_submit(bad.SerializeToString())

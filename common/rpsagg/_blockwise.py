@@ -7,6 +7,13 @@ Rand-Proj-Spatial problem of dimension ``b``, so the joint decode splits into ``
 ones (each with its own beta for ``(n', k_j, b, c)``). The message is still ``k`` floats plus
 one seed; its scheme string ``rand-proj-spatial:block=<b>`` tells decoders the block size.
 
+Quantized values (``value_bits < 32``, wire format ``rpsagg-seed-v5``): block ``j``'s
+``k_j`` values are quantized as a message of their own, exactly as a Rand-Proj-Spatial
+message of dimension ``b`` with seed ``block_seed(seed, j)`` would be (the uniform code book,
+its own float32 scale ``m_j``, the rounding stream of the block's seed); the message sends
+the ``k`` codes in block order and the ``B`` scales. A block whose coordinates are small
+keeps its own resolution instead of sharing the largest block's grid.
+
 What it costs: within a block the SRHT mixes coordinates as usual, across blocks it does not,
 so the budget per block is fixed instead of following the energy. ``docs/performance.md``
 has a measured MSE table against the full transform.
@@ -25,10 +32,11 @@ from rpsagg._decode import DEFAULT_RTOL, SolveInfo
 from rpsagg._encoded import Encoded
 from rpsagg._error import ErrorEstimate, combine
 from rpsagg._estimator import DecodeResult, Estimator
+from rpsagg._quantize import quantize_uniform
 from rpsagg._spatial import SCHEME, RandProjSpatial
 from rpsagg._srht import srht_encode
 from rpsagg._transform import parse_transform
-from rpsagg.spec import MASK64, TAG_BLOCK, check_seed, mix64
+from rpsagg.spec import MASK64, SPEC_V1, SPEC_V5, TAG_BLOCK, check_seed, mix64
 
 FloatArray = NDArray[np.float64]
 
@@ -56,7 +64,7 @@ class BlockwiseRandProjSpatial(Estimator):
         As for :class:`~rpsagg._estimators.RandProjSpatial`, applied in every block.
     """
 
-    traits = replace(RandProjSpatial.traits, quantizable=False, supports_r_hat=False)
+    traits = replace(RandProjSpatial.traits, supports_r_hat=False)
     _mixes_all_inputs = True  # every block sends >= 1 value mixing all its coordinates
     projection = "srht"  # every block is an SRHT of dimension block_size
 
@@ -105,6 +113,35 @@ class BlockwiseRandProjSpatial(Estimator):
         ]
         return np.concatenate(parts), None
 
+    def _set_value_bits(self, value_bits: int) -> None:
+        super()._set_value_bits(value_bits)
+        for sub in self._sub.values():  # each block is quantized as such a message
+            sub._set_value_bits(value_bits)
+
+    @property
+    def scale_counts(self) -> tuple[int, ...]:
+        """Values per scale of a quantized message: the block budgets (one scale per block)."""
+        return tuple(self.budgets)
+
+    def _encoding_spec(self) -> str:
+        """v1 for float32 values; quantized blockwise values exist from v5 on."""
+        return SPEC_V1 if self.value_bits == 32 else SPEC_V5
+
+    def _quantize_message(
+        self, values: FloatArray, seed: int
+    ) -> tuple[NDArray[np.uint32], NDArray[np.float32]]:
+        """Each block's values quantized on their own (``docs/wire-format.md`` section 15):
+        codes from the block's seed's rounding stream, one float32 scale per block."""
+        codes = np.empty(values.size, dtype=np.uint32)
+        scales = np.empty(self.blocks, dtype=np.float32)
+        offset = 0
+        for j, kb in enumerate(self.budgets):
+            codes[offset : offset + kb], scales[j] = quantize_uniform(
+                values[offset : offset + kb], self.value_bits, block_seed(seed, j)
+            )
+            offset += kb
+        return codes, scales
+
     def block_messages(self, batch: Sequence[Encoded], j: int) -> list[Encoded]:
         """Block ``j`` of each message as a plain Rand-Proj-Spatial message.
 
@@ -120,7 +157,8 @@ class BlockwiseRandProjSpatial(Estimator):
         list of Encoded
             For each message, the SRHT sketch of its block ``j``: ``budgets[j]`` values,
             seed ``block_seed(seed, j)``, dimension ``block_size`` (what ``correlation_terms``
-            and the block's own decode take).
+            and the block's own decode take); a quantized message's block keeps its codes
+            and its block's scale.
         """
         if not 0 <= j < self.blocks:
             raise ValueError(f"need 0 <= j < {self.blocks}; got {j}")
@@ -129,8 +167,17 @@ class BlockwiseRandProjSpatial(Estimator):
     def _block_batch(self, batch: Sequence[Encoded], j: int, offset: int) -> list[Encoded]:
         kb = self.budgets[j]
         name = self._sub[kb].name
-        return [Encoded(name, block_seed(m.seed, j), kb, self.block_size,
-                        m.values[offset : offset + kb]) for m in batch]
+        out = []
+        for m in batch:
+            values = m.values[offset : offset + kb]
+            if m.codes is not None and m.scales is not None:  # the block as a §13 message
+                out.append(Encoded(name, block_seed(m.seed, j), kb, self.block_size, values,
+                                   spec_version=m.spec_version, value_bits=m.value_bits,
+                                   codes=m.codes[offset : offset + kb],
+                                   scales=m.scales[j : j + 1]))
+            else:
+                out.append(Encoded(name, block_seed(m.seed, j), kb, self.block_size, values))
+        return out
 
     def decode_blocks(
         self, batch: list[Encoded], first: int, stop: int, betas: dict[int, float] | None = None
@@ -240,10 +287,13 @@ class BlockwiseRandProjSpatial(Estimator):
         if self.transform.kind != "auto":
             raise ValueError("with_prior needs an estimator built with transform='auto'")
         sub = next(iter(self._sub.values()))
-        return BlockwiseRandProjSpatial(
+        other = BlockwiseRandProjSpatial(
             self.n, self.k, self.d, self.block_size, "auto", prior_r, sub.method, sub.rtol,
             device=sub.device, threads=sub.threads,
         )
+        if self.value_bits != 32:
+            other._set_value_bits(self.value_bits)
+        return other
 
     def predicted_relative_error(self, r: float) -> float:
         """The blocks' predicted relative error, weighted by their share of the values
@@ -256,5 +306,5 @@ class BlockwiseRandProjSpatial(Estimator):
     def __repr__(self) -> str:
         return (
             f"BlockwiseRandProjSpatial(n={self.n}, k={self.k}, d={self.d}, "
-            f"block_size={self.block_size}, T={self.transform.label()})"
+            f"block_size={self.block_size}, T={self.transform.label()}{self._bits_label()})"
         )

@@ -115,14 +115,13 @@ class Estimator(ABC):
                     f"finite value {float(np.finfo(np.float32).max):.8g}; scale x down"
                 )
             return Encoded(self.name, seed, self.k, self.d, sent, indices)
-        codes, scale = self._quantize(values, seed)
-        scales = np.array([scale], dtype=np.float32)
-        if not np.isfinite(scales[0]):
+        codes, scales = self._quantize_message(values, seed)
+        if not np.all(np.isfinite(scales)):
             raise ValueError("x is too large: its quantization scale overflows float32")
         return Encoded(
             self.name, seed, self.k, self.d,
-            dequantize(self.codebook, codes, scales, self.value_bits), indices,
-            value_bits=self.value_bits, codes=codes, scales=scales,
+            dequantize(self.codebook, codes, scales, self.value_bits, self.scale_counts),
+            indices, value_bits=self.value_bits, codes=codes, scales=scales,
         )  # fmt: skip
 
     def decode(self, encoded: Sequence[Encoded]) -> FloatArray:
@@ -152,6 +151,7 @@ class Estimator(ABC):
             values_per_message=self.values_per_message,
             value_bits=self.value_bits,
             min_spec=self._encoding_spec(),
+            scales_per_message=1 if self.scale_counts is None else len(self.scale_counts),
         )
         start = time.perf_counter()
         result = self._decode(batch)
@@ -203,6 +203,12 @@ class Estimator(ABC):
         return self._beta(int(n_prime))
 
     @property
+    def scale_counts(self) -> tuple[int, ...] | None:
+        """Values per float32 scale of a quantized message, in order: None for one scale
+        (every scheme but blockwise Rand-Proj-Spatial, which has one per block)."""
+        return None
+
+    @property
     def values_per_message(self) -> int | None:
         """Number of floats per message (None when it varies)."""
         return self.k
@@ -221,6 +227,7 @@ class Estimator(ABC):
             value_bits=self.value_bits, codebook=self.codebook,
             projection=str(getattr(self, "projection", "")),
             block_size=int(getattr(self, "block_size", 0)), spec_version=spec,
+            scale_counts=self.scale_counts if self.value_bits < 32 else None,
             transform=None if transform is None else str(transform.label()),
         )  # fmt: skip
 
@@ -246,6 +253,13 @@ class Estimator(ABC):
     def _encoding_spec(self) -> str:
         """The oldest wire format that defines this scheme's float32 messages."""
         return SPEC_V1
+
+    def _quantize_message(
+        self, values: FloatArray, seed: int
+    ) -> tuple[NDArray[np.uint32], NDArray[np.float32]]:
+        """Codes and scales (value_bits < 32): :meth:`_quantize`'s one scale by default."""
+        codes, scale = self._quantize(values, seed)
+        return codes, np.array([scale], dtype=np.float32)
 
     def _quantize(self, values: FloatArray, seed: int) -> tuple[NDArray[np.uint32], np.float32]:
         """Codes and scale of ``values`` (value_bits < 32): unbiased uniform rounding."""

@@ -211,7 +211,8 @@ def make_estimator(
     value_bits : int
         ``"rand-k"``, ``"rand-k-spatial"`` and ``"rand-proj-spatial"``: bits per sent value
         (1..32); below 32 the k values are sent as unbiased stochastically rounded b-bit
-        codes with one float32 scale per message (``rpsagg._quantize``).
+        codes with one float32 scale per message (``rpsagg._quantize``); with
+        ``block_size``, one float32 scale per block (``rpsagg._blockwise``).
     projection : {"auto", "srht", "dct", "hblocks"}
         Rand-Proj-Spatial only: the seeded projection (see :class:`RandProjSpatial`;
         ``"auto"``: the SRHT when d is a power of two, the randomized DCT otherwise). The
@@ -253,8 +254,6 @@ def make_estimator(
         name, n, k, d, transform, prior_r, method, rtol, block_size, projection, device, threads
     )
     if value_bits != 32:
-        if block_size is not None:
-            raise ValueError("value_bits is not supported with block_size")
         est._set_value_bits(value_bits)
     return est
 

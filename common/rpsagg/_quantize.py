@@ -21,6 +21,8 @@ draws its uniforms from the spec's integer streams (tag ``rpsQROUND`` in
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -213,7 +215,11 @@ def quantize_qsgd(x: FloatArray, s: int, seed: int) -> tuple[CodeArray, np.float
 
 
 def dequantize(
-    codebook: str, codes: NDArray[np.integer], scales: NDArray[np.floating], value_bits: int
+    codebook: str,
+    codes: NDArray[np.integer],
+    scales: NDArray[np.floating],
+    value_bits: int,
+    counts: Sequence[int] | None = None,
 ) -> NDArray[np.float32]:
     """Values of ``codes`` (float32), computed in float64 and rounded once.
 
@@ -221,14 +227,34 @@ def dequantize(
     ----------
     codebook : {"uniform", "qsgd", "eden"}
     codes : ndarray of unsigned int
-    scales : ndarray of float32, shape (1,)
+    scales : ndarray of float32
+        One scale (shape ``(1,)``), or one per run of codes when ``counts`` is given.
     value_bits : int
         Bits per code: b for uniform, ``bits + 1`` for QSGD, ``bits`` for EDEN.
+    counts : sequence of int, optional
+        Codes per scale, in order (blockwise messages: the block budgets ``k_j``, one
+        float32 scale per block); they must add up to the number of codes.
+
+    Returns
+    -------
+    ndarray of float32
+        One value per code.
     """
-    if np.asarray(scales).shape != (1,):
-        raise ValueError(f"a quantized message has one scale; got {np.asarray(scales).size}")
-    scale = float(np.float32(scales[0]))
     c = np.asarray(codes, dtype=np.int64)
+    scale_arr = np.asarray(scales, dtype=np.float32).astype(np.float64)
+    if counts is None:
+        if scale_arr.shape != (1,):
+            raise ValueError(f"a quantized message has one scale; got {scale_arr.size}")
+        scale: float | FloatArray = float(scale_arr[0])
+    else:
+        if scale_arr.shape != (len(counts),):
+            raise ValueError(
+                f"a blockwise quantized message has one scale per block ({len(counts)}); "
+                f"got {scale_arr.size}"
+            )
+        if sum(counts) != c.size:
+            raise ValueError(f"{c.size} codes for blocks of {sum(counts)} values")
+        scale = np.repeat(scale_arr, np.asarray(counts, dtype=np.int64))
     if codebook == "uniform":
         top = (1 << value_bits) - 1
         out = scale * (2.0 * c - top) / top
@@ -243,4 +269,4 @@ def dequantize(
         out = scale * centroids(value_bits)[c]
     else:
         raise ValueError(f"unknown codebook {codebook!r}; expected one of {CODEBOOKS}")
-    return out.astype(np.float32)
+    return np.asarray(out).astype(np.float32)

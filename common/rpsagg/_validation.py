@@ -72,13 +72,14 @@ def check_batch(
     values_per_message: int | None,
     value_bits: int = 32,
     min_spec: str = SPEC_V1,
+    scales_per_message: int = 1,
 ) -> list[Encoded]:
     """Messages that can be decoded together by one estimator.
 
     Checks: 1 <= count <= n, same scheme/k/d/value bits as the estimator, a spec version
     this decoder implements and no older than ``min_spec`` (the oldest that defines the
-    scheme), distinct seeds, the expected number of finite values, and indices in range
-    where they are sent.
+    scheme), distinct seeds, the expected number of finite values (and of scales, for
+    quantized messages), and indices in range where they are sent.
     """
     batch = list(encoded)
     if not batch:
@@ -114,6 +115,10 @@ def check_batch(
             raise ValueError(
                 f"message {pos} claims {msg.spec_version!r}, which has no quantized values "
                 f"(they need {SPEC_V3!r})"
+            )
+        if msg.scales is not None and msg.scales.size != scales_per_message:
+            raise ValueError(
+                f"message {pos} has {msg.scales.size} scales; expected {scales_per_message}"
             )
         if msg.value_bits != value_bits:
             raise ValueError(

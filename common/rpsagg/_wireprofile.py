@@ -76,6 +76,9 @@ class Payload(Protocol):
     @property
     def scale(self) -> float: ...
 
+    @property
+    def scales(self) -> NDArray[np.float32] | None: ...
+
 
 @dataclass(frozen=True)
 class WireProfile:
@@ -109,6 +112,10 @@ class WireProfile:
         The oldest wire format that defines these messages.
     transform : str or None
         Label of the decoder's transform T, None for schemes without one.
+    scale_counts : tuple of int or None
+        Quantized blockwise messages: the values of each block (``k_j``), which share one
+        float32 scale per block (``Payload.scales``); None where a quantized message has
+        the one ``Payload.scale`` (and for float32 values).
     """
 
     traits: SchemeTraits
@@ -123,6 +130,7 @@ class WireProfile:
     block_size: int
     spec_version: str
     transform: str | None
+    scale_counts: tuple[int, ...] | None = None
 
     @property
     def sends_indices(self) -> bool:
@@ -139,15 +147,19 @@ class WireProfile:
         scale and this scheme's code book (``ValueError`` for codes outside the code book)."""
         if payload.codes is None:
             return payload.values
-        return dequantize(self.codebook, payload.codes,
-                          np.array([payload.scale], np.float32), payload.value_bits)
+        if self.scale_counts is None:
+            return dequantize(self.codebook, payload.codes,
+                              np.array([payload.scale], np.float32), payload.value_bits)
+        scales = np.zeros(0, np.float32) if payload.scales is None else payload.scales
+        return dequantize(self.codebook, payload.codes, scales, payload.value_bits,
+                          self.scale_counts)
 
     def validate(self, payload: Payload, what: str = "message") -> None:
         """Check that ``payload`` is a vector these messages can carry.
 
         Checks the bits per value, the value count, finite values (codes inside the code
-        book, a finite non-negative scale) and, where the scheme sends them, one index in
-        ``[0, d)`` per value.
+        book, a finite non-negative scale, or one per block for blockwise messages) and,
+        where the scheme sends them, one index in ``[0, d)`` per value.
 
         Parameters
         ----------
@@ -172,9 +184,29 @@ class WireProfile:
         if not self.exact_count and count > self.max_values:
             raise ValueError(f"{what} has {count} values; at most "
                              f"{self.count_name}={self.max_values}")
+        scales = payload.scales
         if codes is not None:
-            if not (math.isfinite(payload.scale) and payload.scale >= 0):
-                raise ValueError(f"{what}.scale must be finite and >= 0; got {payload.scale}")
+            if self.scale_counts is None:
+                if scales is not None:
+                    raise ValueError(f"{what} carries block scales but {self.scheme} sends "
+                                     "one scale")
+                if not (math.isfinite(payload.scale) and payload.scale >= 0):
+                    raise ValueError(
+                        f"{what}.scale must be finite and >= 0; got {payload.scale}")
+            else:
+                blocks = len(self.scale_counts)
+                got = 0 if scales is None else int(scales.size)
+                if got != blocks:
+                    raise ValueError(f"{what} has {got} block scales; {self.scheme} sends "
+                                     f"one per block ({blocks})")
+                if payload.scale != 0:
+                    raise ValueError(f"{what}.scale must be 0 beside block scales; got "
+                                     f"{payload.scale}")
+                assert scales is not None
+                bad = ~(np.isfinite(scales) & (scales >= 0))
+                if bad.any():
+                    raise ValueError(f"{what}.scales must be finite and >= 0; got "
+                                     f"{float(scales[np.argmax(bad)])}")
             try:
                 with np.errstate(over="ignore"):  # an overflow is reported below
                     values = self.values_of(payload)
@@ -182,8 +214,11 @@ class WireProfile:
                 raise ValueError(f"{what}: {exc}") from None
             if not np.all(np.isfinite(values)):
                 raise ValueError(f"{what}'s values overflow float32")
-        elif not np.all(np.isfinite(payload.values)):
-            raise ValueError(f"{what}.values contains NaN or Inf")
+        else:
+            if scales is not None:
+                raise ValueError(f"{what} carries block scales but no codes")
+            if not np.all(np.isfinite(payload.values)):
+                raise ValueError(f"{what}.values contains NaN or Inf")
         indices = payload.indices
         if not self.sends_indices:
             if indices is not None:

@@ -1,4 +1,4 @@
-"""Seed-to-randomness derivation (wire format ``rpsagg-seed-v4``; earlier versions are subsets).
+"""Seed-to-randomness derivation (wire format ``rpsagg-seed-v5``; earlier versions are subsets).
 
 Everything a client and the server must agree on is derived here from a 64-bit
 seed with SplitMix64 in counter mode, using only unsigned 64-bit integer
@@ -44,14 +44,16 @@ NATIVE: ModuleType | None = _load_native()
 #: code books and the client's rounding stream ``rpsQRND_``). Each keeps every number of
 #: the one before: an SRHT message encodes identically under all of them.
 #: ``rpsagg-seed-v4`` adds the overlapping-blocks Hadamard projection (projection
-#: ``"hblocks"``, stream ``rpsSIGN2``; ``rpsagg._hblocks``).
+#: ``"hblocks"``, stream ``rpsSIGN2``; ``rpsagg._hblocks``). ``rpsagg-seed-v5`` adds quantized
+#: blockwise values (one float32 scale per block; ``rpsagg._blockwise``).
 SPEC_V1 = "rpsagg-seed-v1"
 SPEC_V2 = "rpsagg-seed-v2"
 SPEC_V3 = "rpsagg-seed-v3"
 SPEC_V4 = "rpsagg-seed-v4"
-SPEC_VERSION = SPEC_V4
+SPEC_V5 = "rpsagg-seed-v5"
+SPEC_VERSION = SPEC_V5
 #: Every version this library decodes, oldest first.
-SPEC_VERSIONS = (SPEC_V1, SPEC_V2, SPEC_V3, SPEC_V4)
+SPEC_VERSIONS = (SPEC_V1, SPEC_V2, SPEC_V3, SPEC_V4, SPEC_V5)
 
 
 def check_spec_version(sent: str, required: str = SPEC_V1) -> str:

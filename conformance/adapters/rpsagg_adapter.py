@@ -64,6 +64,11 @@ class _Received:
     codes: np.ndarray | None
     value_bits: int
     scale: float
+    scales: np.ndarray | None
+
+
+def _f32(bits: str) -> float:
+    return float(np.array([int(bits, 16)], dtype=np.uint32).view(np.float32)[0])
 
 
 def _received(message: dict[str, Any]) -> _Received:
@@ -72,15 +77,20 @@ def _received(message: dict[str, Any]) -> _Received:
     if "indices" in message:
         indices = np.array([int(i) for i in message["indices"]], dtype=np.int64)
     if "packed_hex" not in message:
+        if "scales_bits" in message or "scale_bits" in message:
+            raise ValueError("a scale without codes")
         bits = np.array([int(b, 16) for b in message.get("values_f32", [])], dtype=np.uint32)
-        return _Received(bits.view(np.float32), indices, None, 32, 0.0)
+        return _Received(bits.view(np.float32), indices, None, 32, 0.0, None)
     value_bits = int(message["value_bits"])
     if not 1 <= value_bits <= 31:
         raise ValueError(f"packed values need value_bits in [1, 31]; got {value_bits}")
     codes = unpack_codes(bytes.fromhex(message["packed_hex"]), int(message["value_count"]),
                          value_bits)
-    scale = np.array([int(message["scale_bits"], 16)], dtype=np.uint32).view(np.float32)[0]
-    return _Received(np.zeros(0, dtype=np.float32), indices, codes, value_bits, float(scale))
+    scale = _f32(message["scale_bits"]) if "scale_bits" in message else 0.0
+    scales = None
+    if "scales_bits" in message:  # section 15: one scale per block
+        scales = np.array([_f32(b) for b in message["scales_bits"]], dtype=np.float32)
+    return _Received(np.zeros(0, dtype=np.float32), indices, codes, value_bits, scale, scales)
 
 
 def _decode(req: dict[str, Any]) -> dict[str, Any]:
@@ -94,12 +104,15 @@ def _decode(req: dict[str, Any]) -> dict[str, Any]:
     return {"values_f32": [hex(int(b)) for b in values.view(np.uint32)]}
 
 
-def _message(codes: Any, scale: Any, bits: int) -> dict[str, Any]:
+def _message(codes: Any, scale: Any, bits: int, blockwise: bool = False) -> dict[str, Any]:
+    """A quantized message; ``blockwise``: ``scale`` is the blocks' scales (section 15)."""
+    scale_bits = [hex(int(b)) for b in np.array(scale, dtype=np.float32).reshape(-1).view(
+        np.uint32)]
     return {
         "packed_hex": pack_codes(np.asarray(codes), bits).hex(),
         "value_bits": bits,
         "value_count": int(np.asarray(codes).size),
-        "scale_bits": hex(int(np.array([scale], dtype=np.float32).view(np.uint32)[0])),
+        **({"scales_bits": scale_bits} if blockwise else {"scale_bits": scale_bits[0]}),
     }
 
 
@@ -112,6 +125,8 @@ def _encode(req: dict[str, Any]) -> dict[str, Any]:
             out["indices"] = [int(i) for i in msg.indices]
         return out
     assert msg.scales is not None
+    if est.scale_counts is not None:
+        return _message(msg.codes, msg.scales, msg.value_bits, blockwise=True)
     return _message(msg.codes, msg.scales[0], msg.value_bits)
 
 

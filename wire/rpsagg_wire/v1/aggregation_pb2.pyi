@@ -116,7 +116,7 @@ class RoundInfo(_message.Message):
     def __init__(self, round_id: _Optional[int] = ..., nonce: _Optional[int] = ..., scheme: _Optional[str] = ..., n: _Optional[int] = ..., k: _Optional[int] = ..., d: _Optional[int] = ..., transform: _Optional[str] = ..., task: _Optional[str] = ..., m: _Optional[int] = ..., global_state: _Optional[_Union[Tensor, _Mapping]] = ..., state: _Optional[_Union[RoundState, str]] = ..., deadline_unix_ms: _Optional[int] = ..., eval: _Optional[bool] = ..., job_done: _Optional[bool] = ..., task_step: _Optional[int] = ..., total_rounds: _Optional[int] = ..., job_failure: _Optional[str] = ..., job_id: _Optional[int] = ..., spec_version: _Optional[str] = ..., projection: _Optional[str] = ..., block_size: _Optional[int] = ..., value_bits: _Optional[int] = ..., bits: _Optional[int] = ...) -> None: ...
 
 class Vector(_message.Message):
-    __slots__ = ("values_f32", "indices_i32", "reference_f64", "values_packed", "value_bits", "value_count", "scale")
+    __slots__ = ("values_f32", "indices_i32", "reference_f64", "values_packed", "value_bits", "value_count", "scale", "scales_f32")
     VALUES_F32_FIELD_NUMBER: _ClassVar[int]
     INDICES_I32_FIELD_NUMBER: _ClassVar[int]
     REFERENCE_F64_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +124,7 @@ class Vector(_message.Message):
     VALUE_BITS_FIELD_NUMBER: _ClassVar[int]
     VALUE_COUNT_FIELD_NUMBER: _ClassVar[int]
     SCALE_FIELD_NUMBER: _ClassVar[int]
+    SCALES_F32_FIELD_NUMBER: _ClassVar[int]
     values_f32: bytes
     indices_i32: bytes
     reference_f64: bytes
@@ -131,7 +132,8 @@ class Vector(_message.Message):
     value_bits: int
     value_count: int
     scale: float
-    def __init__(self, values_f32: _Optional[bytes] = ..., indices_i32: _Optional[bytes] = ..., reference_f64: _Optional[bytes] = ..., values_packed: _Optional[bytes] = ..., value_bits: _Optional[int] = ..., value_count: _Optional[int] = ..., scale: _Optional[float] = ...) -> None: ...
+    scales_f32: bytes
+    def __init__(self, values_f32: _Optional[bytes] = ..., indices_i32: _Optional[bytes] = ..., reference_f64: _Optional[bytes] = ..., values_packed: _Optional[bytes] = ..., value_bits: _Optional[int] = ..., value_count: _Optional[int] = ..., scale: _Optional[float] = ..., scales_f32: _Optional[bytes] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
     __slots__ = ("round_id", "client_id", "client_seed", "vectors", "spec_version")

@@ -79,7 +79,8 @@ class VectorPayload:
 
     A quantized vector (``value_bits < 32``) has empty ``values`` and carries ``codes``
     (uint32, each ``< 2^value_bits``) and ``scale``; the decoder turns them into values with
-    its scheme's code book (``rpsagg.quantize.dequantize``).
+    its scheme's code book (``rpsagg.quantize.dequantize``). A quantized blockwise vector
+    carries one float32 scale per block in ``scales`` instead (``scale`` is 0).
     """
 
     values: NDArray[np.float32]
@@ -88,6 +89,7 @@ class VectorPayload:
     codes: NDArray[np.uint32] | None = None
     value_bits: int = 32
     scale: float = 0.0
+    scales: NDArray[np.float32] | None = None
 
     @property
     def count(self) -> int:
@@ -96,12 +98,14 @@ class VectorPayload:
 
     @property
     def payload_bytes(self) -> int:
-        """Values (4 bytes each, or the packed codes plus the 4-byte scale) and indices at 4
-        bytes each (the seed is counted per submission)."""
+        """Values (4 bytes each, or the packed codes plus the 4-byte scale, 4 bytes per block
+        scale for blockwise) and indices at 4 bytes each (the seed is counted per
+        submission)."""
         if self.codes is None:
             values = 4 * int(self.values.size)
         else:
-            values = packed_size(int(self.codes.size), self.value_bits) + 4
+            scales = 1 if self.scales is None else int(self.scales.size)
+            values = packed_size(int(self.codes.size), self.value_bits) + 4 * scales
         return values + (0 if self.indices is None else 4 * int(self.indices.size))
 
 

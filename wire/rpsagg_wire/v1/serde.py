@@ -152,6 +152,8 @@ def _submit_pb(s: Submission) -> pb.SubmitRequest:
             vec.value_bits = v.value_bits
             vec.value_count = int(v.codes.size)
             vec.scale = v.scale
+            if v.scales is not None:
+                vec.scales_f32 = np.ascontiguousarray(v.scales, dtype="<f4").tobytes()
         if v.indices is not None:
             vec.indices_i32 = np.ascontiguousarray(v.indices, dtype="<i4").tobytes()
         if v.reference is not None:
@@ -196,9 +198,12 @@ def _dec_submit(raw: bytes) -> Submission:
             codes = _codes(v, j)
             if values.size:
                 raise WireError(f"vectors[{j}] has both values_f32 and packed values")
+        scales = None
+        if v.scales_f32:
+            scales = _unpack(v.scales_f32, "<f4", f"vectors[{j}].scales_f32").astype(np.float32)
         vectors.append(VectorPayload(values=values, indices=indices, reference=reference,
                                      codes=codes, value_bits=v.value_bits or 32,
-                                     scale=float(v.scale)))
+                                     scale=float(v.scale), scales=scales))
     canonical = m.SerializeToString(deterministic=True)
     wire = len(raw)
     if has_refs:  # exactly what the references added: their fields and the longer prefixes
