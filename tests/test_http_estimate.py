@@ -21,7 +21,7 @@ from service_util import base_config, in_process_server
 
 from rpsagg_client import AggregationClient
 from rpsagg_server.http import create_app
-from rpsagg_server.http.routes_estimate import CHUNK, json_stream
+from rpsagg_server.http.routes_estimate import CHUNK, json_stream, provenance
 
 N, K, M = 2, 8, 2
 D = 2 * CHUNK + 17  # three chunks per vector
@@ -80,7 +80,7 @@ def test_every_format_is_the_estimate_bit_for_bit(tmp_path: Path) -> None:
         # streamed: no piece of the body holds more than one chunk of values
         est = srv.running.state.estimate(rnd.round_id)
         assert est is not None
-        pieces = list(json_stream(est))
+        pieces = list(json_stream(provenance(est, M), est.values))
         assert len(pieces) >= M * 3  # three chunks of values per vector, besides the rest
         assert max(len(p) for p in pieces) <= CHUNK * 26  # <= 25 characters per value
     # a restarted server serves the stored estimate, unchanged

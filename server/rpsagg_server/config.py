@@ -73,6 +73,7 @@ class ServerConfig:
     http_tls: bool = False
     http_header_timeout: float = 30.0
     http_max_connections: int = 0
+    http_body_cache_bytes: int = 256 << 20
     grpc_max_connections: int = 0
     grpc_handshake_timeout: float = 5.0
     grpc_idle_timeout: float = 10.0
@@ -223,6 +224,9 @@ class ServerConfig:
         if self.http_max_connections < 0:
             raise ValueError(f"--http-max-connections must be >= 0 (0: automatic); "
                              f"got {self.http_max_connections}")
+        if self.http_body_cache_bytes < 0:
+            raise ValueError(f"--http-body-cache-bytes must be >= 0 (0: none kept); "
+                             f"got {self.http_body_cache_bytes}")
         if self.grpc_max_connections < 0:
             raise ValueError(f"--grpc-max-connections must be >= 0 (0: automatic); "
                              f"got {self.grpc_max_connections}")
@@ -372,6 +376,9 @@ def _parser() -> argparse.ArgumentParser:
                                "arrive complete before its connection is closed",
         "http_max_connections": "HTTP connections open at once, at most (0: automatic, a "
                                 "quarter of the file descriptor limit, at most 1024)",
+        "http_body_cache_bytes": "bytes of formatted JSON and CSV estimate downloads kept "
+        "on disk (in a private temporary directory; least recently used out; 0: none beyond "
+        "the downloads in progress). Default 256 MiB: about 12 bodies at d = 2^20",
         "grpc_max_connections": "gRPC connections open at once, at most; one more is closed "
                                 "at accept (0: automatic, the descriptors the dashboard's cap "
                                 "and the reserve leave, at most 4096)",

@@ -131,6 +131,12 @@ class ServerState:
         """One round by id, or None."""
         return self._rounds.get(round_id)
 
+    def estimate_info(self, round_id: int) -> EstimateInfo | None:
+        """A done round's provenance without its values (never blocks), or None."""
+        if self.read_estimate is None:
+            return None
+        return self._estimates.get(round_id)
+
     def estimate(self, round_id: int) -> EstimateView | None:
         """A done round's estimate and its provenance (None otherwise, and without an
         archive to read it from). The values are the engine's own or read back from the

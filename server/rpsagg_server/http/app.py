@@ -25,6 +25,7 @@ from rpsagg_server.http import (
     routes_status,
 )
 from rpsagg_server.http.metrics import ServerMetrics
+from rpsagg_server.http.renders import DEFAULT_MAX_BYTES, BodyCache, BodyCacheCollector
 from rpsagg_server.state import ServerState
 
 log = logging.getLogger("rpsagg.server")
@@ -63,6 +64,9 @@ def create_app(state: ServerState, registry: CollectorRegistry | None = None) ->
     """
     registry = CollectorRegistry() if registry is None else registry
     metrics = ServerMetrics(state, registry)
+    # JSON and CSV estimate bodies: formatted in a worker process, kept on disk (bounded)
+    bodies = BodyCache(int(state.config().get("http_body_cache_bytes", DEFAULT_MAX_BYTES)))
+    registry.register(BodyCacheCollector(bodies))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -70,6 +74,7 @@ def create_app(state: ServerState, registry: CollectorRegistry | None = None) ->
         try:
             yield
         finally:
+            bodies.close()
             log.info("[HTTP] dashboard app stopped")
 
     app = FastAPI(
@@ -81,6 +86,7 @@ def create_app(state: ServerState, registry: CollectorRegistry | None = None) ->
     )
     app.state.server_state = state
     app.state.metrics = metrics
+    app.state.bodies = bodies
     app.include_router(routes_status.router)
     app.include_router(routes_clients.router)
     app.include_router(routes_export.router)  # before /api/rounds/{round_id}

@@ -1,58 +1,67 @@
 """``GET /api/rounds/{id}/estimate``: a done round's decoded mean, as JSON, ``.npy`` or CSV.
 
-The body is streamed in chunks of :data:`CHUNK` values, so a large d is never built as one
-string in memory. Every format carries the same numbers bit for bit: ``.npy`` holds the
-float64 values themselves, JSON and CSV each value's shortest round-trip decimal (Python's
-``repr``), which parses back to the identical float64. The shape is ``(d,)`` for one vector
-per round and ``(m, d)`` for m (``--mean-vectors``); CSV has one vector per line, the format
-``rpsagg-client --vectors`` reads.
+Every format carries the same numbers bit for bit (:mod:`rpsagg_server.estimate_bodies`):
+``.npy`` the float64 values, JSON and CSV each value's shortest round-trip decimal. The
+shape is ``(d,)`` for one vector per round and ``(m, d)`` for m (``--mean-vectors``); CSV
+has one vector per line, the format ``rpsagg-client --vectors`` reads.
 
-Provenance (the round, n', scheme, transform, n, k, d, bytes received) is in the JSON
+Provenance (the round, n', scheme, transform, n, k, d, m, bytes received) is in the JSON
 document and, for every format, in ``X-Rpsagg-*`` response headers.
 
+``.npy`` is streamed from the values in chunks. JSON and CSV bodies are formatted once per
+round and format in a worker process and kept on disk within ``--http-body-cache-bytes``
+(:mod:`rpsagg_server.http.renders`), so concurrent downloads neither repeat that work nor
+take the event loop's time from gRPC; they carry a ``Content-Length``. When too many
+distinct bodies wait to be formatted, a download is answered 503 with ``Retry-After``; a
+failed render is 503 with its reason.
+
 A round whose estimate left the server's bounded cache (``--result-cache-bytes``) is read
-back from the database in the worker thread that serves the request; a failed read is
-answered 503 with the reason.
+back from the database in a worker thread; a failed read is answered 503 with the reason.
 """
 
 from __future__ import annotations
 
-import io
-import json
-import math
-from collections.abc import Iterator
-from typing import Annotated, Any, Literal
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, BinaryIO, Literal
 
+import anyio.to_thread
 import numpy as np
-from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from numpy.typing import NDArray
+from starlette.concurrency import run_in_threadpool
 
+from rpsagg_server.estimate_bodies import CHUNK, csv_stream, json_stream, npy_stream
 from rpsagg_server.http.deps import StateDep
+from rpsagg_server.http.renders import BodyCache, RenderBusy, RenderError
+from rpsagg_server.state import ServerState
 from rpsagg_server.store import ReadError
-from rpsagg_server.views import EstimateView
+from rpsagg_server.views import EstimateInfo, EstimateView
+
+__all__ = ["CHUNK", "csv_stream", "json_stream", "npy_stream", "provenance", "router"]
 
 router = APIRouter(prefix="/api/rounds", tags=["rounds"])
 
-#: values per streamed chunk (512 KiB of float64)
-CHUNK = 1 << 16
 MEDIA = {"json": "application/json", "npy": "application/octet-stream",
          "csv": "text/csv; charset=utf-8"}
+#: bytes per read of a rendered body
+READ_BYTES = 1 << 18
+#: seconds a refused download is told to wait (``Retry-After``)
+RETRY_AFTER_S = 2
 
 
-def provenance(est: EstimateView) -> dict[str, Any]:
+def provenance(est: EstimateInfo, m: int) -> dict[str, Any]:
     """What the estimate came from, as the JSON document's leading fields."""
-    m, d = est.values.shape
     return {
         "round_id": est.round_id, "scheme": est.scheme, "transform": est.transform,
         "n": est.n, "n_prime": est.n_prime, "k": est.k, "d": est.d, "m": m,
         "bytes": {"wire": est.wire_bytes, "payload": est.payload_bytes},
         "contributors": list(est.contributors),
-        "shape": [d] if m == 1 else [m, d],
+        "shape": [est.d] if m == 1 else [m, est.d],
     }
 
 
-def _headers(est: EstimateView, fmt: str) -> dict[str, str]:
+def _headers(est: EstimateInfo, fmt: str) -> dict[str, str]:
     return {
         "Content-Disposition":
             f'attachment; filename="rpsagg-round-{est.round_id}-estimate.{fmt}"',
@@ -65,52 +74,45 @@ def _headers(est: EstimateView, fmt: str) -> dict[str, str]:
     }
 
 
-def _chunks(row: NDArray[np.float64]) -> Iterator[NDArray[np.float64]]:
-    for lo in range(0, row.size, CHUNK):
-        yield row[lo:lo + CHUNK]
+def _read(state: ServerState, round_id: int) -> EstimateView:
+    """The round's estimate with its values (read back from the database when evicted)."""
+    try:
+        est = state.estimate(round_id)
+    except ReadError as exc:
+        raise HTTPException(503, f"round {round_id}'s estimate could not be read back: "
+                            f"{exc.reason}") from None
+    if est is None:  # it was there a moment ago; a new job replaced the state
+        raise HTTPException(404, f"round {round_id} has no estimate any more")
+    return est
 
 
-def _decimal(chunk: NDArray[np.float64], null: str) -> str:
-    """Comma-separated shortest round-trip decimals (``null`` for NaN or an infinity)."""
-    values = chunk.tolist()
-    if not bool(np.all(np.isfinite(chunk))):
-        return ",".join(repr(x) if math.isfinite(x) else null for x in values)
-    return ",".join(map(repr, values))
+def _missing(state: ServerState, round_id: int) -> HTTPException:
+    view = state.round_detail(round_id)
+    if view is None:
+        newest = state.rounds(limit=1)
+        known = f"rounds 1..{newest[0].round_id} exist" if newest else "no round exists yet"
+        return HTTPException(404, f"round {round_id} not found ({known})")
+    why = (f"failed ({view.reason})" if view.state == "failed"
+           else f"is {view.state}; it has no estimate until it is done")
+    return HTTPException(409, f"round {round_id} {why}")
 
 
-def npy_stream(values: NDArray[np.float64]) -> Iterator[bytes]:
-    """An ``.npy`` file (format 1.0, little-endian float64), header first, then the data."""
-    m, d = values.shape
-    head = io.BytesIO()
-    np.lib.format.write_array_header_1_0(head, {
-        "descr": "<f8", "fortran_order": False, "shape": (d,) if m == 1 else (m, d)})
-    yield head.getvalue()
-    for row in values:
-        for chunk in _chunks(row):
-            yield np.ascontiguousarray(chunk, dtype="<f8").tobytes()
+async def _file_chunks(f: BinaryIO) -> AsyncIterator[bytes]:
+    """A rendered body's bytes, read in worker threads; the file closed at the end (or
+    when the client goes away)."""
+    try:
+        while chunk := await anyio.to_thread.run_sync(f.read, READ_BYTES):
+            yield chunk
+    finally:
+        f.close()
 
 
-def json_stream(est: EstimateView) -> Iterator[bytes]:
-    """The provenance fields, then ``"estimate"``: a list of d numbers (of m lists when
-    m > 1); a value that is not finite is ``null``."""
-    head = json.dumps(provenance(est), separators=(",", ":"))
-    m = est.values.shape[0]
-    yield (head[:-1] + ',"estimate":' + ("[" if m == 1 else "[[")).encode()
-    for j, row in enumerate(est.values):
-        if j:
-            yield b"],["
-        for i, chunk in enumerate(_chunks(row)):
-            yield ((b"," if i else b"") + _decimal(chunk, "null").encode())
-    yield b"]}" if m == 1 else b"]]}"
-
-
-def csv_stream(values: NDArray[np.float64]) -> Iterator[bytes]:
-    """One line per vector slot, d comma-separated values (``nan``/``inf`` as Python
-    writes them, which ``rpsagg-client --vectors`` refuses)."""
-    for row in values:
-        for i, chunk in enumerate(_chunks(row)):
-            yield ((b"," if i else b"") + _decimal(chunk, "nan").encode())
-        yield b"\n"
+def bodies(request: Request) -> BodyCache:
+    """The app's :class:`BodyCache` (made at the first use)."""
+    cache: BodyCache | None = getattr(request.app.state, "bodies", None)
+    if cache is None:
+        raise RuntimeError("the app has no body cache (create_app makes it)")
+    return cache
 
 
 @router.get(
@@ -122,33 +124,40 @@ def csv_stream(values: NDArray[np.float64]) -> Iterator[bytes]:
               "the JSON document)"},
         404: {"description": "No round with this id"},
         409: {"description": "The round has no estimate (not finished, or failed)"},
-        503: {"description": "The estimate could not be read back from the database"},
+        503: {"description": "The estimate could not be read back from the database or "
+              "formatted, or too many bodies are being formatted (then with Retry-After)"},
     })
-def get_estimate(
+async def get_estimate(
+    request: Request,
     state: StateDep,
     round_id: Annotated[int, Path(ge=1, description="Round id (rounds count from 1).")],
     format: Annotated[Literal["json", "npy", "csv"], Query(
         description="json (default): provenance and the values; npy: a NumPy .npy file; "
         "csv: one vector per line.")] = "json",
 ) -> StreamingResponse:
-    """The decoded mean of a done round, streamed in chunks, with what it came from: n'
-    (clients decoded), scheme, transform, n, k, d and the bytes received. Shape ``(d,)``,
-    or ``(m, d)`` for m vectors per round. Every format gives the same float64 values."""
+    """The decoded mean of a done round, with what it came from: n' (clients decoded),
+    scheme, transform, n, k, d, m and the bytes received. Shape ``(d,)``, or ``(m, d)``
+    for m vectors per round. Every format gives the same float64 values."""
+    info = state.estimate_info(round_id)
+    if info is None:
+        raise _missing(state, round_id)
+    headers = _headers(info, format)
+    if format == "npy":
+        est = await run_in_threadpool(_read, state, round_id)
+        return StreamingResponse(npy_stream(est.values), media_type=MEDIA[format],
+                                 headers=headers)
+
+    def load() -> tuple[dict[str, Any], NDArray[np.float64]]:
+        est = _read(state, round_id)
+        return provenance(est, est.values.shape[0]), est.values
+
     try:
-        est = state.estimate(round_id)  # an evicted round's is read from the database
-    except ReadError as exc:
-        raise HTTPException(503, f"round {round_id}'s estimate could not be read back: "
+        f, size = await bodies(request).open(round_id, format, load)
+    except RenderBusy as exc:
+        raise HTTPException(503, f"{exc}; try again shortly",
+                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+    except RenderError as exc:
+        raise HTTPException(503, f"round {round_id}'s {format} body could not be formatted: "
                             f"{exc.reason}") from None
-    if est is None:
-        view = state.round_detail(round_id)
-        if view is None:
-            newest = state.rounds(limit=1)
-            known = (f"rounds 1..{newest[0].round_id} exist" if newest
-                     else "no round exists yet")
-            raise HTTPException(404, f"round {round_id} not found ({known})")
-        why = (f"failed ({view.reason})" if view.state == "failed"
-               else f"is {view.state}; it has no estimate until it is done")
-        raise HTTPException(409, f"round {round_id} {why}")
-    body = (json_stream(est) if format == "json" else npy_stream(est.values)
-            if format == "npy" else csv_stream(est.values))
-    return StreamingResponse(body, media_type=MEDIA[format], headers=_headers(est, format))
+    headers["Content-Length"] = str(size)
+    return StreamingResponse(_file_chunks(f), media_type=MEDIA[format], headers=headers)
