@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from service_util import (
+    check_blockwise_rounds_bitwise,
     check_rounds_against_inprocess,
     run_local_job,
 )
@@ -157,6 +158,25 @@ def test_ray_blockwise_decode_equals_local_bitwise(ray_cluster: Cluster) -> None
         assert result.error_estimate == want.error_estimate
 
 
+@pytest.mark.parametrize("block_size", [2**12, 0], ids=["blockwise", "whole"])
+def test_ray_quantized_decode_equals_local_bitwise(ray_cluster: Cluster,
+                                                   block_size: int) -> None:
+    # 8-bit values (blockwise: one scale per block, docs/wire-format.md section 15): the
+    # codes and scales travel to the tasks, so the error estimate keeps the rounding variance
+    n, k, d = 6, 96, 3 * 2**12 + 5
+    est = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d, value_bits=8,
+                                block_size=block_size or None, projection="srht",
+                                method="cg")  # as the float test above
+    batches = [encode_all(est, n, d, salt) for salt in (3, 4)]
+    assert batches[0][0].scales is not None
+    assert batches[0][0].scales.size == (4 if block_size else 1)
+    for batch, result in zip(batches, raydecode.decode_vectors(est, batches), strict=True):
+        want = est.decode_with_info(batch)
+        assert np.array_equal(result.estimate, want.estimate)
+        assert result.error_estimate == want.error_estimate
+        assert want.error_estimate is not None and want.error_estimate.quantization > 0
+
+
 def test_ray_whole_vector_decode_equals_local_bitwise(ray_cluster: Cluster) -> None:
     n, k, d = 6, 100, 1000
     est = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d, transform=1.5)
@@ -254,3 +274,19 @@ def test_ray_service_round_decoded_on_the_cluster(ray_cluster: Cluster, tmp_path
                        extra=["--decode-backend", "ray", "--ray-address", ray_cluster.address],
                        env={**os.environ, **RAY_ENV})
     assert check_rounds_against_inprocess(db, n, k, d, "rand-proj-spatial") == rounds
+
+
+@pytest.mark.parametrize("value_bits", [32, 8])
+@pytest.mark.timeout(300)
+def test_ray_service_blockwise_job_is_the_library_decode_bitwise(
+    ray_cluster: Cluster, tmp_path: Path, value_bits: int
+) -> None:
+    # --block-size: the rounds fan out per block group on the cluster, and every stored
+    # estimate equals the library's decode of the stored messages bit for bit
+    n, k, d, b, rounds = 4, 160, 1000, 128, 2
+    db = run_local_job(tmp_path, n, k, d, rounds, data_r=2,
+                       extra=["--decode-backend", "ray", "--ray-address", ray_cluster.address,
+                              "--block-size", str(b), "--value-bits", str(value_bits)],
+                       env={**os.environ, **RAY_ENV})
+    assert check_blockwise_rounds_bitwise(db, n, k, d, b, value_bits) == rounds
+    assert "decode tasks ran on" in (tmp_path / "server.log").read_text()

@@ -226,6 +226,10 @@ class AggregationClient:
             if enc.codes is None or enc.scales is None:
                 payloads.append(VectorPayload(values=enc.values, indices=enc.indices,
                                               reference=ref))
+            elif est.scale_counts is not None:  # blockwise: a scale per block, scale 0
+                payloads.append(VectorPayload(
+                    values=np.empty(0, np.float32), indices=enc.indices, reference=ref,
+                    codes=enc.codes, value_bits=enc.value_bits, scales=enc.scales))
             else:
                 payloads.append(VectorPayload(
                     values=np.empty(0, np.float32), indices=enc.indices, reference=ref,

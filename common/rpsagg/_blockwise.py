@@ -40,6 +40,18 @@ from rpsagg.spec import MASK64, SPEC_V1, SPEC_V5, TAG_BLOCK, check_seed, mix64
 
 FloatArray = NDArray[np.float64]
 
+#: ``block_size="auto"`` (the service's ``--block-size auto``, Flower's strategy): vectors
+#: of more than this many coordinates are encoded blockwise ...
+AUTO_BLOCK_THRESHOLD = 1 << 20
+#: ... in blocks of this many coordinates.
+AUTO_BLOCK_SIZE = 1 << 18
+
+
+def auto_block_size(d: int) -> int:
+    """The block size ``auto`` picks for dimension ``d``: :data:`AUTO_BLOCK_SIZE` when
+    ``d > AUTO_BLOCK_THRESHOLD``, else 0 (one transform over all of ``d``)."""
+    return AUTO_BLOCK_SIZE if d > AUTO_BLOCK_THRESHOLD else 0
+
 
 def block_seed(seed: int, block: int) -> int:
     """Transform seed of block ``block``: ``mix64(mix64(seed XOR TAG_BLOCK) XOR block)``."""

@@ -20,7 +20,7 @@ Examples
 True
 """
 
-from rpsagg._blockwise import block_seed
+from rpsagg._blockwise import AUTO_BLOCK_SIZE, AUTO_BLOCK_THRESHOLD, auto_block_size, block_seed
 from rpsagg._dct import JointDCT, dct_encode, dct_matrix
 from rpsagg._fwht import BACKEND as FWHT_BACKEND
 from rpsagg._fwht import fwht
@@ -29,11 +29,14 @@ from rpsagg._projection import PROJECTIONS
 from rpsagg._srht import JointSRHT, product_path, srht_encode, srht_matrix
 
 __all__ = [
+    "AUTO_BLOCK_SIZE",
+    "AUTO_BLOCK_THRESHOLD",
     "FWHT_BACKEND",
     "PROJECTIONS",
     "JointDCT",
     "JointHBlocks",
     "JointSRHT",
+    "auto_block_size",
     "block_seed",
     "dct_encode",
     "dct_matrix",

@@ -33,6 +33,7 @@ from pydantic_settings import (
 )
 
 from rpsagg import ESTIMATOR_NAMES, QUANTIZER_NAMES
+from rpsagg.projections import AUTO_BLOCK_SIZE, AUTO_BLOCK_THRESHOLD, auto_block_size
 from rpsagg.schemes import DEFAULT_ESTIMATOR, names_where, scheme_traits
 from rpsagg.tasks import DATA_SOURCES, EXTERNAL_DATA, TASKS
 
@@ -45,6 +46,26 @@ EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 VALUE_BITS_AUTO = 0
 #: the widths ``--value-bits auto`` chooses from
 AUTO_VALUE_BITS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
+
+
+#: ``--block-size auto`` (stored as -1): blockwise in blocks of AUTO_BLOCK_SIZE for d above
+#: AUTO_BLOCK_THRESHOLD (rpsagg.projections.auto_block_size)
+BLOCK_SIZE_AUTO = -1
+
+
+def parse_block_size(value: object) -> int:
+    """``--block-size`` as given: 0 (one transform over all of d), a power of two >= 2, or
+    ``auto`` (stored as :data:`BLOCK_SIZE_AUTO`)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return BLOCK_SIZE_AUTO
+    try:
+        size = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        size = -1
+    if (isinstance(value, float) and value != size) or isinstance(value, bool) or not (
+            size == 0 or (size >= 2 and size & (size - 1) == 0)):
+        raise ValueError(f"--block-size must be 0, a power of two >= 2 or auto; got {value!r}")
+    return size
 
 
 def parse_value_bits(value: object) -> int:
@@ -88,6 +109,7 @@ class ServerConfig:
     transform: str = "avg"
     value_bits: int = 32
     bits: int = 0
+    block_size: int = 0
     task: str = "power-iteration"
     rounds: int = 10
     round_timeout: float = 30.0
@@ -145,6 +167,7 @@ class ServerConfig:
         elif self.bits != 0:
             raise ValueError(f"--bits applies to {BITS_SCHEMES}; use --value-bits for "
                              f"{self.estimator}")
+        self._check_block_size(traits.takes_projection)
         if self.task not in TASKS:
             raise ValueError(f"--task must be one of {', '.join(TASKS)}; got {self.task!r}")
         if self.d == 0 and self.data != EXTERNAL_DATA:
@@ -283,6 +306,35 @@ class ServerConfig:
         if self.event_loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
             raise ValueError("--event-loop uvloop needs uvloop: pip install uvloop")
 
+    def _check_block_size(self, takes_projection: bool) -> None:
+        """``--block-size``: Rand-Proj-Spatial only, a known d, and at least one value per
+        block (k, and --k-min with --target-rel-error, >= ceil(d / block size))."""
+        if self.block_size == 0:
+            return
+        if self.block_size != BLOCK_SIZE_AUTO:
+            parse_block_size(self.block_size)
+        if not takes_projection:
+            raise ValueError(f"--block-size applies to --estimator {PROJECTION_SCHEMES}")
+        if self.d == 0:
+            raise ValueError("--block-size needs --d (a job whose d comes from the first "
+                             "join runs one transform over all of d)")
+        size = self.block_size_for(self.d)
+        if size:
+            blocks = -(-self.d // size)
+            least = self.k_min if self.target_rel_error > 0 else self.k
+            if least < blocks:
+                flag = "--k-min" if self.target_rel_error > 0 else "--k"
+                raise ValueError(f"{flag} must be >= the number of blocks ceil(d / block "
+                                 f"size) = {blocks} with --block-size {size}; got {least}")
+
+    def block_size_for(self, d: int) -> int:
+        """The block size of a job of dimension ``d``: ``--block-size``, or for ``auto``
+        :data:`~rpsagg.projections.AUTO_BLOCK_SIZE` when ``d`` exceeds
+        :data:`~rpsagg.projections.AUTO_BLOCK_THRESHOLD` (0: one transform over all of d)."""
+        if self.block_size == BLOCK_SIZE_AUTO:
+            return auto_block_size(d)
+        return self.block_size
+
     @property
     def d_limit(self) -> int:
         """The largest d this server takes: ``--max-d``, or automatic
@@ -409,6 +461,11 @@ def _parser() -> argparse.ArgumentParser:
         f"{', '.join(map(str, AUTO_VALUE_BITS))}, and k with the fewest bytes that meet the "
         "target)",
         "bits": "eden (1, 2, 4, 8) and qsgd (1..16): bits per coordinate",
+        "block_size": "rand-proj-spatial: encode and decode blocks of this many coordinates "
+        "(a power of two >= 2) independently, each with its own SRHT (and, with --value-bits, "
+        "its own float32 scale); announced as RoundInfo.block_size. 0 (default): one "
+        "transform over all of d; auto: blocks of "
+        f"{AUTO_BLOCK_SIZE} for d above {AUTO_BLOCK_THRESHOLD}, else 0",
         "transform": "avg, max, one, auto (smoothed R_hat) or a number R",
         "task": f"one of {', '.join(TASKS)}",
         "rounds": "rounds (task steps) to run; 0: until stopped (the first SIGINT or SIGTERM "
@@ -460,6 +517,8 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument(flag, action="store_true", default=None, help=helps[name])
         elif name == "value_bits":
             p.add_argument(flag, type=_value_bits_flag, default=None, help=helps[name])
+        elif name == "block_size":
+            p.add_argument(flag, type=_block_size_flag, default=None, help=helps[name])
         else:
             p.add_argument(flag, type=_flag_type(info), default=None, help=helps[name])
     return p
@@ -469,6 +528,14 @@ def _value_bits_flag(text: str) -> int:
     """argparse's type for ``--value-bits`` (its message kept)."""
     try:
         return parse_value_bits(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _block_size_flag(text: str) -> int:
+    """argparse's type for ``--block-size`` (its message kept)."""
+    try:
+        return parse_block_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -492,6 +559,14 @@ class _SettingsBase(BaseSettings):
         if isinstance(value, int) and not isinstance(value, bool) and value == VALUE_BITS_AUTO:
             return value
         return parse_value_bits(value)
+
+    @field_validator("block_size", mode="before", check_fields=False)
+    @classmethod
+    def _block_size(cls, value: Any) -> int:
+        """``auto`` from the environment or a config file (a value already read: as is)."""
+        if isinstance(value, int) and not isinstance(value, bool) and value == BLOCK_SIZE_AUTO:
+            return value
+        return parse_block_size(value)
 
     @field_validator(*sorted(_BOOL), mode="before", check_fields=False)
     @classmethod

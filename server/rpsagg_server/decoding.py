@@ -102,18 +102,33 @@ class DecodeOutcome:
     estimated_error: EstimatedError | None = None
 
 
-def payload_values(v: VectorPayload, codebook: str) -> NDArray[np.float32]:
+def _scales(v: VectorPayload, counts: Sequence[int] | None) -> NDArray[np.float32]:
+    """A quantized vector's scales: its one ``scale``, or its block scales (``counts``: the
+    values per block of a blockwise job)."""
+    if counts is None:
+        return np.array([v.scale], np.float32)
+    return np.zeros(0, np.float32) if v.scales is None else v.scales
+
+
+def payload_values(v: VectorPayload, codebook: str,
+                   counts: Sequence[int] | None = None) -> NDArray[np.float32]:
     """The values a vector sends: its float32 values, or its codes decoded with its scale
-    (``ValueError`` for codes outside the code book)."""
+    (with one scale per block where ``counts``, the values per block, is given;
+    ``ValueError`` for codes outside the code book)."""
     if v.codes is None:
         return v.values
-    return dequantize(codebook, v.codes, np.array([v.scale], np.float32), v.value_bits)
+    return dequantize(codebook, v.codes, _scales(v, counts), v.value_bits, counts)
 
 
 def messages(
-    subs: Sequence[Submission], nonce: int, scheme: str, k: int, d: int, j: int
+    subs: Sequence[Submission], nonce: int, scheme: str, k: int, d: int, j: int,
+    counts: Sequence[int] | None = None,
 ) -> list[Encoded]:
-    """The ``Encoded`` messages of vector ``j`` of every submission, in the given order."""
+    """The ``Encoded`` messages of vector ``j`` of every submission, in the given order.
+
+    ``counts``: the values per block scale of a blockwise job's quantized vectors
+    (``WireProfile.scale_counts``); None where a quantized vector has one scale.
+    """
     out = []
     codebook = message_codebook(scheme)
     for s in subs:
@@ -122,9 +137,9 @@ def messages(
         if v.codes is None:
             out.append(Encoded(scheme, seed, k, d, v.values, v.indices))
         else:
-            out.append(Encoded(scheme, seed, k, d, payload_values(v, codebook), v.indices,
-                               value_bits=v.value_bits, codes=v.codes,
-                               scales=np.array([v.scale], np.float32)))
+            out.append(Encoded(scheme, seed, k, d, payload_values(v, codebook, counts),
+                               v.indices, value_bits=v.value_bits, codes=v.codes,
+                               scales=_scales(v, counts)))
     return out
 
 
@@ -196,7 +211,8 @@ def decode_round(
     beta = c = math.nan
     r_hat = math.nan
     wire = estimator.wire
-    batches = [messages(subs, nonce, wire.scheme, k, d, j) for j in range(m)]
+    batches = [messages(subs, nonce, wire.scheme, k, d, j, wire.scale_counts)
+               for j in range(m)]
     results: list[DecodeResult]
     if options.backend == "ray":
         from rpsagg_server import raydecode

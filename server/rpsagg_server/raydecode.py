@@ -1,8 +1,8 @@
 """Decoding rounds on a Ray cluster (``--decode-backend ray``, extra ``rpsagg-server[ray]``).
 
 A round's messages go to Ray's object store once (one object: the seeds and the float32
-values of every vector); tasks read them from there (zero-copy on their node) and return
-estimates. The fan-out:
+values of every vector, the codes and scales of quantized ones); tasks read them from there
+(zero-copy on their node) and return estimates. The fan-out:
 
 * Rand-Proj-Spatial (one joint system per vector): one task per vector of the round.
 * Blockwise Rand-Proj-Spatial: one task per group of consecutive blocks per vector, each
@@ -62,14 +62,37 @@ class Payload:
     k: int
     d: int
     seeds: NDArray[np.uint64]  # (m, n')
-    values: NDArray[np.float32]  # (m, n', k)
+    values: NDArray[np.float32]  # (m, n', k): the values (of quantized messages: decoded)
+    value_bits: int = 32
+    codes: NDArray[np.uint32] | None = None  # (m, n', k) for quantized messages
+    scales: NDArray[np.float32] | None = None  # (m, n', scales per message)
 
     def batch(self, j: int) -> list[Encoded]:
-        """The messages of vector ``j``."""
+        """The messages of vector ``j`` (quantized ones with their codes and scales, so that
+        the error estimate keeps their rounding variance, as in the local decode)."""
+        if self.codes is None or self.scales is None:
+            return [
+                Encoded(self.scheme, int(s), self.k, self.d, v)
+                for s, v in zip(self.seeds[j], self.values[j], strict=True)
+            ]
         return [
-            Encoded(self.scheme, int(s), self.k, self.d, v)
-            for s, v in zip(self.seeds[j], self.values[j], strict=True)
+            Encoded(self.scheme, int(s), self.k, self.d, v, value_bits=self.value_bits,
+                    codes=c, scales=sc)
+            for s, v, c, sc in zip(self.seeds[j], self.values[j], self.codes[j],
+                                   self.scales[j], strict=True)
         ]
+
+
+def _codes(m: Encoded) -> NDArray[np.uint32]:
+    if m.codes is None:
+        raise ValueError("a round mixes quantized and float32 messages")
+    return m.codes
+
+
+def _scales(m: Encoded) -> NDArray[np.float32]:
+    if m.scales is None:
+        raise ValueError("a round mixes quantized and float32 messages")
+    return m.scales
 
 
 def connect(address: str | None) -> None:
@@ -165,10 +188,15 @@ def decode_vectors(estimators: Estimator | Sequence[Estimator],
         if not isinstance(e, RandProjSpatial | BlockwiseRandProjSpatial):
             raise ValueError(f"the Ray backend decodes rand-proj-spatial, not {e.name}")
     n_prime = len(batches[0])
+    first = batches[0][0]
+    quantized = first.codes is not None
     payload = Payload(
         estimator.name, estimator.k, estimator.d,
         np.array([[m.seed for m in b] for b in batches], dtype=np.uint64),
         np.stack([np.stack([m.values for m in b]) for b in batches]),
+        first.value_bits,
+        np.stack([np.stack([_codes(m) for m in b]) for b in batches]) if quantized else None,
+        np.stack([np.stack([_scales(m) for m in b]) for b in batches]) if quantized else None,
     )
     ref = ray.put(payload)  # once per round; every task reads it from the object store
     task = _remote_task()

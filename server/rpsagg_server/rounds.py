@@ -149,6 +149,7 @@ class RoundEngine:
                                       transform=c.transform,
                                       prior_r=prior if c.transform == "auto" else None,
                                       projection=self.projection,
+                                      block_size=c.block_size_for(c.d),
                                       value_bits=bits, bits=c.bits)
 
     def _base_estimator(self) -> Estimator:

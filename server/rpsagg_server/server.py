@@ -74,12 +74,14 @@ def max_request_bytes(cfg: ServerConfig, m: int, wire: WireProfile) -> int:
     RESOURCE_EXHAUSTED before it is buffered or parsed.
 
     ``wire`` is what the job's estimator sends (values counted as 4 bytes each, which
-    bounds packed codes too).
+    bounds packed codes too; a blockwise job adds 4 bytes per block for the block scales
+    of quantized values).
     """
     values = wire.max_values
     indices = values if wire.sends_indices else 0
     reference = 8 * cfg.d if cfg.eval else 0
-    per_vector = 4 * values + 4 * indices + reference + 32
+    scales = 4 * -(-wire.d // wire.block_size) if wire.block_size else 0
+    per_vector = 4 * values + 4 * indices + reference + scales + 32
     return int(1.25 * (m * per_vector + 1024)) + 4096
 
 
