@@ -367,13 +367,14 @@ def _one(est: Estimator, arrays: ArrayRecord, scheme: object, count: int, value_
         packed = _from_raw(arrays, "codes" + suffix, "uint8").tobytes()
         codes = unpack_codes(packed, count, est.value_bits)
         scales = _from_raw(arrays, "scale" + suffix, "float32").astype(np.float32)
-        values32 = dequantize(est.codebook, codes, scales, est.value_bits)
+        values32 = dequantize(est.codebook, codes, scales, est.value_bits, est.scale_counts)
         msg = Encoded(est.name, seed, est.k, est.d, values32, indices,
                       value_bits=est.value_bits, codes=codes, scales=scales)
     # the decoder's own checks (finite values, indices in [0, d), counts), one reply at a
     # time: a bad reply is dropped instead of failing the whole round's decode
     check_batch([msg], scheme=est.name, n=est.n, k=est.k, d=est.d,
-                values_per_message=est.values_per_message, value_bits=est.value_bits)
+                values_per_message=est.values_per_message, value_bits=est.value_bits,
+                scales_per_message=1 if est.scale_counts is None else len(est.scale_counts))
     return msg
 
 

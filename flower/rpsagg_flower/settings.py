@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from flwr.app import ConfigRecord
 
 from rpsagg import ESTIMATOR_NAMES, QUANTIZER_NAMES, Estimator, make_estimator
+from rpsagg.projections import AUTO_BLOCK_SIZE, AUTO_BLOCK_THRESHOLD
 from rpsagg.schemes import scheme_traits
 
 #: Prefix of every key this package adds to a ``ConfigRecord``.
@@ -33,10 +34,10 @@ KEY_ERROR_FEEDBACK = PREFIX + "error-feedback"
 KEY_LAYER_K = PREFIX + "layer-k"
 KEY_LAYER_BLOCK = PREFIX + "layer-block-size"
 
-#: Models with more coordinates than this are encoded blockwise by ``block_size="auto"``
-#: (Rand-Proj-Spatial with float32 values only), in blocks of :data:`AUTO_BLOCK_SIZE`.
-AUTO_BLOCK_THRESHOLD = 1 << 20
-AUTO_BLOCK_SIZE = 1 << 18
+# Models with more coordinates than AUTO_BLOCK_THRESHOLD are encoded blockwise by
+# block_size="auto" (Rand-Proj-Spatial, float32 or quantized values), in blocks of
+# AUTO_BLOCK_SIZE: the library's constants, which the service's --block-size auto uses too.
+__all__ = ["AUTO_BLOCK_SIZE", "AUTO_BLOCK_THRESHOLD"]
 
 
 def nonce_to_bytes(nonce: int) -> bytes:

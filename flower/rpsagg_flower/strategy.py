@@ -111,8 +111,9 @@ class RandProjSpatialFedAvg(FedAvg):
         Bits per coordinate of ``"eden"`` (1, 2, 4, 8) and ``"qsgd"`` (1..16).
     block_size : int, "auto" or None
         Rand-Proj-Spatial: encode blocks of this many (a power of two) coordinates
-        independently. ``"auto"``: blocks of 2^18 when the model has more than 2^20
-        coordinates and the values are float32, else one transform. None: one transform.
+        independently (with ``value_bits < 32``, one float32 scale per block). ``"auto"``:
+        blocks of 2^18 when the model has more than 2^20 coordinates, else one transform.
+        None: one transform.
     projection : {"auto", "srht", "dct", "hblocks"}
         Rand-Proj-Spatial's projection (``rpsagg.make_estimator``).
     weighted : bool
@@ -244,7 +245,7 @@ class RandProjSpatialFedAvg(FedAvg):
     def _block_size(self, d: int) -> int | None:
         if self.block_size != "auto":
             return self.block_size  # type: ignore[return-value]
-        big = d > AUTO_BLOCK_THRESHOLD and self.value_bits == 32
+        big = d > AUTO_BLOCK_THRESHOLD
         blockwise = scheme_traits(self.estimator_name).takes_projection  # the seeded projection
         return AUTO_BLOCK_SIZE if big and blockwise else None
 

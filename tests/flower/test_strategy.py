@@ -219,11 +219,14 @@ def test_blockwise_r_hat_sums_the_blocks() -> None:
     assert rnd.metrics["rpsagg.r-hat"] == pytest.approx(cross / norms, rel=1e-9)
 
 
-def test_big_model_is_encoded_blockwise() -> None:
-    """A model of more than 2^20 coordinates is encoded in blocks of 2^18 by default."""
+@pytest.mark.parametrize("value_bits", [32, 8])
+def test_big_model_is_encoded_blockwise(value_bits: int) -> None:
+    """A model of more than 2^20 coordinates is encoded in blocks of 2^18 by default, with
+    float32 values or b-bit codes (one scale per block, docs/wire-format.md section 15)."""
     shapes = {"emb": ((1 << 20,), "float32"), "head": ((64,), "float32")}
     arrays = model(shapes)
-    strategy = RandProjSpatialFedAvg("rand-proj-spatial", k=64, weighted=False)
+    strategy = RandProjSpatialFedAvg("rand-proj-spatial", k=64, weighted=False,
+                                     value_bits=value_bits)
     rng = np.random.default_rng(4)
     ups = {n: rng.standard_normal((1 << 20) + 64).astype(np.float32).astype(np.float64)
            for n in NODES[:2]}
@@ -236,6 +239,13 @@ def test_big_model_is_encoded_blockwise() -> None:
     assert rnd.arrays is not None and rnd.metrics is not None
     assert [a.shape for a in rnd.arrays.to_numpy_ndarrays()] == [(1 << 20,), (64,)]
     assert rnd.metrics["rpsagg.compression-ratio"] > 10_000
+    if value_bits < 32:  # the replies carry a scale per block: 5 blocks of 2^18
+        from rpsagg_flower.payload import _from_raw
+
+        scales = [_from_raw(rec, name, "float32")
+                  for rec in rnd.replies[0].content.array_records.values()
+                  for name in rec if name.startswith("scale")]
+        assert [a.size for a in scales] == [5]
 
 
 def test_replies_that_do_not_fit_are_dropped() -> None:
