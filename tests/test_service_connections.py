@@ -23,12 +23,14 @@ import resource
 import socket
 import ssl
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import pytest
-from service_util import make_certs, server_command
+from service_util import make_certs, server_command, wait_until
 from test_http_exposure import connect, http_get, metric, server, wait_closed
 
 from rpsagg_client import AggregationClient
@@ -250,3 +252,122 @@ def test_https_connections_close_at_their_deadlines(tmp_path: Path, tls_dir: Pat
         assert got.startswith(b"HTTP/1.1 200 "), got[:80]
         assert took < 5.0 + 2.0, took
         kept.close()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("kind", ["nothing", "settings"])
+def test_a_held_grpc_flood_is_displaced_for_fresh_clients(tmp_path: Path, kind: str) -> None:
+    """With deadlines far away (60 s), only displacement makes room: the flood fills gRPC's
+    cap, the guard shuts down the oldest connections without a call in flight, fresh
+    clients then Join at their first attempt (no retry), and a call in flight (a GetResult
+    waiting for its round) is never cut."""
+    limit = 1024
+    flood_n = limit - 24
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < flood_n + 300:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, flood_n + 500), hard))
+    flags = ["--grpc-handshake-timeout", "60", "--grpc-idle-timeout", "60"]
+    with server(tmp_path, *flags, preexec=_limit(limit)) as srv:
+        base = f"http://127.0.0.1:{srv.http_port}"
+        target = f"127.0.0.1:{srv.grpc_port}"
+        flood: list[socket.socket] = []
+        clients: list[AggregationClient] = []
+        waiter = AggregationClient(target, "waiter", insecure=True, timeout=120,
+                                   retry_budget=0)  # any cut is an error, not a retry
+        failure: list[BaseException] = []
+        try:
+            waiter.join()
+            round_id = waiter.current_round().round_id
+
+            def wait_for_round() -> None:
+                try:
+                    waiter.result(round_id, wait=True, timeout=120)
+                except BaseException as exc:  # reported below
+                    failure.append(exc)
+
+            waiting = threading.Thread(target=wait_for_round, daemon=True)
+            waiting.start()
+            for _ in range(flood_n):
+                flood.append(connect(srv.grpc_port, FIRST[kind]))
+            displaced = _metric_wait(base, "rpsagg_grpc_connections_displaced_total",
+                                     lambda v: v > 0, 30)
+            assert srv.open_fds() <= limit
+            for i in range(10):  # a place is free: the first attempt succeeds
+                c = AggregationClient(target, f"c{i}", insecure=True, timeout=10,
+                                      retry_budget=0)
+                clients.append(c)
+                assert c.join().client_index == i + 1
+            # the displaced sockets were closed by the server, the others are held (their
+            # deadlines are 60 s away)
+            closed = [s for s in flood if _closed(s)]
+            assert displaced <= len(closed) < flood_n
+            assert waiting.is_alive() and not failure, failure
+            assert srv.proc.poll() is None
+        finally:
+            for c in clients:
+                c.close()
+            waiter.close()
+            for s in flood:
+                with contextlib.suppress(OSError):
+                    s.close()
+        log = srv.close()
+    assert "displaced" in log and "without a call in flight" in log, log[-2000:]
+
+
+def _closed(s: socket.socket) -> bool:
+    """Whether the server closed ``s`` (what it sent read and dropped, then EOF or reset)."""
+    try:
+        while s.recv(65536):
+            pass
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        pass
+    return True
+
+
+@pytest.mark.timeout(180)
+def test_a_flood_of_the_d0_stand_in_leaves_room_for_the_first_join(tmp_path: Path) -> None:
+    """Before the first join of a ``--d 0`` job a stand-in serves the port: it has the
+    job's connection bounds and displacement too, so a flood held open (deadlines 60 s
+    away) does not keep the first client out."""
+    limit = 1024
+    flood_n = limit - 24
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < flood_n + 300:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, flood_n + 500), hard))
+    flags = ["--d", "0", "--data", "external", "--grpc-handshake-timeout", "60",
+             "--grpc-idle-timeout", "60"]
+    with server(tmp_path, *flags, preexec=_limit(limit)) as srv:
+        flood: list[socket.socket] = []
+        try:
+            for _ in range(flood_n):
+                flood.append(connect(srv.grpc_port, FIRST["settings"]))
+            assert srv.open_fds() <= limit
+            # beyond the sockets gRPC's cap closed at accept, some were displaced
+            closed: set[socket.socket] = set()
+
+            def displaced() -> bool:
+                closed.update(s for s in flood if s not in closed and _closed(s))
+                return len(closed) > flood_n - GRPC_CAP[limit]
+
+            wait_until(displaced, 30, "flood connections displaced")
+            # the first attempt reaches the stand-in's handler (a place was free), which
+            # takes d and asks for a retry against the job's server
+            with AggregationClient(f"127.0.0.1:{srv.grpc_port}", "first", insecure=True,
+                                   timeout=10, retry_budget=0) as first:
+                with pytest.raises(grpc.RpcError) as refused:
+                    first.join(d=100)
+                assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert "the job starts with d = 100" in str(refused.value.details())
+            with AggregationClient(f"127.0.0.1:{srv.grpc_port}", "first", insecure=True,
+                                   timeout=10, retry_budget=30) as first:
+                assert first.join(d=100).client_index == 0
+            assert srv.proc.poll() is None
+        finally:
+            for s in flood:
+                with contextlib.suppress(OSError):
+                    s.close()
+        log = srv.close()
+    assert "takes d from the first client's join" in log and "displaced" in log, log[-2000:]
+    assert "d = 100" in log, log[-2000:]

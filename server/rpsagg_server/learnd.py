@@ -34,6 +34,7 @@ import grpc
 from rpsagg.tasks import make_task
 from rpsagg_server.auth import TokenBook, TokenInterceptor, abort, authorize
 from rpsagg_server.config import BYTES_PER_COORDINATE, ServerConfig, memory_limit
+from rpsagg_server.grpcguard import ConnectionGuard, grpc_connection_options, server_budget
 from rpsagg_server.jobs import job_id
 from rpsagg_server.live import Rejected, check_client_id
 from rpsagg_server.results import announced_k
@@ -172,13 +173,20 @@ async def learn_d(cfg: ServerConfig,
             log.info("[Server] d = %s, learned from the first join of this job", saved)
             return replace(cfg, d=int(saved))
         tokens = TokenBook.from_file(cfg.tokens) if cfg.tokens else None
-        server = grpc.aio.server(
-            interceptors=[] if tokens is None else [TokenInterceptor(tokens)],
-            options=[("grpc.so_reuseport", 0)])
+        # the job's own connection bounds and displacement (a flood before the first join
+        # must not keep the first client out either)
+        budget = server_budget(cfg)
+        guard = ConnectionGuard(0, budget.grpc)
+        interceptors: list[grpc.aio.ServerInterceptor] = [guard.interceptor()]
+        if tokens is not None:
+            interceptors.append(TokenInterceptor(tokens))
+        server = grpc.aio.server(interceptors=interceptors, options=[
+            ("grpc.so_reuseport", 0), *grpc_connection_options(cfg, budget.grpc)])
         first = _FirstJoin(cfg, store)
         server.add_generic_rpc_handlers((first.handler(),))
-        port = bind_grpc(server, cfg.host, cfg.grpc_port, credentials())
+        port = guard.port = bind_grpc(server, cfg.host, cfg.grpc_port, credentials())
         await server.start()
+        guard.start()
         log.info("[Server] listening on %s:%d; the job takes d from the first client's join "
                  "(at most --max-d %d%s)", cfg.host, port, first.max_d,
                  "" if cfg.max_d else f", automatic: {BYTES_PER_COORDINATE} bytes per "
@@ -194,6 +202,7 @@ async def learn_d(cfg: ServerConfig,
             await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopped.cancel()
+            await guard.stop()
             await server.stop(0.5)
             await _released(cfg.host, port)
         if not first.learned.done():

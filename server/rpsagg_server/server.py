@@ -32,16 +32,20 @@ from rpsagg_server import eventloop, jobs
 from rpsagg_server.auth import TokenBook, TokenInterceptor
 from rpsagg_server.config import ServerConfig, load_config
 from rpsagg_server.events import EventBus, SubmissionRefused
+from rpsagg_server.grpcguard import (
+    ConnectionGuard,
+    GuardCollector,
+    grpc_connection_options,
+    server_budget,
+)
 from rpsagg_server.http import ServerMetrics, create_app
 from rpsagg_server.http.auth import BearerAuth
 from rpsagg_server.http.connections import (
     ACCEPT_BACKLOG,
     ConnectionLimits,
     ConnectionsCollector,
-    DescriptorBudget,
     bounded_protocol,
     connection_cap,
-    descriptor_budget,
     descriptor_limit,
 )
 from rpsagg_server.learnd import learn_d
@@ -97,6 +101,7 @@ class RunningServer:
     port: int
     serving: bool = True
     task_monitor: TaskMonitor | None = None
+    guard: ConnectionGuard | None = None
 
     async def stop(self, grace: float = STOP_GRACE) -> None:
         """Report NOT_SERVING, stop serving (calls in flight get ``grace`` seconds to
@@ -105,39 +110,13 @@ class RunningServer:
         await self.health.enter_graceful_shutdown()
         self.engine.results.end_watches()
         await asyncio.sleep(0)  # let the streams finish
+        if self.guard is not None:
+            await self.guard.stop()
         await self.grpc_server.stop(grace)
         await self.engine.close()
         if self.task_monitor is not None:
             self.task_monitor.close()
         self.store.close()
-
-
-#: a connection is closed at most this long after --grpc-idle-timeout closes it gracefully
-#: (GOAWAY), and calls in flight when it reaches its maximum age get this long to finish
-GRPC_AGE_GRACE_S = 30.0
-#: a connection is recycled (GOAWAY, the client reconnects) after this long, so none is
-#: held forever by a client that keeps a stream open
-GRPC_MAX_AGE_S = 3600.0
-
-
-def grpc_connection_options(cfg: ServerConfig, cap: int) -> list[tuple[str, int]]:
-    """gRPC core's own bounds on the port's connections (channel arguments).
-
-    ``grpc.max_allowed_incoming_connections``: one connection beyond ``cap`` is closed
-    right after accept; ``grpc.server_handshake_timeout_ms``: the TLS handshake and the
-    client's HTTP/2 preface and SETTINGS must arrive within ``--grpc-handshake-timeout``
-    (a socket that sends nothing, or only the preface, is closed then);
-    ``grpc.max_connection_idle_ms``: a connection with no call in flight is closed after
-    ``--grpc-idle-timeout``; ``grpc.max_connection_age_ms``: every connection is recycled
-    after :data:`GRPC_MAX_AGE_S` (calls in flight get :data:`GRPC_AGE_GRACE_S`).
-    """
-    return [
-        ("grpc.max_allowed_incoming_connections", cap),
-        ("grpc.server_handshake_timeout_ms", int(cfg.grpc_handshake_timeout * 1000)),
-        ("grpc.max_connection_idle_ms", int(cfg.grpc_idle_timeout * 1000)),
-        ("grpc.max_connection_age_ms", int(GRPC_MAX_AGE_S * 1000)),
-        ("grpc.max_connection_age_grace_ms", int(GRPC_AGE_GRACE_S * 1000)),
-    ]
 
 
 def _credentials(cfg: ServerConfig) -> grpc.ServerCredentials | None:
@@ -192,7 +171,11 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
         monitor = TaskMonitor(cfg, engine.task, bus.publish)
         bus.subscribe(monitor.observe)
         limit = max_request_bytes(cfg, engine.m, engine.wire)
-        interceptors = [] if tokens is None else [TokenInterceptor(tokens, _count_refusal(bus))]
+        # displacement near the cap (its port is known once bound)
+        guard = ConnectionGuard(0, budget.grpc)
+        interceptors: list[grpc.aio.ServerInterceptor] = [guard.interceptor()]
+        if tokens is not None:
+            interceptors.append(TokenInterceptor(tokens, _count_refusal(bus)))
         server = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", 256 * 1024 * 1024),
@@ -204,6 +187,7 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         # bind before recovery, so a port in use is reported before anything is logged
         port = bind_grpc(server, cfg.host, cfg.grpc_port, creds)
+        guard.port = port
         try:
             await engine.start()
         except sqlite3.Error as exc:  # e.g. a read-only file or directory
@@ -222,13 +206,15 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
         if res.state == "done":  # the state is read back in the monitor's thread
             monitor.measure_later(rid, engine.archive.state_reader(rid))
     await server.start()
+    guard.start()
     for name in ("", serde.SERVICE):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("[Server] listening on %s:%d (%s, %s loop), max request %d bytes", cfg.host, port,
              "TLS" if creds else "insecure", eventloop.running_name(), limit)
     log.info("[Server] %s; gRPC handshake %g s, idle %g s", budget.describe(),
              cfg.grpc_handshake_timeout, cfg.grpc_idle_timeout)
-    running = RunningServer(server, engine, state, store, health, port, task_monitor=monitor)
+    running = RunningServer(server, engine, state, store, health, port, task_monitor=monitor,
+                            guard=guard)
     state.add_check("database", store.writable)  # the last transaction (or heartbeat) committed
     state.add_check("grpc", lambda: running.serving)
     state.add_check("beta", engine.beta.ready.is_set)
@@ -273,16 +259,6 @@ async def _serve_http(uv: Any, sockets: list[socket.socket]) -> None:
         await uv.serve(sockets=sockets)
     except SystemExit as exc:
         log.error("[Server] the dashboard exited (uvicorn status %s)", exc.code)
-
-
-def server_budget(cfg: ServerConfig) -> DescriptorBudget:
-    """The descriptor budget of ``cfg``'s two ports (:class:`StartupError` if the explicit
-    caps leave too few descriptors)."""
-    try:
-        return descriptor_budget(cfg.http_max_connections if cfg.http_port else None,
-                                 cfg.grpc_max_connections, descriptor_limit())
-    except ValueError as exc:
-        raise StartupError(str(exc)) from None
 
 
 def http_limits(cfg: ServerConfig) -> ConnectionLimits:
@@ -364,6 +340,8 @@ async def serve(
         metrics = getattr(getattr(app, "state", None), "metrics", None)
         if isinstance(metrics, ServerMetrics) and limits is not None:
             metrics.registry.register(ConnectionsCollector(limits))
+        if isinstance(metrics, ServerMetrics) and running.guard is not None:
+            metrics.registry.register(GuardCollector(running.guard))
         if http_tokens is not None:
             app = BearerAuth(app, http_tokens)
         uv, http_task = start_http(app, socks, limits)
