@@ -71,11 +71,16 @@ def test_every_format_is_the_estimate_bit_for_bit(tmp_path: Path) -> None:
             assert headers["x-rpsagg-n-prime"] == "2" and headers["x-rpsagg-d"] == str(D)
             assert headers["x-rpsagg-k"] == str(K)
             assert headers["x-rpsagg-wire-bytes"] == str(result.wire_bytes)
+            assert headers["x-rpsagg-m"] == str(M)
+            assert headers["x-rpsagg-shape"] == f"{M},{D}"
+            assert headers["x-rpsagg-projection"] == rnd.projection != ""
+            assert headers["x-rpsagg-contributors"] == "a,b"
         doc = _fetch(http, rnd.round_id, "json")[1]["doc"]
         assert {k: doc[k] for k in ("round_id", "n_prime", "n", "k", "d", "m", "shape")} == {
             "round_id": rnd.round_id, "n_prime": 2, "n": N, "k": K, "d": D, "m": M,
             "shape": [M, D]}
         assert doc["scheme"] == cfg.estimator and doc["contributors"] == ["a", "b"]
+        assert doc["projection"] == rnd.projection
         assert doc["bytes"] == {"wire": result.wire_bytes, "payload": result.payload_bytes}
         # streamed: no piece of the body holds more than one chunk of values
         est = srv.running.state.estimate(rnd.round_id)
@@ -105,3 +110,22 @@ def test_one_vector_per_round_has_shape_d(tmp_path: Path) -> None:
             assert got.shape == (32,) and np.array_equal(got, want)
         got, _ = _fetch(http, rnd.round_id, "csv")
         assert got.shape == (1, 32) and np.array_equal(got[0], want)  # one line per vector
+
+
+def test_schemes_without_k_say_k_0(tmp_path: Path) -> None:
+    """EDEN takes no k: the estimate's provenance says 0, as RoundInfo.k does, and no
+    projection."""
+    cfg = base_config(n=1, d=32, rounds=1, estimator="eden", bits=4, k=102)
+    with in_process_server(cfg) as srv:
+        http = TestClient(create_app(srv.running.state, CollectorRegistry()))
+        with AggregationClient(f"127.0.0.1:{srv.port}", "a", insecure=True) as a:
+            a.join()
+            rnd = a.current_round()
+            assert rnd.k == 0
+            a.submit(rnd, np.arange(32.0))
+            assert a.result(rnd.round_id, wait=True).state == "done"
+        _, headers = _fetch(http, rnd.round_id, "npy")
+        assert headers["x-rpsagg-k"] == "0" and headers["x-rpsagg-projection"] == ""
+        assert headers["x-rpsagg-shape"] == "32" and headers["x-rpsagg-m"] == "1"
+        doc = _fetch(http, rnd.round_id, "json")[1]["doc"]
+        assert doc["k"] == 0 and doc["projection"] == "" and doc["shape"] == [32]

@@ -11,7 +11,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rpsagg import SPEC_VERSIONS, Estimator, check_spec_version
-from rpsagg.schemes import WireProfile
+from rpsagg.schemes import WireProfile, scheme_traits
 from rpsagg.spec import SPEC_V3, SpecTooOld, UnknownSpecVersion
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.decoding import DecodeOutcome
@@ -366,20 +366,25 @@ class LiveRound:
             r_prior=self.r_prior, eval_errors=ev,
             arrivals=tuple(sorted(self.arrivals(), key=lambda a: clients.get(a.client_id, 0))),
             estimated_error=None if o is None else o.estimated_error,
-            k=self.k or cfg.k, value_bits=self.value_bits or cfg.value_bits or 32,
+            k=(self.k or cfg.k) if scheme_traits(cfg.estimator).takes_k else 0,
+            value_bits=self.value_bits or cfg.value_bits or 32,
         )
 
 
-    def estimate_info(self, view: RoundView, cfg: ServerConfig) -> EstimateInfo | None:
-        """What the round's estimate came from (None unless it is done)."""
+    def estimate_info(self, view: RoundView, cfg: ServerConfig, projection: str = ""
+                      ) -> EstimateInfo | None:
+        """What the round's estimate came from (None unless it is done); ``projection``:
+        the job's (the engine's encoding)."""
         o = self.outcome
         if o is None or self.state != "done":
             return None
+        k = (self.k or cfg.k) if scheme_traits(cfg.estimator).takes_k else 0
         return EstimateInfo(
             round_id=self.round_id, n_prime=o.n_prime, scheme=cfg.estimator,
-            transform=self.transform, n=cfg.n, k=self.k or cfg.k, d=cfg.d,
+            transform=self.transform, n=cfg.n, k=k, d=cfg.d,
             wire_bytes=view.wire_bytes,
-            payload_bytes=view.payload_bytes, contributors=view.clients_arrived)
+            payload_bytes=view.payload_bytes, contributors=view.clients_arrived,
+            projection=projection, m=cfg.mean_vectors)
 
     def arrays(self) -> RoundArrays | None:
         """A finished round's arrays as the engine holds them (None while it runs, and for

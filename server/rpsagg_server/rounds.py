@@ -269,7 +269,8 @@ class RoundEngine:
         if not current:
             self.results.record(live)
             self.publish(RoundRecovered(view, current=False,
-                                        estimate=live.estimate_info(view, self.cfg)))
+                                        estimate=live.estimate_info(view, self.cfg,
+                                                                     self.encoding[1])))
         else:
             self.publish(RoundRecovered(view, current=True))
 
@@ -459,7 +460,7 @@ class RoundEngine:
         view = self.view(live)
         if live.state == "done" and live.next_state is not None:
             self.publish(RoundDecoded(view, live.next_state, job_done,
-                                      live.estimate_info(view, self.cfg)))
+                                      live.estimate_info(view, self.cfg, self.encoding[1])))
         else:
             self.publish(RoundFailed(view, job_done, failure))
         if failure:

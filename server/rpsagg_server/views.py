@@ -211,12 +211,18 @@ class EstimateInfo:
     scheme, transform : str
         Estimator and the transform label it decoded with.
     n, k, d : int
-        The job's clients, floats per client per vector, and vector length.
+        The job's clients, values per client per vector (0 for schemes that take no k:
+        eden, qsgd), and vector length.
     wire_bytes, payload_bytes : int
         Serialized Submit requests received (evaluation references excluded), and their
         seeds, values and indices.
     contributors : tuple of str
         The client ids, in client-index order.
+    projection : str
+        The projection the sketches were encoded with (``srht``, ``hblocks``, ``dct``; ""
+        for schemes without one).
+    m : int
+        Vectors per client per round (``--mean-vectors``).
     """
 
     round_id: int
@@ -229,6 +235,8 @@ class EstimateInfo:
     wire_bytes: int
     payload_bytes: int
     contributors: tuple[str, ...]
+    projection: str = ""
+    m: int = 1
 
 
 @dataclass(frozen=True, eq=False)

@@ -5,8 +5,10 @@ Every format carries the same numbers bit for bit (:mod:`rpsagg_server.estimate_
 shape is ``(d,)`` for one vector per round and ``(m, d)`` for m (``--mean-vectors``); CSV
 has one vector per line, the format ``rpsagg-client --vectors`` reads.
 
-Provenance (the round, n', scheme, transform, n, k, d, m, bytes received) is in the JSON
-document and, for every format, in ``X-Rpsagg-*`` response headers.
+Provenance (the round, n', scheme, projection, transform, n, k, d, m, shape, bytes received,
+contributors) is in the JSON document and, for every format, in ``X-Rpsagg-*`` response
+headers (the contributors' ids, comma-separated, when they take at most
+:data:`CONTRIBUTORS_HEADER_MAX` bytes; k is 0 for schemes that take none).
 
 ``.npy`` is streamed from the values in chunks. JSON and CSV bodies are formatted once per
 round and format in a worker process and kept on disk within ``--http-body-cache-bytes``
@@ -46,6 +48,8 @@ MEDIA = {"json": "application/json", "npy": "application/octet-stream",
          "csv": "text/csv; charset=utf-8"}
 #: bytes per read of a rendered body
 READ_BYTES = 1 << 18
+#: the longest ``X-Rpsagg-Contributors`` sent (longer lists are in the JSON document only)
+CONTRIBUTORS_HEADER_MAX = 4096
 #: seconds a refused download is told to wait (``Retry-After``)
 RETRY_AFTER_S = 2
 
@@ -53,7 +57,8 @@ RETRY_AFTER_S = 2
 def provenance(est: EstimateInfo, m: int) -> dict[str, Any]:
     """What the estimate came from, as the JSON document's leading fields."""
     return {
-        "round_id": est.round_id, "scheme": est.scheme, "transform": est.transform,
+        "round_id": est.round_id, "scheme": est.scheme, "projection": est.projection,
+        "transform": est.transform,
         "n": est.n, "n_prime": est.n_prime, "k": est.k, "d": est.d, "m": m,
         "bytes": {"wire": est.wire_bytes, "payload": est.payload_bytes},
         "contributors": list(est.contributors),
@@ -62,7 +67,13 @@ def provenance(est: EstimateInfo, m: int) -> dict[str, Any]:
 
 
 def _headers(est: EstimateInfo, fmt: str) -> dict[str, str]:
+    contributors = ",".join(est.contributors)  # ids are [A-Za-z0-9._-]
     return {
+        "X-Rpsagg-M": str(est.m),
+        "X-Rpsagg-Shape": str(est.d) if est.m == 1 else f"{est.m},{est.d}",
+        "X-Rpsagg-Projection": est.projection,
+        **({"X-Rpsagg-Contributors": contributors}
+           if len(contributors) <= CONTRIBUTORS_HEADER_MAX else {}),
         "Content-Disposition":
             f'attachment; filename="rpsagg-round-{est.round_id}-estimate.{fmt}"',
         "X-Rpsagg-Round": str(est.round_id), "X-Rpsagg-N-Prime": str(est.n_prime),
