@@ -461,7 +461,7 @@ def _parser() -> argparse.ArgumentParser:
         f"{', '.join(map(str, AUTO_VALUE_BITS))}, and k with the fewest bytes that meet the "
         "target)",
         "bits": "eden (1, 2, 4, 8) and qsgd (1..16): bits per coordinate",
-        "block_size": "rand-proj-spatial: encode and decode blocks of this many coordinates "
+        "block_size": f"{PROJECTION_SCHEMES}: encode and decode blocks of this many coordinates "
         "(a power of two >= 2) independently, each with its own SRHT (and, with --value-bits, "
         "its own float32 scale); announced as RoundInfo.block_size. 0 (default): one "
         "transform over all of d; auto: blocks of "
