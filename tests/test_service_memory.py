@@ -94,6 +94,15 @@ class Server:
         with urllib.request.urlopen(url, timeout=60) as res:
             return _bytes(np.load(io.BytesIO(res.read()), allow_pickle=False)[None, :])
 
+    def metric(self, name: str) -> float:
+        """The value of the unlabelled sample ``name`` in ``/metrics``."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/metrics", timeout=30) as res:
+            text = res.read().decode()
+        values = [float(line.split()[1]) for line in text.splitlines()
+                  if line.split(" ", 1)[0] == name]
+        assert len(values) == 1, (name, values)
+        return values[0]
+
     def kill(self) -> None:
         self.client.close()
         assert self.proc.proc is not None
@@ -135,9 +144,15 @@ def test_memory_stays_bounded_and_old_estimates_are_served(tmp_path: Path) -> No
         rows = stored(db)
         assert set(rows) == set(seen) and len(seen) == ROUNDS
         # the first rounds left the cache long ago: read back from the store, bit for bit
+        reads = srv.metric("rpsagg_result_reads_total")
         for rid in (1, 2, ROUNDS // 2, ROUNDS):
             assert srv.result(rid) == seen[rid] == rows[rid], rid
             assert srv.download(rid) == rows[rid], rid
+        # /metrics: the cache within its bound, and the old rounds read from the database
+        assert srv.metric("rpsagg_result_cache_max_bytes") == CACHE
+        assert 0 < srv.metric("rpsagg_result_cache_bytes") <= CACHE
+        assert 1 <= srv.metric("rpsagg_result_cache_rounds") <= 2
+        assert srv.metric("rpsagg_result_reads_total") >= reads + 2  # rounds 1 and 2 at least
         after_reads = srv.rss()
     finally:
         srv.kill()  # a crash: the open round resumes at the restart

@@ -23,11 +23,13 @@ import asyncio
 import ctypes
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 from numpy.typing import NDArray
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from rpsagg_server.live import RoundArrays
 from rpsagg_server.store import ReadError, Store
@@ -190,3 +192,40 @@ def _trim(freed: int) -> None:
     otherwise stayed ~60 MiB after the cache had moved on)."""
     if freed >= TRIM_BYTES and _malloc_trim is not None:
         _malloc_trim(0)
+
+
+class ArchiveCollector(Collector):
+    """The result cache's figures for ``/metrics``.
+
+    Parameters
+    ----------
+    archive : RoundArchive
+        The engine's archive.
+    """
+
+    def __init__(self, archive: RoundArchive) -> None:
+        self.archive = archive
+
+    def describe(self) -> Iterable[Metric]:
+        """The families (their names make a registry refuse a second copy)."""
+        return self.collect()
+
+    def collect(self) -> Iterable[Metric]:
+        """Yield ``rpsagg_result_cache_bytes``, ``rpsagg_result_cache_max_bytes``,
+        ``rpsagg_result_cache_rounds`` (gauges), ``rpsagg_result_cache_hits_total`` and
+        ``rpsagg_result_reads_total`` (reads of the database, counters)."""
+        a = self.archive
+        yield GaugeMetricFamily("rpsagg_result_cache_bytes",
+                                "bytes of finished rounds' arrays held in memory",
+                                value=a.cached_bytes)
+        yield GaugeMetricFamily("rpsagg_result_cache_max_bytes",
+                                "the bound on them (--result-cache-bytes)", value=a.max_bytes)
+        yield GaugeMetricFamily("rpsagg_result_cache_rounds",
+                                "finished rounds whose arrays are held in memory",
+                                value=len(a.cached()))
+        yield CounterMetricFamily("rpsagg_result_cache_hits",
+                                  "finished rounds' arrays served from memory", value=a.hits)
+        yield CounterMetricFamily("rpsagg_result_reads",
+                                  "finished rounds' arrays read back from the database",
+                                  value=a.reads)
+

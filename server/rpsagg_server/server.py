@@ -29,6 +29,7 @@ from grpc_health.v1._async import HealthServicer
 
 from rpsagg.schemes import WireProfile
 from rpsagg_server import eventloop, jobs
+from rpsagg_server.archive import ArchiveCollector
 from rpsagg_server.auth import TokenBook, TokenInterceptor
 from rpsagg_server.config import ServerConfig, load_config
 from rpsagg_server.events import EventBus, SubmissionRefused
@@ -342,6 +343,8 @@ async def serve(
             metrics.registry.register(ConnectionsCollector(limits))
         if isinstance(metrics, ServerMetrics) and running.guard is not None:
             metrics.registry.register(GuardCollector(running.guard))
+        if isinstance(metrics, ServerMetrics):
+            metrics.registry.register(ArchiveCollector(running.engine.archive))
         if http_tokens is not None:
             app = BearerAuth(app, http_tokens)
         uv, http_task = start_http(app, socks, limits)
