@@ -12,8 +12,9 @@ render to last:
 * at most ``PENDING_MAX`` distinct bodies wait for a render; one more download is answered
   503 with ``Retry-After``, a download of a body already waiting is not refused;
 * a worker killed mid-render fails its downloads with 503 and the reason, the next download
-  renders in a new worker; a body directory that cannot be written to is 503 with the reason,
-  and downloads work again once it can;
+  renders in a new worker; a download whose client goes away leaves its render running, and
+  the body is served from disk afterwards; a body directory that cannot be written to is
+  503 with the reason, and downloads work again once it can;
 * the bodies on disk stay within the byte bound (the least recently used removed);
 * the worker runs at a lower priority than the server and dies with it on ``kill -9``; the
   directory a killed server left is removed by the next server; a stopped server removes
@@ -27,6 +28,7 @@ import io
 import json
 import os
 import signal
+import socket
 import threading
 import time
 import urllib.error
@@ -244,6 +246,25 @@ def test_failed_renders_are_503_and_nothing_is_kept(tmp_path: Path) -> None:
         status, _, body = _get(srv, 2, "json")
         assert status == 200 and _same_bits(_values("json", body), want[2])
         assert _workers(srv.proc.pid) != [worker]
+        # a download whose client goes away while its body is formatted: the render goes
+        # on, and the next download of it is served from disk
+        worker = _workers(srv.proc.pid)[0]
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            with socket.create_connection(("127.0.0.1", srv.http_port), timeout=10) as gone:
+                gone.sendall(b"GET /api/rounds/4/estimate?format=csv HTTP/1.1\r\n"
+                             b"Host: x\r\n\r\n")
+                wait_until(lambda: _metric(srv, "rpsagg_http_estimate_renders_pending") == 1,
+                           30, "the render waiting")
+        finally:
+            os.kill(worker, signal.SIGCONT)
+        renders = _metric(srv, "rpsagg_http_estimate_renders_total")
+        wait_until(lambda: _metric(srv, "rpsagg_http_estimate_renders_total") == renders + 1,
+                   30, "the render of a download whose client went away")
+        hits = _metric(srv, "rpsagg_http_estimate_render_hits_total")
+        status, _, body = _get(srv, 4, "csv")
+        assert status == 200 and _same_bits(_values("csv", body), want[4])
+        assert _metric(srv, "rpsagg_http_estimate_render_hits_total") == hits + 1
         # the directory replaced by a file: 503 with the reason, nothing kept
         (bodies,) = (tmp_path / "tmp").glob(DIR_PREFIX + "*")
         for f in bodies.iterdir():
