@@ -9,6 +9,11 @@ it received, flattened across the ``ArrayRecord``, and sends only the estimator'
 (integer counters, boolean masks) and those the strategy names ``uncompressed`` travel as
 they are beside the sketch. Every other message passes through unchanged.
 
+A compressed array whose update is exactly zero (a frozen layer the strategy was not told
+about) is left out of the sketch and marked in the reply's ``zero`` bitmap; an array the
+ClientApp's reply does not carry (a PEFT/LoRA client returning its adapters only) is marked
+``absent``; arrays the strategy names ``frozen`` are never sent (``docs/flower.md``).
+
 The client seed comes from ``secrets.randbits(64)``; the transform seed is
 ``derive_round_seed(client_seed, nonce, str(node_id))`` with the round's nonce from the
 strategy, exactly as in the rpsagg service (``docs/wire-format.md``), so the server can
@@ -39,6 +44,8 @@ from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
 from rpsagg.spec import derive_round_seed
 from rpsagg_flower.payload import (
+    MARK_ABSENT,
+    MARK_ZERO,
     REPLY_CONFIG,
     FloatArray,
     Layout,
@@ -46,7 +53,8 @@ from rpsagg_flower.payload import (
     flatten,
     layer_seed,
     layers_to_records,
-    plain_arrays,
+    marks_to_bytes,
+    reply_arrays,
 )
 from rpsagg_flower.settings import KEY_SCHEME, RoundEncoding
 
@@ -144,7 +152,7 @@ def make_rpsagg_mod(
         if len(received) != 1:
             return _error(msg, f"expects one ArrayRecord in the message; got {len(received)}")
         try:
-            layout = Layout.of(received[0], enc.uncompressed)
+            layout = Layout.of(received[0], enc.uncompressed, enc.frozen)
             base = flatten(received[0], layout)
         except ValueError as exc:
             return _error(msg, str(exc))
@@ -161,10 +169,20 @@ def make_rpsagg_mod(
             return _error(msg, f"expects one ArrayRecord in the reply; got {len(replies)}")
         key, record = replies[0]
         try:
-            delta = flatten(record, layout) - base
-            plain = plain_arrays(record, layout)
+            got, absent = reply_arrays(record, layout)
         except ValueError as exc:
             return _error(msg, f"the ClientApp's reply: {exc}")
+        slices = layout.compressed_slices()
+        delta = np.zeros(layout.d)
+        for name, where in slices.items():
+            if name in got:
+                delta[where] = np.asarray(got[name], dtype=np.float64).reshape(-1) - base[where]
+        plain = {name: got[name] for name in layout.plain_keys if name in got}
+        changed = [name for name in layout.frozen_keys if name in record and not np.array_equal(
+            record[name].numpy(), received[0][name].numpy())]
+        if changed:
+            log.warning("rpsagg_mod: the frozen arrays %s changed; their change is not sent",
+                        changed)
         if clip is not None:
             norm = float(np.linalg.norm(delta))
             if norm > clip * (1.0 + 1e-5) + 1e-6:  # float32 rounding of the clipped arrays
@@ -182,30 +200,49 @@ def make_rpsagg_mod(
             delta *= float(weights[0])
         if enc.error_feedback:
             delta += _memory(ctxt, layout.d)
+        # the sketch covers the compressed arrays that the reply carries and that changed
+        gone = dict(zip(layout.keys, absent, strict=True))
+        zero = {name: not gone[name] and not np.any(delta[where])
+                for name, where in slices.items()}
+        included = [not (gone[name] or zero[name]) for name in layout.compressed_keys]
+        marks = {MARK_ZERO: marks_to_bytes([zero.get(name, False) for name in layout.keys]),
+                 MARK_ABSENT: marks_to_bytes(absent)}
         client_seed = context_seeds(msg, ctxt) if context_seeds else draw()
         node = msg.metadata.dst_node_id
         try:
             # an encode depends on neither n nor the transform
+            sent = np.zeros(layout.d)  # what the server applies of this message, by itself
             if enc.layer_k:  # one message per compressed array
                 ests = enc.layer_estimators(layout.compressed_sizes, n=1)
-                cuts = np.cumsum(layout.compressed_sizes)[:-1]
-                msgs = [e.encode(part, layer_seed(client_seed, enc.nonce, node, j))
-                        for j, (e, part) in enumerate(zip(ests, np.split(delta, cuts),
-                                                          strict=True))]
-                arrays, meta = layers_to_records(msgs, client_seed, enc.nonce, plain)
-                scheme = msgs[0].scheme
+                msgs = [e.encode(delta[where], layer_seed(client_seed, enc.nonce, node, j))
+                        if inc else None
+                        for j, (e, where, inc) in enumerate(zip(ests, slices.values(),
+                                                                included, strict=True))]
+                arrays, meta = layers_to_records(msgs, client_seed, enc.nonce, plain, marks,
+                                                 scheme=enc.scheme)
+                if enc.error_feedback:
+                    for e, m, where in zip(ests, msgs, slices.values(), strict=True):
+                        if m is not None:
+                            sent[where] = e.decode([m])
             else:
-                est = enc.estimator(n=1)
-                ests = [est]
-                msgs = [est.encode(delta, derive_round_seed(client_seed, enc.nonce, str(node)))]
-                arrays, meta = encoded_to_records(msgs[0], client_seed, enc.nonce, plain)
-                scheme = msgs[0].scheme
+                mask = layout.coordinate_mask(included)
+                d_sent = int(mask.sum())
+                one = None
+                if d_sent:
+                    est = (enc if d_sent == layout.d else enc.reduced(d_sent)).estimator(n=1)
+                    one = est.encode(delta[mask] if d_sent < layout.d else delta,
+                                     derive_round_seed(client_seed, enc.nonce, str(node)))
+                    if enc.error_feedback:
+                        sent[mask] = est.decode([one])
+                msgs = [one]
+                arrays, meta = encoded_to_records(one, client_seed, enc.nonce, plain, marks,
+                                                  scheme=enc.scheme)
+            scheme = next((m.scheme for m in msgs if m is not None), enc.scheme)
             if enc.error_feedback:
-                # what the server applies of this message, by itself: gamma times its
-                # unbiased decode; the rest is carried to the next round
-                sent = enc.error_feedback * np.concatenate(
-                    [e.decode([m]) for e, m in zip(ests, msgs, strict=True)])
-                ctxt.state.array_records[MEMORY_KEY] = ArrayRecord({"e": Array(delta - sent)})
+                # the server applies gamma times this message's unbiased decode, by itself;
+                # the rest is carried to the next round
+                ctxt.state.array_records[MEMORY_KEY] = ArrayRecord(
+                    {"e": Array(delta - enc.error_feedback * sent)})
         except ValueError as exc:
             return _error(msg, f"cannot encode the update: {exc}")
         raw = record.count_bytes()

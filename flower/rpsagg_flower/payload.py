@@ -16,7 +16,15 @@ A compressed reply carries (:func:`encoded_to_records`):
   little-endian bytes (``stype`` :data:`STYPE_RAW`) rather than NumPy's ``.npy`` format,
   whose 128-byte header per array would cost more than a small sketch;
 * a ``ConfigRecord`` :data:`REPLY_CONFIG` with the client's 64-bit ``seed`` and the round's
-  ``nonce`` (8 bytes each), the message ``scheme``, the value ``count`` and ``value-bits``.
+  ``nonce`` (8 bytes each), the message ``scheme``, the value ``count`` and ``value-bits``,
+  and two bitmaps over the model's arrays in record order (:func:`marks_to_bytes`, one bit
+  per array, ``ceil(arrays / 8)`` bytes each): ``zero`` (the array's update is exactly zero
+  and is left out of the sketch) and ``absent`` (the ClientApp's reply did not carry the
+  array). The sketch is the estimator's message of the compressed arrays that are neither,
+  concatenated in record order (:meth:`Layout.coordinate_mask`).
+
+Arrays the strategy names ``frozen`` are in no sketch, bitmap bit or ``plain/`` entry: they
+never travel up, and the server keeps them as they are.
 """
 
 from __future__ import annotations
@@ -42,6 +50,10 @@ STYPE_RAW = "rpsagg.raw-le"
 REPLY_CONFIG = "rpsagg"
 #: Prefix of the uncompressed arrays' keys in a compressed reply's ``ArrayRecord``.
 PLAIN_PREFIX = "plain/"
+#: Reply ``ConfigRecord`` entry: bitmap of the arrays whose update is exactly zero.
+MARK_ZERO = "zero"
+#: Reply ``ConfigRecord`` entry: bitmap of the arrays the ClientApp's reply did not carry.
+MARK_ABSENT = "absent"
 
 
 @dataclass(frozen=True)
@@ -53,16 +65,20 @@ class Layout:
     ``uncompressed``; every other array (integer counters such as BatchNorm's
     ``num_batches_tracked``, boolean masks) and the named ones travel uncompressed beside
     the sketch (:data:`PLAIN_PREFIX`) and are averaged by the server (:func:`mean_plain`).
+    ``frozen`` arrays are neither: they never travel up and the server keeps them.
     """
 
     keys: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[np.dtype, ...]
     compressed: tuple[bool, ...] = ()
+    frozen: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.compressed:  # older callers: every array compressed
             object.__setattr__(self, "compressed", tuple(True for _ in self.keys))
+        if not self.frozen:
+            object.__setattr__(self, "frozen", tuple(False for _ in self.keys))
 
     @property
     def d(self) -> int:
@@ -85,34 +101,62 @@ class Layout:
     @property
     def plain_keys(self) -> tuple[str, ...]:
         """The arrays that travel uncompressed, in record order."""
-        return tuple(k for k, c in zip(self.keys, self.compressed, strict=True) if not c)
+        return tuple(k for k, c, f in zip(self.keys, self.compressed, self.frozen, strict=True)
+                     if not (c or f))
+
+    @property
+    def frozen_keys(self) -> tuple[str, ...]:
+        """The frozen arrays (never sent up, kept by the server), in record order."""
+        return tuple(k for k, f in zip(self.keys, self.frozen, strict=True) if f)
+
+    def coordinate_mask(self, included: Sequence[bool]) -> NDArray[np.bool_]:
+        """The coordinates of the flattened update (``d`` of them) that belong to the
+        compressed arrays flagged in ``included`` (one flag per compressed array, in record
+        order)."""
+        sizes = self.compressed_sizes
+        if len(included) != len(sizes):
+            raise ValueError(f"{len(included)} flags for {len(sizes)} compressed arrays")
+        return np.repeat(np.asarray(included, dtype=bool), sizes)
+
+    def compressed_slices(self) -> dict[str, slice]:
+        """Each compressed array's coordinates in the flattened update, by key."""
+        out, offset = {}, 0
+        for key, size in zip(self.compressed_keys, self.compressed_sizes, strict=True):
+            out[key] = slice(offset, offset + size)
+            offset += size
+        return out
 
     @classmethod
-    def of(cls, record: ArrayRecord, uncompressed: Iterable[str] = ()) -> Layout:
+    def of(cls, record: ArrayRecord, uncompressed: Iterable[str] = (),
+           frozen: Iterable[str] = ()) -> Layout:
         """The layout of ``record``: its floating-point arrays not named in ``uncompressed``
-        are compressed. ``ValueError`` when ``uncompressed`` names an array the record lacks
-        or when no array is left to compress."""
+        or ``frozen`` are compressed. ``ValueError`` when ``uncompressed`` or ``frozen``
+        names an array the record lacks or when no array is left to compress."""
         arrays = record.to_numpy_ndarrays()
         if not arrays:
             raise ValueError("the model's ArrayRecord has no arrays")
         keys = tuple(record.keys())
-        excluded = set(uncompressed)
-        unknown = sorted(excluded - set(keys))
-        if unknown:
-            raise ValueError(f"uncompressed names arrays the model lacks: {unknown}; "
-                             f"its arrays are {list(keys)}")
-        compressed = tuple(bool(np.issubdtype(a.dtype, np.floating)) and key not in excluded
+        excluded, fixed = set(uncompressed), set(frozen)
+        for what, names in (("uncompressed", excluded), ("frozen", fixed)):
+            unknown = sorted(names - set(keys))
+            if unknown:
+                raise ValueError(f"{what} names arrays the model lacks: {unknown}; "
+                                 f"its arrays are {list(keys)}")
+        compressed = tuple(bool(np.issubdtype(a.dtype, np.floating))
+                           and key not in excluded and key not in fixed
                            for key, a in zip(keys, arrays, strict=True))
         if not any(compressed):
             raise ValueError(
                 "no floating-point array left to compress (rpsagg compresses floating-point "
-                f"arrays; the model's are {[str(a.dtype) for a in arrays]})"
+                f"arrays that are not frozen; the model's are "
+                f"{[str(a.dtype) for a in arrays]})"
             )
         return cls(
             keys,
             tuple(tuple(int(s) for s in a.shape) for a in arrays),
             tuple(a.dtype for a in arrays),
             compressed,
+            tuple(key in fixed for key in keys),
         )
 
 
@@ -151,23 +195,77 @@ def plain_arrays(record: ArrayRecord, layout: Layout) -> dict[str, NDArray[np.ge
     return out
 
 
+def reply_arrays(record: ArrayRecord, layout: Layout
+                 ) -> tuple[dict[str, NDArray[np.generic]], tuple[bool, ...]]:
+    """The arrays a ClientApp's reply carries, by key, and the ``absent`` flags (one per
+    array of ``layout``, in record order: a sent array the reply lacks).
+
+    A reply may carry a subset of the model's arrays, in any order; frozen arrays are
+    ignored (never sent). ``ValueError`` for an array the model lacks, another shape, or
+    an uncompressed array of another dtype."""
+    extra = [key for key in record if key not in layout.keys]
+    if extra:
+        raise ValueError(f"the reply has arrays the model lacks: {extra}; the model's are "
+                         f"{list(layout.keys)}")
+    out: dict[str, NDArray[np.generic]] = {}
+    for key, shape, dtype, c, f in zip(layout.keys, layout.shapes, layout.dtypes,
+                                       layout.compressed, layout.frozen, strict=True):
+        if f or key not in record:
+            continue
+        arr = record[key].numpy()
+        if tuple(arr.shape) != shape:
+            raise ValueError(f"array {key!r} has shape {arr.shape}; the model's is {shape}")
+        if not c and arr.dtype != dtype:
+            raise ValueError(f"array {key!r} is {arr.dtype}; the model's is {dtype}")
+        out[key] = arr
+    absent = tuple(not f and key not in record for key, f in zip(layout.keys, layout.frozen,
+                                                                  strict=True))
+    return out, absent
+
+
+def marks_to_bytes(flags: Sequence[bool]) -> bytes:
+    """One bit per array (array ``j`` is bit ``j % 8`` of byte ``j // 8``)."""
+    return np.packbits(np.asarray(flags, dtype=bool), bitorder="little").tobytes()
+
+
+def marks_from_bytes(raw: object, count: int, what: str) -> tuple[bool, ...]:
+    """Inverse of :func:`marks_to_bytes` for ``count`` arrays; ``ValueError`` naming
+    ``what`` unless ``raw`` is ``ceil(count / 8)`` bytes with zero padding bits."""
+    if not isinstance(raw, bytes) or len(raw) != (count + 7) // 8:
+        raise ValueError(f"the {what!r} bitmap must be {(count + 7) // 8} bytes for {count} "
+                         f"arrays; got {raw!r:.40}")
+    bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), bitorder="little")
+    if bits[count:].any():
+        raise ValueError(f"the {what!r} bitmap sets bits past the model's {count} arrays")
+    return tuple(bool(b) for b in bits[:count])
+
+
 def apply_update(record: ArrayRecord, layout: Layout, update: FloatArray,
-                 plain: Mapping[str, NDArray[np.generic]] | None = None) -> ArrayRecord:
+                 plain: Mapping[str, NDArray[np.generic]] | None = None,
+                 keep: Iterable[str] = ()) -> ArrayRecord:
     """``record + update`` for the compressed arrays, each in its own shape and dtype (sums
-    in float64); the uncompressed arrays are replaced by ``plain``'s (kept when None)."""
+    in float64); the uncompressed arrays are replaced by ``plain``'s (kept when None or
+    when ``plain`` lacks them). Frozen arrays and those named in ``keep`` are kept as they
+    are, bit for bit."""
     base = flatten(record, layout)
     if update.shape != base.shape:
         raise ValueError(f"an update of {update.size} coordinates for a model of {base.size}")
     old = dict(zip(record.keys(), record.to_numpy_ndarrays(), strict=True))
+    kept = set(keep) | set(layout.frozen_keys)
     out: dict[str, Array] = {}
     offset = 0
     for key, shape, dtype, c in zip(layout.keys, layout.shapes, layout.dtypes,
                                     layout.compressed, strict=True):
         if not c:
-            value = old[key] if plain is None else plain[key]
+            value = plain[key] if plain is not None and key in plain and key not in kept \
+                else old[key]
             out[key] = Array(np.array(value, dtype=dtype).reshape(shape))
             continue
         size = int(np.prod(shape))
+        if key in kept:
+            out[key] = Array(np.array(old[key], dtype=dtype).reshape(shape))
+            offset += size
+            continue
         new = base[offset : offset + size] + update[offset : offset + size]
         # np.array, not ascontiguousarray: that would turn a 0-d array into shape (1,)
         out[key] = Array(np.array(new, dtype=dtype).reshape(shape))
@@ -179,17 +277,28 @@ def mean_plain(parts: Sequence[Mapping[str, NDArray[np.generic]]], weights: Sequ
                layout: Layout) -> dict[str, NDArray[np.generic]]:
     """The weighted mean of the replies' uncompressed arrays, as FedAvg averages, in each
     array's own dtype: floating point as is, integers rounded to the nearest, booleans by
-    weighted majority (true where the true replies weigh at least half)."""
-    w = np.asarray(weights, dtype=np.float64)
-    if len(parts) != w.size or w.size == 0 or w.sum() <= 0:
+    weighted majority (true where the true replies weigh at least half).
+
+    Each array is averaged over the replies that carry it (a partial reply may lack some);
+    an array that no reply carries, or whose carriers' weights sum to 0, is left out of the
+    result (the server keeps it). Where every carrier sends the same values, the mean is
+    those values, bit for bit."""
+    w_all = np.asarray(weights, dtype=np.float64)
+    if len(parts) != w_all.size or w_all.size == 0 or w_all.sum() <= 0:
         raise ValueError("mean_plain needs one positive-sum weight per reply")
-    w = w / w.sum()
     out: dict[str, NDArray[np.generic]] = {}
     for key, dtype in zip(layout.keys, layout.dtypes, strict=True):
         if key not in layout.plain_keys:
             continue
-        mean = sum(wi * np.asarray(p[key], dtype=np.float64) for wi, p in zip(w, parts,
-                                                                              strict=True))
+        carriers = [(wi, p[key]) for wi, p in zip(w_all, parts, strict=True) if key in p]
+        total = sum(wi for wi, _ in carriers)
+        if not carriers or total <= 0:
+            continue
+        first = np.asarray(carriers[0][1])
+        if all(np.array_equal(np.asarray(v), first) for _, v in carriers[1:]):
+            out[key] = np.array(first, dtype=dtype)
+            continue
+        mean = sum((wi / total) * np.asarray(v, dtype=np.float64) for wi, v in carriers)
         mean = np.asarray(mean, dtype=np.float64)
         if dtype == np.bool_:
             out[key] = mean >= 0.5
@@ -234,24 +343,29 @@ def _from_raw(record: ArrayRecord, key: str, dtype: str) -> NDArray[np.generic]:
 
 
 def encoded_to_records(
-    msg: Encoded, client_seed: int, nonce: int,
+    msg: Encoded | None, client_seed: int, nonce: int,
     plain: Mapping[str, NDArray[np.generic]] | None = None,
+    marks: Mapping[str, bytes] | None = None, scheme: str = "",
 ) -> tuple[ArrayRecord, ConfigRecord]:
     """The compressed reply's records for the message ``msg`` (encoded with the transform
     seed derived from ``client_seed`` and ``nonce``), with the uncompressed arrays ``plain``
     (raw little-endian bytes in their own dtype and shape, keys prefixed by
-    :data:`PLAIN_PREFIX`)."""
+    :data:`PLAIN_PREFIX`) and the bitmaps ``marks`` (:data:`MARK_ZERO`,
+    :data:`MARK_ABSENT`). ``msg`` None: no sketch (every compressed array is zero or
+    absent; ``count`` 0, ``scheme`` as given)."""
     arrays: dict[str, Array] = {}
-    _put(arrays, msg, "")
+    if msg is not None:
+        _put(arrays, msg, "")
     for key, value in (plain or {}).items():
         arrays[PLAIN_PREFIX + key] = _raw(np.asarray(value))
     meta = ConfigRecord(
         {
             "seed": nonce_to_bytes(client_seed),
             "nonce": nonce_to_bytes(nonce),
-            "scheme": msg.scheme,
-            "count": int(msg.values.size),
-            "value-bits": int(msg.value_bits),
+            "scheme": scheme if msg is None else msg.scheme,
+            "count": 0 if msg is None else int(msg.values.size),
+            "value-bits": 32 if msg is None else int(msg.value_bits),
+            **(marks or {}),
         }
     )
     return ArrayRecord(arrays), meta
@@ -270,24 +384,29 @@ def _put(arrays: dict[str, Array], msg: Encoded, suffix: str) -> None:
 
 
 def layers_to_records(
-    msgs: Sequence[Encoded], client_seed: int, nonce: int,
+    msgs: Sequence[Encoded | None], client_seed: int, nonce: int,
     plain: Mapping[str, NDArray[np.generic]] | None = None,
+    marks: Mapping[str, bytes] | None = None, scheme: str = "",
 ) -> tuple[ArrayRecord, ConfigRecord]:
     """Per-layer compression: the records of one message per layer (``values/<j>``,
     ``codes/<j>``, ``scale/<j>``, ``indices/<j>``; ``count`` a list), as
-    :func:`encoded_to_records` writes one."""
+    :func:`encoded_to_records` writes one. A layer whose message is None (zero or absent)
+    has count 0 and no arrays."""
     arrays: dict[str, Array] = {}
     for j, msg in enumerate(msgs):
-        _put(arrays, msg, f"/{j}")
+        if msg is not None:
+            _put(arrays, msg, f"/{j}")
     for key, value in (plain or {}).items():
         arrays[PLAIN_PREFIX + key] = _raw(np.asarray(value))
+    sent = [m for m in msgs if m is not None]
     meta = ConfigRecord(
         {
             "seed": nonce_to_bytes(client_seed),
             "nonce": nonce_to_bytes(nonce),
-            "scheme": msgs[0].scheme,
-            "count": [int(m.values.size) for m in msgs],
-            "value-bits": int(msgs[0].value_bits),
+            "scheme": sent[0].scheme if sent else scheme,
+            "count": [0 if m is None else int(m.values.size) for m in msgs],
+            "value-bits": int(sent[0].value_bits) if sent else 32,
+            **(marks or {}),
         }
     )
     return ArrayRecord(arrays), meta
@@ -301,17 +420,32 @@ def layer_seed(client_seed: int, nonce: int, node_id: int, layer: int) -> int:
 
 def records_to_layers(
     ests: Sequence[Estimator], arrays: ArrayRecord, meta: ConfigRecord, nonce: int,
-    node_id: int,
-) -> list[Encoded]:
-    """The per-layer messages of one compressed reply (:func:`layers_to_records`);
-    ``ValueError`` for a reply that does not fit the round."""
+    node_id: int, included: Sequence[bool] | None = None,
+) -> list[Encoded | None]:
+    """The per-layer messages of one compressed reply (:func:`layers_to_records`), None
+    for the layers not ``included`` (zero or absent); ``ValueError`` for a reply that does
+    not fit the round."""
     client_seed, scheme, counts, value_bits = _meta(meta, nonce)
     if not (isinstance(counts, list) and len(counts) == len(ests)):
         raise ValueError(f"the reply has counts {counts!r:.60}; the round has {len(ests)} "
                          f"layers")
+    flags = [True] * len(ests) if included is None else list(included)
     return [_one(est, arrays, scheme, int(count), value_bits,
-                 layer_seed(client_seed, nonce, node_id, j), f"/{j}")
-            for j, (est, count) in enumerate(zip(ests, counts, strict=True))]
+                 layer_seed(client_seed, nonce, node_id, j), f"/{j}") if inc else None
+            for j, (est, count, inc) in enumerate(zip(ests, counts, flags, strict=True))]
+
+
+def reply_marks(meta: ConfigRecord, layout: Layout) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
+    """The ``zero`` and ``absent`` flags of a compressed reply, one per array of
+    ``layout`` (all False where the reply has no such bitmap, as rpsagg-flower 0.1.0's mod
+    sent none); bits of frozen arrays are ignored. ``ValueError`` for a malformed bitmap."""
+    count = len(layout.keys)
+    out = []
+    for what in (MARK_ZERO, MARK_ABSENT):
+        flags = (marks_from_bytes(meta[what], count, what) if what in meta
+                 else (False,) * count)
+        out.append(tuple(b and not f for b, f in zip(flags, layout.frozen, strict=True)))
+    return out[0], out[1]
 
 
 def _meta(meta: ConfigRecord, nonce: int) -> tuple[int, object, object, object]:
@@ -378,12 +512,16 @@ def _one(est: Estimator, arrays: ArrayRecord, scheme: object, count: int, value_
     return msg
 
 
-def records_to_plain(arrays: ArrayRecord, layout: Layout) -> dict[str, NDArray[np.generic]]:
-    """The uncompressed arrays of one compressed reply, by key; ``ValueError`` for one that
-    is missing or differs from the model's shape or dtype."""
+def records_to_plain(arrays: ArrayRecord, layout: Layout,
+                     absent: Sequence[bool] | None = None) -> dict[str, NDArray[np.generic]]:
+    """The uncompressed arrays of one compressed reply, by key (less those flagged
+    ``absent``); ``ValueError`` for one that is missing or differs from the model's shape
+    or dtype."""
     out = {}
-    for key, shape, dtype in zip(layout.keys, layout.shapes, layout.dtypes, strict=True):
-        if key not in layout.plain_keys:
+    gone = [False] * len(layout.keys) if absent is None else list(absent)
+    for key, shape, dtype, no in zip(layout.keys, layout.shapes, layout.dtypes, gone,
+                                     strict=True):
+        if key not in layout.plain_keys or no:
             continue
         name = PLAIN_PREFIX + key
         if name not in arrays:

@@ -9,7 +9,7 @@ decoder and stays on the server.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from flwr.app import ConfigRecord
 
@@ -33,6 +33,7 @@ KEY_UNCOMPRESSED = PREFIX + "uncompressed"
 KEY_ERROR_FEEDBACK = PREFIX + "error-feedback"
 KEY_LAYER_K = PREFIX + "layer-k"
 KEY_LAYER_BLOCK = PREFIX + "layer-block-size"
+KEY_FROZEN = PREFIX + "frozen"
 
 # Models with more coordinates than AUTO_BLOCK_THRESHOLD are encoded blockwise by
 # block_size="auto" (Rand-Proj-Spatial, float32 or quantized values), in blocks of
@@ -89,6 +90,8 @@ class RoundEncoding:
         ``k`` (0 for ``"eden"`` and ``"qsgd"``); empty: one message of the flattened update.
     layer_block : tuple of int
         Per-layer Rand-Proj-Spatial block sizes (0: one transform per layer).
+    frozen : tuple of str
+        Arrays that never travel up (the server keeps them); not part of ``d``.
     """
 
     scheme: str
@@ -104,6 +107,7 @@ class RoundEncoding:
     error_feedback: float = 0.0
     layer_k: tuple[int, ...] = ()
     layer_block: tuple[int, ...] = ()
+    frozen: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.scheme not in ESTIMATOR_NAMES + QUANTIZER_NAMES:
@@ -133,6 +137,16 @@ class RoundEncoding:
             projection=self.projection,
             method=method if spatial else "auto",
         )
+
+    def reduced(self, d: int) -> RoundEncoding:
+        """The encoding of a sketch of ``d`` of the round's coordinates (a reply whose
+        other compressed arrays are zero or absent): ``k`` capped at ``d``, the rest as
+        the round's. Client and server both build it from the round's encoding and the
+        reply's bitmaps, so they agree without another message."""
+        if not 1 <= d <= self.d:
+            raise ValueError(f"a reduced sketch needs 1 <= d <= {self.d}; got {d}")
+        k = None if self.k is None else min(self.k, d)
+        return replace(self, d=d, k=k, layer_k=(), layer_block=())
 
     def layer_estimators(
         self, sizes: tuple[int, ...], n: int, transform: str | float = "avg",
@@ -167,6 +181,7 @@ class RoundEncoding:
         config[KEY_ERROR_FEEDBACK] = float(self.error_feedback)
         config[KEY_LAYER_K] = [int(k) for k in self.layer_k]
         config[KEY_LAYER_BLOCK] = [int(b) for b in self.layer_block]
+        config[KEY_FROZEN] = list(self.frozen)
 
     @classmethod
     def from_config(cls, config: ConfigRecord) -> RoundEncoding | None:
@@ -193,6 +208,7 @@ class RoundEncoding:
                 error_feedback=float(config.get(KEY_ERROR_FEEDBACK, 0.0)),  # type: ignore[arg-type]
                 layer_k=tuple(int(k) for k in config.get(KEY_LAYER_K, [])),  # type: ignore[union-attr]
                 layer_block=tuple(int(b) for b in config.get(KEY_LAYER_BLOCK, [])),  # type: ignore[union-attr]
+                frozen=tuple(str(f) for f in config.get(KEY_FROZEN, [])),  # type: ignore[union-attr]
             )
         except KeyError as exc:
             raise ValueError(f"the round's config lacks {exc.args[0]!r}") from None

@@ -6,7 +6,7 @@ import logging
 import secrets
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -22,6 +22,7 @@ from rpsagg import (
     ESTIMATOR_NAMES,
     QUANTIZER_NAMES,
     CorrelationTracker,
+    DecodeResult,
     Encoded,
     Estimator,
     plan_budget,
@@ -37,6 +38,7 @@ from rpsagg_flower.payload import (
     records_to_encoded,
     records_to_layers,
     records_to_plain,
+    reply_marks,
 )
 from rpsagg_flower.settings import AUTO_BLOCK_SIZE, AUTO_BLOCK_THRESHOLD, RoundEncoding
 
@@ -51,15 +53,20 @@ class _RoundPlan:
     layout: Layout
     arrays: ArrayRecord
     layers: list[Estimator] | None = None  # per-layer compression
+    n: int = 1  # messages sent
+    prior: float | None = None
+    reduced: dict[tuple[bool, ...], Estimator] = field(default_factory=dict)
 
 
 @dataclass
 class _Accepted:
     content_index: int
-    encoded: Encoded | list[Encoded]
+    encoded: Encoded | list[Encoded | None] | None  # None: no sketch (nothing included)
     weight: float
     wire_bytes: int
     plain: dict[str, NDArray[np.generic]]
+    included: tuple[bool, ...]  # per compressed array: in this reply's sketch
+    carried: frozenset[str]  # the arrays the reply carries (zero-marked ones included)
 
 
 _SERVER_SIDE_DP = (DifferentialPrivacyServerSideFixedClipping,
@@ -153,6 +160,16 @@ class RandProjSpatialFedAvg(FedAvg):
         Clients keep the part of their update the server did not apply in their context
         state and add it to the next round's update (error feedback); the server applies
         ``lr`` times the decoded mean. Needs a ``ServerSGD`` without momentum (or none).
+    frozen : iterable of str
+        Arrays known not to be trained (a frozen backbone, an embedding not being tuned):
+        clients never send them and the server keeps them bit for bit. Arrays that a
+        client did not change are detected anyway (the reply's ``zero`` bitmap); naming
+        them here saves the bitmap's check and keeps them out of ``d``.
+    partial : {"refuse", "allow"}
+        A reply that carries only some of the model's arrays (a PEFT/LoRA ClientApp that
+        returns its adapters only): ``"refuse"`` fails the run with a ``RuntimeError``
+        naming the node and the arrays it lacks; ``"allow"`` averages each array over the
+        replies that carry it (``docs/flower.md``, "Frozen arrays and partial replies").
     **kwargs
         FedAvg's parameters (``fraction_train``, ``min_train_nodes``, ``weighted_by_key``,
         ``arrayrecord_key``, ...).
@@ -179,9 +196,15 @@ class RandProjSpatialFedAvg(FedAvg):
         per_layer: bool | Mapping[str, int] = False,
         target_rel_error: float | None = None,
         k_min: int = 1,
+        frozen: Iterable[str] = (),
+        partial: str = "refuse",
         **kwargs: object,
     ) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
+        if partial not in ("refuse", "allow"):
+            raise ValueError(f"partial must be 'refuse' or 'allow'; got {partial!r}")
+        self.frozen = tuple(frozen)
+        self.partial = partial
         if missing_payload not in ("raise", "drop"):
             raise ValueError(f"missing_payload must be 'raise' or 'drop'; got "
                              f"{missing_payload!r}")
@@ -236,10 +259,11 @@ class RandProjSpatialFedAvg(FedAvg):
         super().summary()
         log.info(
             "\t└──> rpsagg: %s, k=%s, transform=%s, value_bits=%s, bits=%s, block_size=%s, "
-            "weighted=%s, uncompressed=%s, server step %s, error feedback %s",
+            "weighted=%s, uncompressed=%s, frozen=%s, partial replies %s, server step %s, "
+            "error feedback %s",
             self.estimator_name, self.k, self.transform, self.value_bits, self.bits,
-            self.block_size, self.weighted, list(self.uncompressed),
-            self.server_optimizer.describe(), self.error_feedback,
+            self.block_size, self.weighted, list(self.uncompressed), list(self.frozen),
+            self.partial, self.server_optimizer.describe(), self.error_feedback,
         )
 
     def _block_size(self, d: int) -> int | None:
@@ -252,7 +276,7 @@ class RandProjSpatialFedAvg(FedAvg):
     def round_encoding(self, arrays: ArrayRecord, nonce: int) -> RoundEncoding:
         """The encoding of a round that sends ``arrays`` (``ValueError`` when the settings
         do not fit the model, e.g. ``k > d`` or no floating-point array)."""
-        layout = Layout.of(arrays, self.uncompressed)
+        layout = Layout.of(arrays, self.uncompressed, self.frozen)
         layer_k: tuple[int, ...] = ()
         layer_block: tuple[int, ...] = ()
         if self.per_layer:
@@ -280,6 +304,7 @@ class RandProjSpatialFedAvg(FedAvg):
             error_feedback=self.server_optimizer.lr if self.error_feedback else 0.0,
             layer_k=layer_k,
             layer_block=layer_block,
+            frozen=self.frozen,
         )
         if self.target_rel_error is not None and self._last_n and self._last_n >= 1:
             enc = replace(enc, k=self._target_k(enc))
@@ -335,11 +360,11 @@ class RandProjSpatialFedAvg(FedAvg):
         if messages:
             n = len(messages)
             prior = self.tracker.prior(n) if self.transform == "auto" else None
-            layout = Layout.of(arrays, self.uncompressed)
+            layout = Layout.of(arrays, self.uncompressed, self.frozen)
             layers = (enc.layer_estimators(layout.compressed_sizes, n, self.transform, prior,
                                            self.solver) if enc.layer_k else None)
             est = layers[0] if layers else enc.estimator(n, self.transform, prior, self.solver)
-            self._plan = _RoundPlan(server_round, enc, est, layout, arrays, layers)
+            self._plan = _RoundPlan(server_round, enc, est, layout, arrays, layers, n, prior)
         return messages
 
     def aggregate_train(
@@ -365,21 +390,15 @@ class RandProjSpatialFedAvg(FedAvg):
         if weights.sum() <= 0:
             log.warning("aggregate_train: the replies' weights sum to 0; the model stays")
             return None, None
-        if plan.layers:
-            per_layer = [est.decode_with_info([a.encoded[j] for a in accepted])  # type: ignore[index]
-                         for j, est in enumerate(plan.layers)]
-            estimate = np.concatenate([r.estimate for r in per_layer])
-            seconds = sum(r.seconds for r in per_layer)
-            msgs = [m for a in accepted for m in a.encoded]  # type: ignore[union-attr]
-        else:
-            msgs = [a.encoded for a in accepted]
-            result = plan.estimator.decode_with_info(msgs)
-            estimate, seconds = result.estimate, result.seconds
-        update = estimate / weights.mean()
+        update, keep, decoded, seconds = self._decode(plan, accepted, weights)
         step = self.server_optimizer.step(update)
+        slices = plan.layout.compressed_slices()
+        for name in keep:  # no reply changed it: the optimizer's state moves nothing here
+            step[slices[name]] = 0.0
         plain = (mean_plain([a.plain for a in accepted], weights.tolist(), plan.layout)
                  if plan.layout.plain_keys else None)
-        new_arrays = apply_update(plan.arrays, plan.layout, step, plain)
+        new_arrays = apply_update(plan.arrays, plan.layout, step, plain, keep)
+        msgs = [m for _, ms, _ in decoded for m in ms]
 
         contents = [valid[a.content_index].content for a in accepted]
         key = self.weighted_by_key
@@ -395,23 +414,92 @@ class RandProjSpatialFedAvg(FedAvg):
         metrics["rpsagg.compression-ratio"] = raw / up
         metrics["rpsagg.payload-bytes"] = sum(m.payload_bytes for m in msgs)
         metrics["rpsagg.decode-seconds"] = float(seconds)
+        metrics["rpsagg.unchanged-arrays"] = len(keep) + len(plan.layout.frozen_keys)
         self._last_n = len(accepted)
         if plan.layers:
             return new_arrays, metrics
-        metrics["rpsagg.beta"] = float(result.beta)
         metrics["rpsagg.k"] = int(plan.encoding.k or 0)
         if self.target_rel_error is not None:
             metrics["rpsagg.target-rel-error"] = self.target_rel_error
+        if len(decoded) != 1:  # no sketch, or replies of several groups decoded apart
+            return new_arrays, metrics
+        est, msgs, result = decoded[0]
+        metrics["rpsagg.beta"] = float(result.beta)
         error = result.error_estimate
         if error is not None:
             metrics["rpsagg.estimated-squared-error"] = float(error.squared_error)
             metrics["rpsagg.estimated-squared-error-stderr"] = float(error.squared_error_stderr)
             metrics["rpsagg.estimated-relative-error"] = float(error.relative_error)
-        rhat = r_hat(plan.estimator, msgs)
+        rhat = r_hat(est, msgs)
         if rhat is not None:
             metrics["rpsagg.r-hat"] = rhat
             self.tracker.fold(rhat, len(msgs))
         return new_arrays, metrics
+
+    def _decode(
+        self, plan: _RoundPlan, accepted: list[_Accepted], weights: NDArray[np.float64]
+    ) -> tuple[NDArray[np.float64], list[str], list[tuple[Estimator, list[Encoded], DecodeResult]],
+               float]:
+        """The mean update, the compressed arrays no reply changed (kept as they are), the
+        decodes (estimator, messages, result) and their seconds.
+
+        Each sketch is decoded jointly with the other replies' of the same coordinates
+        (per layer; or per set of included arrays, in the common case one set); array
+        ``a``'s update is ``sum_i w_i u_i[a] / sum_{i carries a} w_i`` over the replies
+        that carry it, where a zero-marked reply contributes exactly zero."""
+        layout, big_n = plan.layout, len(accepted)
+        slices = layout.compressed_slices()
+        total = np.zeros(layout.d)  # sum_i w_i u_i / n'
+        decoded: list[tuple[Estimator, list[Encoded], DecodeResult]] = []
+        seconds = 0.0
+        if plan.layers:
+            for j, (est, where) in enumerate(zip(plan.layers, slices.values(), strict=True)):
+                msgs = [m for a in accepted
+                        if (m := a.encoded[j]) is not None]  # type: ignore[index]
+                if msgs:
+                    result = est.decode_with_info(msgs)
+                    share = 1.0 if len(msgs) == big_n else len(msgs) / big_n
+                    total[where] += share * result.estimate
+                    decoded.append((est, msgs, result))
+        else:
+            groups: dict[tuple[bool, ...], list[_Accepted]] = {}
+            for a in accepted:
+                if a.encoded is not None:
+                    groups.setdefault(a.included, []).append(a)
+            for included, members in groups.items():
+                est = self._group_estimator(plan, included)
+                msgs = [a.encoded for a in members if isinstance(a.encoded, Encoded)]
+                result = est.decode_with_info(msgs)
+                share = 1.0 if len(members) == big_n else len(members) / big_n
+                if all(included):
+                    total += share * result.estimate
+                else:
+                    total[layout.coordinate_mask(included)] += share * result.estimate
+                decoded.append((est, msgs, result))
+        seconds = sum(float(r.seconds) for _, _, r in decoded)
+        update = np.zeros(layout.d)
+        keep = []
+        for j, (name, where) in enumerate(slices.items()):
+            carriers = [name in a.carried for a in accepted]
+            if not any(a.included[j] for a in accepted):
+                keep.append(name)  # every carrier marks it zero, or no reply carries it
+                continue
+            mean_w = (weights.mean() if all(carriers)
+                      else weights[np.asarray(carriers)].sum() / big_n)
+            update[where] = total[where] / mean_w
+        return update, keep, decoded, seconds
+
+    def _group_estimator(self, plan: _RoundPlan, included: tuple[bool, ...]) -> Estimator:
+        """The estimator of the sketches of the compressed arrays flagged ``included``."""
+        if all(included):
+            return plan.estimator
+        est = plan.reduced.get(included)
+        if est is None:
+            d = int(plan.layout.coordinate_mask(included).sum())
+            est = plan.encoding.reduced(d).estimator(plan.n, self.transform, plan.prior,
+                                                     self.solver)
+            plan.reduced[included] = est
+        return est
 
     def _accept(self, plan: _RoundPlan, valid: list[Message]) -> list[_Accepted]:
         """The replies that decode together: one per node, each well-formed for the round.
@@ -435,19 +523,36 @@ class RandProjSpatialFedAvg(FedAvg):
                 if len(arrays) != 1:
                     raise ValueError(f"{len(arrays)} ArrayRecords in a compressed reply")
                 meta = msg.content.config_records[REPLY_CONFIG]
-                encoded: Encoded | list[Encoded] = (
-                    records_to_layers(plan.layers, arrays[0], meta, plan.encoding.nonce, node)
-                    if plan.layers else
-                    records_to_encoded(plan.estimator, arrays[0], meta, plan.encoding.nonce,
-                                       node))
-                plain = records_to_plain(arrays[0], plan.layout)
+                layout = plan.layout
+                zero, absent = reply_marks(meta, layout)
+                lacks = [key for key, no in zip(layout.keys, absent, strict=True) if no]
+                if lacks and self.partial == "refuse":
+                    raise RuntimeError(
+                        f"the reply from node {node} carries only some of the model's arrays: "
+                        f"it lacks {lacks}. RandProjSpatialFedAvg(partial='allow') averages "
+                        f"each array over the replies that carry it; or return every array "
+                        f"from the ClientApp, or name the untrained ones in frozen=[...]")
+                flags = dict(zip(layout.keys, zip(zero, absent, strict=True), strict=True))
+                included = tuple(not any(flags[key]) for key in layout.compressed_keys)
+                encoded: Encoded | list[Encoded | None] | None
+                if plan.layers:
+                    encoded = records_to_layers(plan.layers, arrays[0], meta,
+                                                plan.encoding.nonce, node, included)
+                elif any(included):
+                    encoded = records_to_encoded(self._group_estimator(plan, included),
+                                                 arrays[0], meta, plan.encoding.nonce, node)
+                else:
+                    encoded = None
+                plain = records_to_plain(arrays[0], layout, absent)
                 weight = self._weight(msg) if self.weighted else 1.0
             except ValueError as exc:
                 log.warning("aggregate_train: reply from node %d dropped: %s", node, exc)
                 continue
             seen.add(node)
             wire = arrays[0].count_bytes() + meta.count_bytes()
-            accepted.append(_Accepted(i, encoded, weight, wire, plain))
+            carried = frozenset(k for k, no in zip(plan.layout.keys, absent, strict=True)
+                                if not no)
+            accepted.append(_Accepted(i, encoded, weight, wire, plain, included, carried))
         return accepted
 
     def _weight(self, msg: Message) -> float:
