@@ -255,10 +255,13 @@ class RandProjSpatialFedAvg(FedAvg):
         self._plan: _RoundPlan | None = None
 
     def summary(self) -> None:
-        """Log the configuration (FedAvg's, then the compression)."""
+        """Log the configuration (FedAvg's, then the compression) as constructed: ``k`` is
+        the constructor's (the upper bound under ``target_rel_error``); each round's k is
+        its metric ``rpsagg.k``."""
         super().summary()
         log.info(
-            "\t└──> rpsagg: %s, k=%s, transform=%s, value_bits=%s, bits=%s, block_size=%s, "
+            "\t└──> rpsagg: %s, k=%s (each round's: metric rpsagg.k), transform=%s, "
+            "value_bits=%s, bits=%s, block_size=%s, "
             "weighted=%s, uncompressed=%s, frozen=%s, partial replies %s, server step %s, "
             "error feedback %s",
             self.estimator_name, self.k, self.transform, self.value_bits, self.bits,
