@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import resource
+import select
 import selectors
 import shutil
 import socket
@@ -132,6 +133,26 @@ def wait_closed(socks: list[socket.socket], timeout: float,
             tick()
     sel.close()
     return got
+
+
+def read_to_close(s: socket.socket, timeout: float) -> bytes:
+    """What a non-blocking socket receives until the server closes it (EOF or reset); the
+    answer and the close can arrive apart, so this waits for the close (``timeout`` s)."""
+    data = b""
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            chunk = s.recv(65536)
+        except BlockingIOError:
+            left = end - time.monotonic()
+            assert left > 0, f"not closed within {timeout} s after {data[:80]!r}"
+            select.select([s], [], [], left)
+            continue
+        except ConnectionResetError:
+            return data
+        if not chunk:
+            return data
+        data += chunk
 
 
 def http_get(url: str, token: str | None = None, ctx: ssl.SSLContext | None = None,
@@ -249,11 +270,7 @@ def test_a_flood_of_incomplete_requests_leaves_descriptors_for_grpc(
                 for key, _ in sel.select(0.2):
                     s = key.fileobj
                     assert isinstance(s, socket.socket)
-                    data = b""
-                    with contextlib.suppress(ConnectionResetError):
-                        data = s.recv(65536)
-                        while chunk := s.recv(65536):
-                            data += chunk
+                    data = read_to_close(s, timeout=10.0)
                     if scheme == "http":
                         assert data.startswith(b"HTTP/1.1 503 "), data[:80]
                     else:
