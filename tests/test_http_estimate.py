@@ -129,3 +129,7 @@ def test_schemes_without_k_say_k_0(tmp_path: Path) -> None:
         assert headers["x-rpsagg-shape"] == "32" and headers["x-rpsagg-m"] == "1"
         doc = _fetch(http, rnd.round_id, "json")[1]["doc"]
         assert doc["k"] == 0 and doc["projection"] == "" and doc["shape"] == [32]
+        # the dashboard's settings and rounds say 0 too (not --k)
+        status = http.get("/api/status").json()
+        assert status["config"]["settings"]["k"] == 0
+        assert http.get(f"/api/rounds/{rnd.round_id}").json()["k"] == 0

@@ -356,11 +356,14 @@ class ServerConfig:
 
         The paths of the TLS key and certificates, the token files, the database and the port
         file are replaced by booleans: ``tls``, ``mtls``, ``tokens``, ``http_tokens``,
-        ``persistent_db``.
+        ``persistent_db``. ``k`` is 0 for schemes that take none (eden, qsgd), as
+        ``RoundInfo.k`` says.
         """
         out = asdict(self)
         for name in _PATHS:
             del out[name]
+        if not scheme_traits(self.estimator).takes_k:
+            out["k"] = 0
         out.update(tls=self.tls_cert is not None, mtls=self.tls_client_ca is not None,
                    tokens=self.tokens is not None, http_tokens=self.http_tokens is not None,
                    persistent_db=self.db != ":memory:")
