@@ -14,9 +14,12 @@ Each run drives Flower's own objects in this process: the strategy (Flower's ``F
 rounds (as a SuperNode keeps it: the error-feedback memory lives there), and the replies
 go to ``aggregate_train``. Only the transport is left out (``run_comparison.py`` and
 ``tests/flower/test_e2e.py`` run the example app over real SuperLinks and SuperNodes).
-Bytes up are counted from the replies (Flower's ``count_bytes`` of every reply's
-``ArrayRecord`` and, for compressed replies, the ``rpsagg`` config record); decode time is
-the strategy's ``rpsagg.decode-seconds``. Seeds are fixed (``--seed``/``--seeds``): model
+Bytes up are the replies' wire bytes, as Flower 1.42 pushes them
+(``rpsagg_flower.wire.wire_bytes`` of every reply ``Message``: its metadata, records,
+arrays' descriptions and chunks, each with its object header); ``payload-bytes-up`` beside
+them is the data and keys alone (Flower's ``count_bytes`` of every reply's ``ArrayRecord``
+and, for compressed replies, the ``rpsagg`` config record). Decode time is the strategy's
+``rpsagg.decode-seconds``. Seeds are fixed (``--seed``/``--seeds``): model
 initialization, nonces, client seeds and minibatch order.
 
 Tasks:
@@ -60,6 +63,7 @@ from rpsagg.spec import mix64  # noqa: E402
 from rpsagg_flower import RandProjSpatialFedAvg, ServerSGD, make_rpsagg_mod  # noqa: E402
 from rpsagg_flower.optim import ServerOptimizer  # noqa: E402
 from rpsagg_flower.payload import Layout  # noqa: E402
+from rpsagg_flower.wire import wire_bytes  # noqa: E402
 
 
 class Nodes:
@@ -220,15 +224,19 @@ def run(task: Task, cfg: Config, clients: int, rounds: int, seed: int,
         errors = [r.error.reason for r in replies if r.has_error()]
         if errors:
             raise RuntimeError(f"{cfg.label}: error replies in round {rnd}: {errors[:2]}")
-        up = sum(rec.count_bytes() for r in replies for rec in r.content.array_records.values())
-        up += sum(rec.count_bytes() for r in replies for key, rec
-                  in r.content.config_records.items() if key == "rpsagg")
+        sizes: dict[str, int] = {}
+        up = sum(wire_bytes(r, sizes) for r in replies)
+        payload = sum(rec.count_bytes() for r in replies
+                      for rec in r.content.array_records.values())
+        payload += sum(rec.count_bytes() for r in replies for key, rec
+                       in r.content.config_records.items() if key == "rpsagg")
         new, metrics = strategy.aggregate_train(rnd, replies)
         if new is None or metrics is None:
             raise RuntimeError(f"{cfg.label}: round {rnd} produced no model")
         arrays = new
         entry = task.evaluate(arrays)
         entry["bytes-up"] = float(up)
+        entry["payload-bytes-up"] = float(payload)
         entry["round-seconds"] = time.perf_counter() - started
         for key in ("rpsagg.decode-seconds", "rpsagg.bytes-up", "rpsagg.compression-ratio"):
             if key in metrics:
@@ -236,7 +244,8 @@ def run(task: Task, cfg: Config, clients: int, rounds: int, seed: int,
         log[str(rnd)] = entry
         decode = entry.get("rpsagg.decode-seconds")
         print(f"[bench] {task.name} {cfg.label} ({cfg.control}) round {rnd}: "
-              f"{task.metric} {entry[task.metric]:.4f}, {up:,} B up"
+              f"{task.metric} {entry[task.metric]:.4f}, {up:,} B up "
+              f"({payload:,} B payload)"
               + (f", decode {decode:.3f} s" if decode is not None else ""), flush=True)
     return {"task": task.name, "label": cfg.label, "solver": solver, "method": cfg.method,
             "budget": cfg.budget,

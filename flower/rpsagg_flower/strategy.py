@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import (
     DifferentialPrivacyServerSideAdaptiveClipping,
@@ -41,6 +41,7 @@ from rpsagg_flower.payload import (
     reply_marks,
 )
 from rpsagg_flower.settings import AUTO_BLOCK_SIZE, AUTO_BLOCK_THRESHOLD, RoundEncoding
+from rpsagg_flower.wire import distinct_wire_bytes, wire_bytes
 
 log = logging.getLogger("flwr.rpsagg_flower")  # through Flower's log handlers
 
@@ -64,9 +65,27 @@ class _Accepted:
     encoded: Encoded | list[Encoded | None] | None  # None: no sketch (nothing included)
     weight: float
     wire_bytes: int
+    payload_bytes: int  # the compressed records' data and keys (count_bytes)
+    fedavg_bytes: int  # the same reply with the model's arrays, as FedAvg's would travel
     plain: dict[str, NDArray[np.generic]]
     included: tuple[bool, ...]  # per compressed array: in this reply's sketch
     carried: frozenset[str]  # the arrays the reply carries (zero-marked ones included)
+
+
+def _fedavg_wire(msg: Message, wire: int, model_bytes: int, sizes: dict[str, int]) -> int:
+    """Wire bytes of ``msg`` (``wire`` of them) had it carried the model's arrays as FedAvg's
+    ClientApp returns them (``model_bytes``: :func:`distinct_wire_bytes` of the model, in
+    NumPy's format) under its ``ArrayRecord``'s name, with no rpsagg ``ConfigRecord``: its
+    other records and its metadata as they are."""
+    content = msg.content
+    kept = {name: rec for name, rec in content.items()
+            if name != REPLY_CONFIG and not isinstance(rec, ArrayRecord)}
+    names = {name: ArrayRecord() for name in content.array_records}
+    shell = RecordDict({**kept, **names})  # the FedAvg reply's RecordDict object (ids of
+    # the same length), its other records
+    others = sum(wire_bytes(rec, sizes) for rec in kept.values())
+    return (wire - wire_bytes(content, sizes) + len(shell.deflate()) + others
+            + model_bytes * len(names))
 
 
 _SERVER_SIDE_DP = (DifferentialPrivacyServerSideFixedClipping,
@@ -95,11 +114,14 @@ class RandProjSpatialFedAvg(FedAvg):
     update to the global arrays (each in its own shape and dtype) and reports, next to the
     clients' aggregated metrics:
 
-    ``rpsagg.n-prime``, ``rpsagg.bytes-up`` (the compressed records of those replies, as
-    Flower's ``count_bytes`` counts them), ``rpsagg.bytes-up-uncompressed`` (their
-    ``ArrayRecord``\\ s uncompressed), ``rpsagg.compression-ratio`` (the second over the
-    first), ``rpsagg.payload-bytes`` (seeds, values or codes, indices: the estimator's own
-    count), ``rpsagg.beta``, ``rpsagg.decode-seconds`` and, where the sketches allow it,
+    ``rpsagg.n-prime``, ``rpsagg.bytes-up`` (those replies as Flower sends them:
+    :func:`rpsagg_flower.wire.wire_bytes` of each ``Message``, its metadata and every
+    object of its content), ``rpsagg.payload-bytes-up`` (their compressed records' data and
+    keys alone, as Flower's ``count_bytes`` counts them), ``rpsagg.bytes-up-uncompressed``
+    (the same replies' wire bytes with the model's arrays, as FedAvg's replies would
+    travel), ``rpsagg.compression-ratio`` (the last over the first),
+    ``rpsagg.payload-bytes`` (seeds, values or codes, indices: the estimator's own count),
+    ``rpsagg.beta``, ``rpsagg.decode-seconds`` and, where the sketches allow it,
     ``rpsagg.r-hat``: the estimated correlation R of the round's updates.
 
     Parameters
@@ -410,9 +432,10 @@ class RandProjSpatialFedAvg(FedAvg):
         else:  # FedAvg's aggregation needs the weight in every reply; unweighted runs may not
             metrics = MetricRecord()
         up = sum(a.wire_bytes for a in accepted)
-        raw = len(accepted) * plan.arrays.count_bytes()
+        raw = sum(a.fedavg_bytes for a in accepted)
         metrics["rpsagg.n-prime"] = len(accepted)
         metrics["rpsagg.bytes-up"] = up
+        metrics["rpsagg.payload-bytes-up"] = sum(a.payload_bytes for a in accepted)
         metrics["rpsagg.bytes-up-uncompressed"] = raw
         metrics["rpsagg.compression-ratio"] = raw / up
         metrics["rpsagg.payload-bytes"] = sum(m.payload_bytes for m in msgs)
@@ -511,6 +534,8 @@ class RandProjSpatialFedAvg(FedAvg):
         ``"raise"``."""
         accepted: list[_Accepted] = []
         seen: set[int] = set()
+        sizes: dict[str, int] = {}  # deflated sizes by object id, shared by the replies
+        model_bytes = distinct_wire_bytes(plan.arrays)
         for i, msg in enumerate(valid):
             node = msg.metadata.src_node_id
             try:
@@ -552,10 +577,13 @@ class RandProjSpatialFedAvg(FedAvg):
                 log.warning("aggregate_train: reply from node %d dropped: %s", node, exc)
                 continue
             seen.add(node)
-            wire = arrays[0].count_bytes() + meta.count_bytes()
+            wire = wire_bytes(msg, sizes)
+            payload = arrays[0].count_bytes() + meta.count_bytes()
             carried = frozenset(k for k, no in zip(plan.layout.keys, absent, strict=True)
                                 if not no)
-            accepted.append(_Accepted(i, encoded, weight, wire, plain, included, carried))
+            accepted.append(_Accepted(i, encoded, weight, wire, payload,
+                                      _fedavg_wire(msg, wire, model_bytes, sizes), plain,
+                                      included, carried))
         return accepted
 
     def _weight(self, msg: Message) -> float:

@@ -42,7 +42,9 @@ def _check_run(out: dict) -> None:
         # both nodes' replies decoded; a tenth of the floats, raw bytes instead of .npy
         assert r["rpsagg.n-prime"] == 2
         assert r["rpsagg.payload-bytes"] == 2 * (8 + 4 * 785)
-        assert r["rpsagg.compression-ratio"] > 8
+        # on the wire (docs/flower.md, Bytes on the wire): ~7.1x, the replies' per-array and
+        # per-record overhead beside the payload's ~10x
+        assert r["rpsagg.compression-ratio"] > 6.5
         assert r["train-loss"] > 0  # the ClientApps' metrics, aggregated as by FedAvg
     # the int64 step counter travelled uncompressed: 300 images in batches of 64 are
     # 5 steps a round on each node, and its mean over the nodes is exact

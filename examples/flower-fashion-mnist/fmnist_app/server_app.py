@@ -27,22 +27,23 @@ from rpsagg.spec import mix64
 from rpsagg_flower import RandProjSpatialFedAvg
 from rpsagg_flower.optim import make_server_optimizer
 from rpsagg_flower.payload import Layout
+from rpsagg_flower.wire import wire_bytes
 
 app = ServerApp()
 
 
 class CountingFedAvg(FedAvg):
-    """Flower's FedAvg, plus ``rpsagg.bytes-up``: the replies' ``ArrayRecord`` bytes as
-    Flower's ``count_bytes`` counts them (what the compressed runs report too)."""
+    """Flower's FedAvg, plus ``rpsagg.bytes-up``: the replies' wire bytes
+    (``rpsagg_flower.wire.wire_bytes``, what the compressed runs report too)."""
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
         arrays, metrics = super().aggregate_train(server_round, replies)
         if metrics is not None:
-            metrics["rpsagg.bytes-up"] = sum(
-                rec.count_bytes() for r in replies if not r.has_error()
-                for rec in r.content.array_records.values())
+            sizes: dict[str, int] = {}
+            metrics["rpsagg.bytes-up"] = sum(wire_bytes(r, sizes) for r in replies
+                                             if not r.has_error())
         return arrays, metrics
 
 
