@@ -9,12 +9,14 @@ integers, booleans, excluded names) travel as they are and are averaged
 
 A compressed reply carries (:func:`encoded_to_records`):
 
-* an ``ArrayRecord`` with ``values`` (float32), or ``codes`` (the packed ``value_bits``-bit
+* an ``ArrayRecord`` of one array, :data:`BUNDLE_KEY` (:func:`bundle`: Flower sends each
+  ``Array`` as objects of their own, a few hundred bytes each beyond the data), that holds
+  ``values`` (float32), or ``codes`` (the packed ``value_bits``-bit
   codes, ``rpsagg.quantize.pack_codes``) and ``scale`` (one float32), and ``indices``
-  (int32) for the schemes that send coordinates, and the uncompressed arrays in NumPy's
-  format under ``plain/<key>`` (:data:`PLAIN_PREFIX`). The sketch's ``Array`` objects hold raw
-  little-endian bytes (``stype`` :data:`STYPE_RAW`) rather than NumPy's ``.npy`` format,
-  whose 128-byte header per array would cost more than a small sketch;
+  (int32) for the schemes that send coordinates, and the uncompressed arrays under
+  ``plain/<key>`` (:data:`PLAIN_PREFIX`), all as raw little-endian bytes (``stype``
+  :data:`STYPE_RAW`) rather than NumPy's ``.npy`` format, whose 128-byte header per array
+  would cost more than a small sketch;
 * a ``ConfigRecord`` :data:`REPLY_CONFIG` with the client's 64-bit ``seed`` and the round's
   ``nonce`` (8 bytes each), the message ``scheme``, the value ``count`` and ``value-bits``,
   and two bitmaps over the model's arrays in record order (:func:`marks_to_bytes`, one bit
@@ -29,6 +31,8 @@ never travel up, and the server keeps them as they are.
 
 from __future__ import annotations
 
+import json
+import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -46,6 +50,10 @@ FloatArray = NDArray[np.float64]
 
 #: ``Array.stype`` of raw little-endian bytes (no ``.npy`` header).
 STYPE_RAW = "rpsagg.raw-le"
+#: ``Array.stype`` of a bundle: several raw arrays in one (:func:`bundle`).
+STYPE_BUNDLE = "rpsagg.bundle"
+#: Key of the bundle in a compressed reply's ``ArrayRecord``.
+BUNDLE_KEY = "rpsagg"
 #: Key of the reply's ``ConfigRecord`` with the seed and the message's description.
 REPLY_CONFIG = "rpsagg"
 #: Prefix of the uncompressed arrays' keys in a compressed reply's ``ArrayRecord``.
@@ -342,6 +350,64 @@ def _from_raw(record: ArrayRecord, key: str, dtype: str) -> NDArray[np.generic]:
     return _raw_values(arr, f"array {key!r}")
 
 
+def bundle(arrays: Mapping[str, Array]) -> ArrayRecord:
+    """``arrays`` (raw, :data:`STYPE_RAW`) as one ``Array`` under :data:`BUNDLE_KEY`.
+
+    Flower sends each ``Array`` as objects of their own, about 340 B beyond the data;
+    a bundle sends one. Its bytes (``uint8``, ``stype`` :data:`STYPE_BUNDLE`) are the
+    length of a header (4 bytes, little-endian), the header (compact JSON: one
+    ``[key, dtype, shape]`` per array, in order) and the arrays' data concatenated.
+
+    Parameters
+    ----------
+    arrays : mapping of str to Array
+        Raw arrays, by key.
+
+    Returns
+    -------
+    ArrayRecord
+        One array, :data:`BUNDLE_KEY`.
+    """
+    entries, parts = [], []
+    for key, arr in arrays.items():
+        if arr.stype != STYPE_RAW:
+            raise ValueError(f"array {key!r} is not raw ({arr.stype!r})")
+        entries.append([key, arr.dtype, list(arr.shape)])
+        parts.append(arr.data)
+    head = json.dumps(entries, separators=(",", ":")).encode("utf-8")
+    data = b"".join([struct.pack("<I", len(head)), head, *parts])
+    return ArrayRecord({BUNDLE_KEY: Array(dtype="uint8", shape=(len(data),),
+                                          stype=STYPE_BUNDLE, data=data)})
+
+
+def unbundle(record: ArrayRecord) -> ArrayRecord:
+    """The raw arrays of a bundle (:func:`bundle`), by key; a record that is not one
+    bundle is returned as it is (rpsagg-flower 0.1's replies sent each array apart).
+    ``ValueError`` for a malformed bundle."""
+    if list(record.keys()) != [BUNDLE_KEY] or record[BUNDLE_KEY].stype != STYPE_BUNDLE:
+        return record
+    data = record[BUNDLE_KEY].data
+    try:
+        (size,) = struct.unpack_from("<I", data)
+        entries = json.loads(data[4 : 4 + size].decode("utf-8"))
+        offset = 4 + size
+        out: dict[str, Array] = {}
+        for key, dtype, shape in entries:
+            shape = tuple(int(s) for s in shape)
+            nbytes = np.dtype(dtype).itemsize * int(np.prod(shape, dtype=np.int64))
+            if not isinstance(key, str) or key in out or offset + nbytes > len(data):
+                raise ValueError(f"entry {key!r:.40}")
+            out[key] = Array(dtype=str(dtype), shape=shape, stype=STYPE_RAW,
+                             data=bytes(data[offset : offset + nbytes]))
+            offset += nbytes
+    except (struct.error, UnicodeDecodeError, TypeError, ValueError) as exc:
+        raise ValueError(f"the compressed reply's bundle is malformed: {exc}") from None
+    if offset != len(data):
+        raise ValueError(f"the compressed reply's bundle has {len(data) - offset} bytes "
+                         f"past its arrays")
+    return ArrayRecord(out)
+
+
 def encoded_to_records(
     msg: Encoded | None, client_seed: int, nonce: int,
     plain: Mapping[str, NDArray[np.generic]] | None = None,
@@ -352,7 +418,8 @@ def encoded_to_records(
     (raw little-endian bytes in their own dtype and shape, keys prefixed by
     :data:`PLAIN_PREFIX`) and the bitmaps ``marks`` (:data:`MARK_ZERO`,
     :data:`MARK_ABSENT`). ``msg`` None: no sketch (every compressed array is zero or
-    absent; ``count`` 0, ``scheme`` as given)."""
+    absent; ``count`` 0, ``scheme`` as given). The arrays travel as one
+    (:func:`bundle`)."""
     arrays: dict[str, Array] = {}
     if msg is not None:
         _put(arrays, msg, "")
@@ -368,7 +435,7 @@ def encoded_to_records(
             **(marks or {}),
         }
     )
-    return ArrayRecord(arrays), meta
+    return bundle(arrays), meta
 
 
 def _put(arrays: dict[str, Array], msg: Encoded, suffix: str) -> None:
@@ -409,7 +476,7 @@ def layers_to_records(
             **(marks or {}),
         }
     )
-    return ArrayRecord(arrays), meta
+    return bundle(arrays), meta
 
 
 def layer_seed(client_seed: int, nonce: int, node_id: int, layer: int) -> int:

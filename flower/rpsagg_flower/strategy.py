@@ -39,6 +39,7 @@ from rpsagg_flower.payload import (
     records_to_layers,
     records_to_plain,
     reply_marks,
+    unbundle,
 )
 from rpsagg_flower.settings import AUTO_BLOCK_SIZE, AUTO_BLOCK_THRESHOLD, RoundEncoding
 from rpsagg_flower.wire import distinct_wire_bytes, wire_bytes
@@ -547,7 +548,7 @@ class RandProjSpatialFedAvg(FedAvg):
                     if self.missing_payload == "raise":
                         raise RuntimeError(why + " (missing_payload='drop' drops such replies)")
                     raise ValueError(why)
-                arrays = list(msg.content.array_records.values())
+                arrays = [unbundle(a) for a in msg.content.array_records.values()]
                 if len(arrays) != 1:
                     raise ValueError(f"{len(arrays)} ArrayRecords in a compressed reply")
                 meta = msg.content.config_records[REPLY_CONFIG]
@@ -578,7 +579,8 @@ class RandProjSpatialFedAvg(FedAvg):
                 continue
             seen.add(node)
             wire = wire_bytes(msg, sizes)
-            payload = arrays[0].count_bytes() + meta.count_bytes()
+            payload = sum(a.count_bytes() for a in msg.content.array_records.values())
+            payload += meta.count_bytes()
             carried = frozenset(k for k, no in zip(plan.layout.keys, absent, strict=True)
                                 if not no)
             accepted.append(_Accepted(i, encoded, weight, wire, payload,

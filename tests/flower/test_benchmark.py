@@ -45,11 +45,11 @@ def test_small_benchmark_counts_bytes_and_repeats_exactly(tmp_path: Path,
     for res in first[1:]:
         rnd = res["rounds"]["1"]
         assert rnd["rpsagg.decode-seconds"] > 0
-        budget = 30 if res["k"] == 4320 else 100
-        # the budgets are met on the payload; on the wire a compressed reply's per-array
-        # overhead is kilobytes (docs/flower.md)
-        assert rnd["payload-bytes-up"] * budget <= fedavg["payload-bytes-up"] * 1.02, \
-            res["label"]
+        # the budgets (~30x, ~100x) are set on the sketch; on the wire each reply also
+        # carries ~1.5 KB of records, headers, ids and the plain arrays: measured 22.6x and
+        # 44.6x (docs/flower.md)
+        wire_ratio = 22 if res["k"] == 4320 else 44
+        assert rnd["bytes-up"] * wire_ratio <= fedavg["bytes-up"], res["label"]
         assert rnd["bytes-up"] == rnd["rpsagg.bytes-up"]  # the strategy's count agrees
         # the strategy's FedAvg figure counts no two arrays alike; FedAvg's real replies
         # here share one (two BatchNorm layers' equal num_batches_tracked): 371 B less

@@ -18,7 +18,7 @@ from rpsagg import make_estimator
 from rpsagg._quantize import unpack_codes
 from rpsagg.spec import derive_round_seed
 from rpsagg_flower import make_rpsagg_mod, rpsagg_mod
-from rpsagg_flower.payload import REPLY_CONFIG, STYPE_RAW
+from rpsagg_flower.payload import BUNDLE_KEY, REPLY_CONFIG, STYPE_RAW, unbundle
 from rpsagg_flower.settings import RoundEncoding, nonce_from_bytes
 
 from .flower_util import adding_app, context, model
@@ -49,7 +49,8 @@ def test_reply_carries_k_values_and_the_seed() -> None:
     out = make_rpsagg_mod(lambda: 12345)(instruction(round_config()), context(77),
                                          adding_app(update, 100.0))
     assert not out.has_error()
-    arrays = out.content["arrays"]
+    assert list(out.content["arrays"].keys()) == [BUNDLE_KEY]  # one Array on the wire
+    arrays = unbundle(out.content["arrays"])
     assert list(arrays.keys()) == ["values"]
     values = arrays["values"]
     assert (values.stype, values.dtype, values.shape) == (STYPE_RAW, "float32", (10,))
@@ -69,7 +70,7 @@ def test_quantized_values_travel_as_packed_codes() -> None:
         instruction(round_config(value_bits=3, weight_key="")), context(77),
         adding_app(np.linspace(-1, 1, 60), None))
     assert not out.has_error()
-    arrays = out.content["arrays"]
+    arrays = unbundle(out.content["arrays"])
     assert sorted(arrays.keys()) == ["codes", "scale"]
     assert len(arrays["codes"].data) == (10 * 3 + 7) // 8
     codes = unpack_codes(arrays["codes"].data, 10, 3)

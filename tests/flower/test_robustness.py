@@ -31,7 +31,7 @@ from flwr.serverapp.strategy import (
 from flwr.supercore.differential_privacy import KEY_NORM_BIT
 
 from rpsagg_flower import RandProjSpatialFedAvg, make_rpsagg_mod, rpsagg_mod
-from rpsagg_flower.payload import PLAIN_PREFIX, REPLY_CONFIG
+from rpsagg_flower.payload import PLAIN_PREFIX, REPLY_CONFIG, bundle, unbundle
 
 from .flower_util import FakeGrid, adding_app, context, model, run_round, seeds
 from .test_mod import instruction, round_config
@@ -151,7 +151,7 @@ def test_integer_bool_and_excluded_arrays_travel_beside_the_sketch() -> None:
                for m in messages]
     for reply in replies:
         assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
-        sent = reply.content["arrays"]
+        sent = unbundle(reply.content["arrays"])
         assert sorted(k for k in sent if k.startswith(PLAIN_PREFIX)) == [
             PLAIN_PREFIX + "bn.num_batches_tracked", PLAIN_PREFIX + "bn.running_mean",
             PLAIN_PREFIX + "mask"]
@@ -182,7 +182,7 @@ def test_plain_arrays_are_counted_in_bytes_up() -> None:
     assert metrics is not None
     wire = sum(r.content["arrays"].count_bytes() + r.content[REPLY_CONFIG].count_bytes()
                for r in replies)
-    sketch = sum(len(r.content["arrays"]["values"].data) for r in replies)
+    sketch = sum(len(unbundle(r.content["arrays"])["values"].data) for r in replies)
     assert metrics["rpsagg.payload-bytes-up"] == wire
     assert metrics["rpsagg.bytes-up"] > wire
     assert wire - sketch > 2 * (12 * 4 + 8 + 5)  # the plain arrays' data at least
@@ -205,16 +205,17 @@ def test_plain_arrays_travel_raw_and_a_bad_one_drops_its_reply() -> None:
 
     first = replies(1)
     for reply in first:
-        sent = reply.content["arrays"]
+        sent = unbundle(reply.content["arrays"])
         for key in ("bn.running_mean", "bn.num_batches_tracked", "mask"):
             arr = sent[PLAIN_PREFIX + key]
             shape, dtype = BN[key]
             assert arr.stype == "rpsagg.raw-le" and tuple(arr.shape) == shape
             assert len(arr.data) == np.zeros(shape, dtype).nbytes
     fine, _ = strategy.aggregate_train(1, first)
-    old = replies(2)  # the same, with the plain arrays in NumPy's format
+    old = replies(2)  # the same, as 0.1 sent them: apart, the plain arrays in NumPy's format
     for reply in old:
-        sent = reply.content["arrays"]
+        sent = unbundle(reply.content["arrays"])
+        reply.content["arrays"] = sent
         for key in [k for k in sent if k.startswith(PLAIN_PREFIX)]:
             arr = sent[key]
             value = np.frombuffer(arr.data, np.dtype(arr.dtype).newbyteorder("<"))
@@ -225,9 +226,11 @@ def test_plain_arrays_travel_raw_and_a_bad_one_drops_its_reply() -> None:
     for a, b in zip(fine.to_numpy_ndarrays(), again.to_numpy_ndarrays(), strict=True):
         np.testing.assert_array_equal(a, b)
     third = replies(3)  # one truncated raw array: that reply is left out
-    bad = third[1].content["arrays"][PLAIN_PREFIX + "bn.running_mean"]
-    third[1].content["arrays"][PLAIN_PREFIX + "bn.running_mean"] = Array(
+    sent = unbundle(third[1].content["arrays"])
+    bad = sent[PLAIN_PREFIX + "bn.running_mean"]
+    sent[PLAIN_PREFIX + "bn.running_mean"] = Array(
         dtype=bad.dtype, shape=tuple(bad.shape), stype=bad.stype, data=bad.data[:-4])
+    third[1].content["arrays"] = bundle(dict(sent.items()))
     _, metrics = strategy.aggregate_train(3, third)
     assert metrics is not None and metrics["rpsagg.n-prime"] == 2
 

@@ -10,7 +10,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from rpsagg import ESTIMATOR_NAMES, Encoded, estimate_correlation, make_estimator
 from rpsagg.spec import derive_round_seed, mix64
 from rpsagg_flower import RandProjSpatialFedAvg, make_rpsagg_mod
-from rpsagg_flower.payload import REPLY_CONFIG, Layout, flatten
+from rpsagg_flower.payload import REPLY_CONFIG, Layout, bundle, flatten, unbundle
 from rpsagg_flower.settings import KEY_NONCE, RoundEncoding
 from rpsagg_flower.wire import wire_bytes
 
@@ -245,11 +245,11 @@ def test_big_model_is_encoded_blockwise(value_bits: int) -> None:
     # wire bytes: a reply of ~1.3 KB, most of it object headers and ids, against 4 MiB
     assert rnd.metrics["rpsagg.compression-ratio"] > 2_500
     if value_bits < 32:  # the replies carry a scale per block: 5 blocks of 2^18
-        from rpsagg_flower.payload import _from_raw
+        from rpsagg_flower.payload import _from_raw, unbundle
 
-        scales = [_from_raw(rec, name, "float32")
+        scales = [_from_raw(unbundle(rec), name, "float32")
                   for rec in rnd.replies[0].content.array_records.values()
-                  for name in rec if name.startswith("scale")]
+                  for name in unbundle(rec) if name.startswith("scale")]
         assert [a.size for a in scales] == [5]
 
 
@@ -282,16 +282,18 @@ def test_replies_with_bad_values_are_dropped() -> None:
     arrays = model(SHAPES)
 
     def spoil(replies: list[Message]) -> list[Message]:
-        first = replies[0].content.array_records["arrays"]
+        first = unbundle(replies[0].content.array_records["arrays"])
         vals = np.frombuffer(first["values"].data, "<f4").copy()
         vals[0] = np.nan
         first["values"] = Array(dtype="float32", shape=(vals.size,), stype=first["values"].stype,
                                 data=vals.tobytes())
-        second = replies[1].content.array_records["arrays"]
+        second = unbundle(replies[1].content.array_records["arrays"])
         idx = np.frombuffer(second["indices"].data, "<i4").copy()
         idx[0] = 60
         second["indices"] = Array(dtype="int32", shape=(idx.size,),
                                   stype=second["indices"].stype, data=idx.tobytes())
+        replies[0].content["arrays"] = bundle(dict(first.items()))
+        replies[1].content["arrays"] = bundle(dict(second.items()))
         return replies
 
     rnd = run_round(strategy, arrays, updates(60), extra_replies=spoil)
@@ -388,7 +390,7 @@ def test_per_layer_matches_rpsagg_decode_of_each_layer(per_layer, ks) -> None:  
     assert rnd.arrays is not None and rnd.metrics is not None
     enc = RoundEncoding.from_config(rnd.messages[0].content["config"])
     assert enc is not None and enc.layer_k == ks
-    sent = rnd.replies[0].content["arrays"]
+    sent = unbundle(rnd.replies[0].content["arrays"])
     assert sorted(sent.keys()) == ["values/0", "values/1"]
     assert [sent[f"values/{j}"].shape for j in (0, 1)] == [(ks[0],), (ks[1],)]
     nodes = [r.metadata.src_node_id for r in rnd.replies]

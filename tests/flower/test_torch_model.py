@@ -18,7 +18,7 @@ from flwr.serverapp.strategy import FedAvg
 from torch import nn
 
 from rpsagg_flower import RandProjSpatialFedAvg, make_rpsagg_mod
-from rpsagg_flower.payload import PLAIN_PREFIX, STYPE_RAW
+from rpsagg_flower.payload import PLAIN_PREFIX, STYPE_RAW, unbundle
 
 from .flower_util import FakeGrid, context, seeds
 
@@ -90,7 +90,7 @@ def test_full_estimator_gives_flowers_fedavg_on_a_batchnorm_state_dict() -> None
                                                  nonces=iter(seeds(9)).__next__,
                                                  fraction_evaluate=0.0), _initial())
     for reply in replies:  # the counters and statistics travel raw beside the values
-        sent = reply.content["arrays"]
+        sent = unbundle(reply.content["arrays"])
         for key in ["bn.num_batches_tracked", *STATS]:
             assert sent[PLAIN_PREFIX + key].stype == STYPE_RAW
     state = ours.to_torch_state_dict()
