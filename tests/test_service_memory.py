@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_http_exposure import http_get, metric
 
 from rpsagg_client import AggregationClient
 from rpsagg_server.launch import ServerProcess
@@ -96,12 +97,9 @@ class Server:
 
     def metric(self, name: str) -> float:
         """The value of the unlabelled sample ``name`` in ``/metrics``."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/metrics", timeout=30) as res:
-            text = res.read().decode()
-        values = [float(line.split()[1]) for line in text.splitlines()
-                  if line.split(" ", 1)[0] == name]
-        assert len(values) == 1, (name, values)
-        return values[0]
+        status, text = http_get(f"http://127.0.0.1:{self.http}/metrics")
+        assert status == 200
+        return metric(text.decode(), name)
 
     def kill(self) -> None:
         self.client.close()
