@@ -23,12 +23,14 @@ ROUND_STATE_DONE: RoundState
 ROUND_STATE_FAILED: RoundState
 
 class JoinRequest(_message.Message):
-    __slots__ = ("client_id", "d")
+    __slots__ = ("client_id", "d", "job")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     D_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     d: int
-    def __init__(self, client_id: _Optional[str] = ..., d: _Optional[int] = ...) -> None: ...
+    job: str
+    def __init__(self, client_id: _Optional[str] = ..., d: _Optional[int] = ..., job: _Optional[str] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("client_index", "n", "task", "data_hint", "task_params")
@@ -52,10 +54,12 @@ class JoinReply(_message.Message):
     def __init__(self, client_index: _Optional[int] = ..., n: _Optional[int] = ..., task: _Optional[str] = ..., data_hint: _Optional[str] = ..., task_params: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class GetRoundRequest(_message.Message):
-    __slots__ = ("client_id",)
+    __slots__ = ("client_id", "job")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
     client_id: str
-    def __init__(self, client_id: _Optional[str] = ...) -> None: ...
+    job: str
+    def __init__(self, client_id: _Optional[str] = ..., job: _Optional[str] = ...) -> None: ...
 
 class Tensor(_message.Message):
     __slots__ = ("shape", "float64_le")
@@ -136,18 +140,20 @@ class Vector(_message.Message):
     def __init__(self, values_f32: _Optional[bytes] = ..., indices_i32: _Optional[bytes] = ..., reference_f64: _Optional[bytes] = ..., values_packed: _Optional[bytes] = ..., value_bits: _Optional[int] = ..., value_count: _Optional[int] = ..., scale: _Optional[float] = ..., scales_f32: _Optional[bytes] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("round_id", "client_id", "client_seed", "vectors", "spec_version")
+    __slots__ = ("round_id", "client_id", "client_seed", "vectors", "spec_version", "job")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_SEED_FIELD_NUMBER: _ClassVar[int]
     VECTORS_FIELD_NUMBER: _ClassVar[int]
     SPEC_VERSION_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     client_id: str
     client_seed: int
     vectors: _containers.RepeatedCompositeFieldContainer[Vector]
     spec_version: str
-    def __init__(self, round_id: _Optional[int] = ..., client_id: _Optional[str] = ..., client_seed: _Optional[int] = ..., vectors: _Optional[_Iterable[_Union[Vector, _Mapping]]] = ..., spec_version: _Optional[str] = ...) -> None: ...
+    job: str
+    def __init__(self, round_id: _Optional[int] = ..., client_id: _Optional[str] = ..., client_seed: _Optional[int] = ..., vectors: _Optional[_Iterable[_Union[Vector, _Mapping]]] = ..., spec_version: _Optional[str] = ..., job: _Optional[str] = ...) -> None: ...
 
 class SubmitReply(_message.Message):
     __slots__ = ("round_id", "received", "duplicate")
@@ -160,14 +166,16 @@ class SubmitReply(_message.Message):
     def __init__(self, round_id: _Optional[int] = ..., received: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class GetResultRequest(_message.Message):
-    __slots__ = ("round_id", "wait", "client_id")
+    __slots__ = ("round_id", "wait", "client_id", "job")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     WAIT_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     wait: bool
     client_id: str
-    def __init__(self, round_id: _Optional[int] = ..., wait: _Optional[bool] = ..., client_id: _Optional[str] = ...) -> None: ...
+    job: str
+    def __init__(self, round_id: _Optional[int] = ..., wait: _Optional[bool] = ..., client_id: _Optional[str] = ..., job: _Optional[str] = ...) -> None: ...
 
 class Contributor(_message.Message):
     __slots__ = ("client_id", "client_seed")
@@ -228,10 +236,12 @@ class RoundResult(_message.Message):
     def __init__(self, round_id: _Optional[int] = ..., state: _Optional[_Union[RoundState, str]] = ..., reason: _Optional[str] = ..., estimate: _Optional[_Union[Tensor, _Mapping]] = ..., global_state: _Optional[_Union[Tensor, _Mapping]] = ..., n_prime: _Optional[int] = ..., beta: _Optional[float] = ..., c: _Optional[float] = ..., decode_seconds: _Optional[float] = ..., contributors: _Optional[_Iterable[_Union[Contributor, _Mapping]]] = ..., r_hat: _Optional[float] = ..., eval_sq_error: _Optional[float] = ..., eval_sq_error_rand_k: _Optional[float] = ..., eval_sq_error_rand_k_spatial: _Optional[float] = ..., job_done: _Optional[bool] = ..., nonce: _Optional[int] = ..., transform: _Optional[str] = ..., payload_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., est_sq_error: _Optional[float] = ..., est_sq_error_stderr: _Optional[float] = ..., est_mean_sq_norm: _Optional[float] = ..., est_relative_error: _Optional[float] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
-    __slots__ = ("client_id",)
+    __slots__ = ("client_id", "job")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
     client_id: str
-    def __init__(self, client_id: _Optional[str] = ...) -> None: ...
+    job: str
+    def __init__(self, client_id: _Optional[str] = ..., job: _Optional[str] = ...) -> None: ...
 
 class RoundEvent(_message.Message):
     __slots__ = ("round_id", "state", "reason", "job_done", "received", "est_sq_error", "est_sq_error_stderr", "est_mean_sq_norm", "est_relative_error")

@@ -22,6 +22,7 @@ class JoinRequest:
 
     client_id: str
     d: int = 0
+    job: str = ""
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class GetRoundRequest:
     then counts as having seen ``job_done`` when the reply says so (the drained job end)."""
 
     client_id: str = ""
+    job: str = ""
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,7 @@ class Submission:
     wire_bytes: int = 0
     spec_version: str = ""
     canonical: bytes = field(default=b"", repr=False)
+    job: str = ""
 
     @property
     def payload_bytes(self) -> int:
@@ -163,6 +166,7 @@ class GetResultRequest:
     round_id: int = 0
     wait: bool = False
     client_id: str = ""
+    job: str = ""
 
 
 @dataclass(frozen=True)
@@ -213,6 +217,7 @@ class WatchRequest:
     """Subscribe to round events; ``client_id`` (optional) as in :class:`GetRoundRequest`."""
 
     client_id: str = ""
+    job: str = ""
 
 
 @dataclass(frozen=True)

@@ -89,12 +89,12 @@ def _parse(cls: Any, raw: bytes, what: str) -> Any:
 
 # -- per-message converters ------------------------------------------------------------------
 def _enc_join_req(r: JoinRequest) -> bytes:
-    return bytes(pb.JoinRequest(client_id=r.client_id, d=r.d).SerializeToString())
+    return bytes(pb.JoinRequest(client_id=r.client_id, d=r.d, job=r.job).SerializeToString())
 
 
 def _dec_join_req(raw: bytes) -> JoinRequest:
     m = _parse(pb.JoinRequest, raw, "JoinRequest")
-    return JoinRequest(client_id=m.client_id, d=m.d)
+    return JoinRequest(client_id=m.client_id, d=m.d, job=m.job)
 
 
 def _enc_join_reply(r: JoinReply) -> bytes:
@@ -110,11 +110,12 @@ def _dec_join_reply(raw: bytes) -> JoinReply:
 
 
 def _enc_get_round(r: GetRoundRequest) -> bytes:
-    return bytes(pb.GetRoundRequest(client_id=r.client_id).SerializeToString())
+    return bytes(pb.GetRoundRequest(client_id=r.client_id, job=r.job).SerializeToString())
 
 
 def _dec_get_round(raw: bytes) -> GetRoundRequest:
-    return GetRoundRequest(client_id=_parse(pb.GetRoundRequest, raw, "GetRoundRequest").client_id)
+    m = _parse(pb.GetRoundRequest, raw, "GetRoundRequest")
+    return GetRoundRequest(client_id=m.client_id, job=m.job)
 
 
 def _enc_round(r: RoundInfo) -> bytes:
@@ -161,7 +162,7 @@ def _submit_pb(s: Submission) -> pb.SubmitRequest:
         vectors.append(vec)
     return pb.SubmitRequest(
         round_id=s.round_id, client_id=s.client_id, client_seed=s.client_seed, vectors=vectors,
-        spec_version=s.spec_version,
+        spec_version=s.spec_version, job=s.job,
     )
 
 
@@ -214,7 +215,7 @@ def _dec_submit(raw: bytes) -> Submission:
     return Submission(
         round_id=m.round_id, client_id=m.client_id, client_seed=m.client_seed,
         vectors=tuple(vectors), digest=hashlib.sha256(canonical).digest(), wire_bytes=wire,
-        spec_version=m.spec_version, canonical=canonical,
+        spec_version=m.spec_version, canonical=canonical, job=m.job,
     )
 
 
@@ -230,12 +231,13 @@ def _dec_submit_reply(raw: bytes) -> SubmitReply:
 
 def _enc_result_req(r: GetResultRequest) -> bytes:
     return bytes(pb.GetResultRequest(round_id=r.round_id, wait=r.wait,
-                                     client_id=r.client_id).SerializeToString())
+                                     client_id=r.client_id, job=r.job).SerializeToString())
 
 
 def _dec_result_req(raw: bytes) -> GetResultRequest:
     m = _parse(pb.GetResultRequest, raw, "GetResultRequest")
-    return GetResultRequest(round_id=m.round_id, wait=m.wait, client_id=m.client_id)
+    return GetResultRequest(round_id=m.round_id, wait=m.wait, client_id=m.client_id,
+                            job=m.job)
 
 
 def _enc_result(r: RoundResult) -> bytes:
@@ -272,11 +274,12 @@ def _dec_result(raw: bytes) -> RoundResult:
 
 
 def _enc_watch(r: WatchRequest) -> bytes:
-    return bytes(pb.WatchRequest(client_id=r.client_id).SerializeToString())
+    return bytes(pb.WatchRequest(client_id=r.client_id, job=r.job).SerializeToString())
 
 
 def _dec_watch(raw: bytes) -> WatchRequest:
-    return WatchRequest(client_id=_parse(pb.WatchRequest, raw, "WatchRequest").client_id)
+    m = _parse(pb.WatchRequest, raw, "WatchRequest")
+    return WatchRequest(client_id=m.client_id, job=m.job)
 
 
 def _enc_event(e: RoundEvent) -> bytes:
@@ -355,3 +358,48 @@ def canonical_bytes(s: Submission) -> bytes:
 def decode_submission(raw: bytes) -> Submission:
     """Parse stored or received submission bytes."""
     return _dec_submit(raw)
+
+
+#: the field number of ``job`` in every request message
+JOB_FIELD = 30
+
+
+def peek_job(raw: bytes) -> str:
+    """The ``job`` field (30) of a request's bytes, found by walking its top-level fields
+    without parsing the rest (a submission's vectors are skipped by their lengths, not
+    read); ``""`` when absent. Malformed bytes also give ``""``: the full parse that
+    follows reports them."""
+    pos, end, found = 0, len(raw), ""
+    try:
+        while pos < end:
+            key, pos = _varint(raw, pos)
+            number, kind = key >> 3, key & 7
+            if kind == 0:
+                _, pos = _varint(raw, pos)
+            elif kind == 1:
+                pos += 8
+            elif kind == 5:
+                pos += 4
+            elif kind == 2:
+                size, pos = _varint(raw, pos)
+                if number == JOB_FIELD:
+                    found = raw[pos:pos + size].decode("utf-8")
+                pos += size
+            else:
+                return ""
+    except (IndexError, UnicodeDecodeError):
+        return ""
+    return found if pos == end else ""
+
+
+def _varint(raw: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = raw[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise IndexError("varint too long")
