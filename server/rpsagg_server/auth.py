@@ -5,8 +5,9 @@ With ``--tokens FILE``, every call of the service must carry exactly one metadat
 UNAUTHENTICATED before the handler runs (more than one entry included: "the last one wins"
 never picks among several tokens). A token bound to a client id in the file
 (``CLIENT_ID TOKEN``) may only act as that client: the handler checks the id the request
-names with :func:`authorize` (PERMISSION_DENIED otherwise). Other services on the same
-server (the gRPC health service) are not intercepted.
+names with :func:`authorize` (PERMISSION_DENIED otherwise). A token of a job
+(``JOB CLIENT_ID TOKEN``) may only act in that job (:func:`authorize_job`). Other services
+on the same server (the gRPC health service) are not intercepted.
 """
 
 from __future__ import annotations
@@ -28,6 +29,21 @@ _CODES = {c.name: c for c in grpc.StatusCode}
 #: the client id the caller's token is bound to (None: any client, or no tokens)
 _bound: contextvars.ContextVar[str | None] = contextvars.ContextVar("rpsagg_bound",
                                                                    default=None)
+#: the job the caller's token is scoped to (None: any job, or no tokens)
+_bound_job: contextvars.ContextVar[str | None] = contextvars.ContextVar("rpsagg_bound_job",
+                                                                       default=None)
+
+
+class Verdict(tuple[str | None, str | None]):
+    """What a token allows: ``(client_id, job)``, each None for any."""
+
+    @property
+    def client(self) -> str | None:
+        return self[0]
+
+    @property
+    def job(self) -> str | None:
+        return self[1]
 
 
 def read_token_text(flag: str, path: str) -> str:
@@ -42,43 +58,58 @@ def read_token_text(flag: str, path: str) -> str:
 
 
 class TokenBook:
-    """Client tokens from a file: one per line, ``TOKEN`` (any client id) or ``CLIENT_ID TOKEN``.
+    """Client tokens from a file: one per line, ``TOKEN`` (any client id, any job),
+    ``CLIENT_ID TOKEN`` (that client, any job) or ``JOB CLIENT_ID TOKEN`` (that client, in
+    that job only; ``*`` as the client id: any client of the job).
 
     Blank lines and lines starting with ``#`` are ignored.
     """
 
-    def __init__(self, entries: list[tuple[str | None, str]]) -> None:
+    def __init__(self, entries: list[tuple[str | None, str]],
+                 jobs: list[str | None] | None = None) -> None:
         self.entries = entries
+        self.jobs = jobs if jobs is not None else [None] * len(entries)
 
     @classmethod
     def from_file(cls, path: str) -> TokenBook:
         """Parse a token file (the ``--tokens`` flag's); errors name the flag and the file."""
         entries: list[tuple[str | None, str]] = []
+        scopes: list[str | None] = []
         for lineno, line in enumerate(read_token_text("--tokens", path).splitlines(), 1):
             parts = line.split()
             if not parts or parts[0].startswith("#"):
                 continue
             if len(parts) == 1:
                 entries.append((None, parts[0]))
+                scopes.append(None)
             elif len(parts) == 2:
                 entries.append((parts[0], parts[1]))
+                scopes.append(None)
+            elif len(parts) == 3:
+                entries.append((None if parts[1] == "*" else parts[1], parts[2]))
+                scopes.append(parts[0])
             else:
-                raise ValueError(f"--tokens {path}:{lineno}: expected 'TOKEN' or "
-                                 "'CLIENT_ID TOKEN'")
+                raise ValueError(f"--tokens {path}:{lineno}: expected 'TOKEN', "
+                                 "'CLIENT_ID TOKEN' or 'JOB CLIENT_ID TOKEN'")
         if not entries:
             raise ValueError(f"--tokens {path}: no tokens")
-        return cls(entries)
+        return cls(entries, scopes)
 
     def lookup(self, token: str) -> tuple[bool, str | None]:
         """``(known, bound_client_id)``; compares in constant time per entry."""
-        found, bound = False, None
-        for cid, tok in self.entries:
+        known, verdict = self.lookup_scoped(token)
+        return known, verdict.client
+
+    def lookup_scoped(self, token: str) -> tuple[bool, Verdict]:
+        """``(known, (bound_client_id, job))``; compares in constant time per entry."""
+        found, bound = False, Verdict((None, None))
+        for (cid, tok), job in zip(self.entries, self.jobs, strict=True):
             if hmac.compare_digest(tok.encode(), token.encode()):
-                found, bound = True, cid
+                found, bound = True, Verdict((cid, job))
         return found, bound
 
-    def authenticate(self, metadata: Any) -> str | None:
-        """The client id the call's token is bound to (None: any); raises
+    def authenticate(self, metadata: Any) -> Verdict:
+        """The client id and job the call's token is bound to (None: any); raises
         :class:`~rpsagg_server.live.Rejected` (UNAUTHENTICATED) for anything but exactly one
         ``authorization: Bearer <known token>`` entry."""
         headers = [v for k, v in (metadata or ()) if k == "authorization"]
@@ -89,7 +120,7 @@ class TokenBook:
         if not isinstance(header, str) or not header.startswith("Bearer ") or not header[7:]:
             raise Rejected("UNAUTHENTICATED",
                            "missing token: send metadata 'authorization: Bearer <token>'")
-        known, bound = self.lookup(header[7:])
+        known, bound = self.lookup_scoped(header[7:])
         if not known:
             raise Rejected("UNAUTHENTICATED", "invalid token")
         return bound
@@ -98,6 +129,13 @@ class TokenBook:
 def authorize(client_id: str) -> None:
     """Refuse (PERMISSION_DENIED) a request naming another client than the token's own."""
     check_bound(_bound.get(), client_id)
+
+
+def authorize_job(job: str) -> None:
+    """Refuse (PERMISSION_DENIED) a call in another job than the token's own."""
+    scope = _bound_job.get()
+    if scope is not None and scope != job:
+        raise Rejected("PERMISSION_DENIED", f"this token is for job {scope!r}, not {job!r}")
 
 
 def bound_client() -> str | None:
@@ -143,7 +181,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
             return handler
         method = path[len(self._prefix):]
         try:
-            verdict: str | Rejected | None = self.tokens.authenticate(
+            verdict: Verdict | Rejected = self.tokens.authenticate(
                 details.invocation_metadata)
         except Rejected as exc:
             verdict = exc
@@ -164,24 +202,27 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
             self.on_refused(method, exc)
         await abort(context, method, exc)
 
-    def _unary(self, method: str, inner: Any, verdict: str | Rejected | None) -> Any:
+    def _unary(self, method: str, inner: Any, verdict: Verdict | Rejected) -> Any:
         async def behavior(request: Any, context: Any) -> Any:
             if isinstance(verdict, Rejected):
                 await self._refuse(context, method, verdict)
                 raise AssertionError("unreachable")
-            token = _bound.set(verdict)
+            token = _bound.set(verdict.client)
+            job_token = _bound_job.set(verdict.job)
             try:
                 return await inner(request, context)
             finally:
+                _bound_job.reset(job_token)
                 _bound.reset(token)
         return behavior
 
-    def _stream(self, method: str, inner: Any, verdict: str | Rejected | None) -> Any:
+    def _stream(self, method: str, inner: Any, verdict: Verdict | Rejected) -> Any:
         async def behavior(request: Any, context: Any) -> AsyncIterator[Any]:
             if isinstance(verdict, Rejected):
                 await self._refuse(context, method, verdict)
                 return
-            _bound.set(verdict)  # this call's own task: nothing else reads it
+            _bound.set(verdict.client)  # this call's own task: nothing else reads it
+            _bound_job.set(verdict.job)
             async for item in inner(request, context):
                 yield item
         return behavior

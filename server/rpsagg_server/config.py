@@ -139,6 +139,11 @@ class ServerConfig:
     ray_address: str | None = None
     event_loop: str = "auto"
     on_finished_job: str = "keep"
+    admin_tokens: str | None = None
+    no_default_job: bool = False
+    max_jobs: int = 16
+    jobs_memory_bytes: int = 0
+    max_request_bytes: int = 0
     task_params: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -218,6 +223,9 @@ class ServerConfig:
         if self.data == EXTERNAL_DATA and self.task != "mean":
             raise ValueError(f"--data {EXTERNAL_DATA} (the clients' own vectors) goes with "
                              f"--task mean; got --task {self.task}")
+        if self.data == "synthetic" and not 0 <= self.data_r <= self.n - 1:
+            raise ValueError(f"--data-r must be in [0, n-1] = [0, {self.n - 1}] for synthetic "
+                             f"data (the clients' generator refuses others); got {self.data_r}")
         if self.mean_vectors < 1:
             raise ValueError(f"--mean-vectors must be >= 1; got {self.mean_vectors}")
         if self.mean_vectors != 1 and self.task != "mean":
@@ -300,6 +308,12 @@ class ServerConfig:
                     "--decode-backend ray needs Ray: pip install 'rpsagg-server[ray]'")
         elif self.ray_address is not None:
             raise ValueError("--ray-address goes with --decode-backend ray")
+        if self.max_jobs < 1:
+            raise ValueError(f"--max-jobs must be >= 1; got {self.max_jobs}")
+        for name in ("jobs_memory_bytes", "max_request_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0 (0: automatic); "
+                                 f"got {getattr(self, name)}")
         if self.event_loop not in EVENT_LOOPS:
             raise ValueError(f"--event-loop must be one of {', '.join(EVENT_LOOPS)}; "
                              f"got {self.event_loop!r}")
@@ -398,10 +412,73 @@ def automatic_max_d() -> int:
     return min(MAX_D_CEILING, 1 << max(16, budget.bit_length() - 1))
 
 
-_PATHS = ("tls_cert", "tls_key", "tls_client_ca", "tokens", "http_tokens", "db", "port_file")
+_PATHS = ("tls_cert", "tls_key", "tls_client_ca", "tokens", "http_tokens", "db", "port_file",
+          "admin_tokens")
 
 
-_BOOL = {"eval", "insecure", "http_tls"}
+_BOOL = {"eval", "insecure", "http_tls", "no_default_job"}
+
+#: The settings of a job (``POST /api/jobs`` takes these keys); every other field of
+#: :class:`ServerConfig` is the server's, shared by its jobs.
+JOB_KEYS = ("estimator", "n", "k", "d", "transform", "task", "data", "data_r", "rounds",
+            "round_timeout", "min_clients", "max_failed_rounds", "value_bits", "bits",
+            "block_size", "eval", "mean_vectors", "seed", "lr", "centroids", "kmeans_updates",
+            "target_rel_error", "k_min", "k_max")
+
+
+def job_config(server: ServerConfig, settings: Mapping[str, Any], db: str) -> ServerConfig:
+    """The configuration of a job created over the API: ``settings`` (keys of
+    :data:`JOB_KEYS`, JSON values) over the defaults, the server's own fields as they are.
+
+    Raises ``ValueError`` with one line naming the setting: an unknown key, a value of the
+    wrong type, or what the flags' checks refuse (``n = 0``, ``d`` above ``--max-d``...).
+    """
+    if not isinstance(settings, Mapping):
+        raise ValueError("the job's settings must be a JSON object")
+    hints = typing.get_type_hints(ServerConfig)
+    values: dict[str, Any] = {}
+    for key, value in settings.items():
+        if key not in JOB_KEYS:
+            raise ValueError(f"unknown job setting {key!r} (job settings: "
+                             f"{', '.join(JOB_KEYS)})")
+        values[key] = _job_value(key, value, hints[key])
+    if values.get("d", 1) == 0:
+        raise ValueError("d must be >= 1 for a job created over the API (a d from the first "
+                         "join is the default job's alone)")
+    defaults = {f.name: f.default for f in fields(ServerConfig) if f.name in JOB_KEYS}
+    own = {f.name: getattr(server, f.name) for f in fields(ServerConfig)
+           if f.name not in JOB_KEYS and f.name != "task_params"}
+    own.update(db=db, port_file=None, on_finished_job="keep", no_default_job=False)
+    return ServerConfig(**{**own, **defaults, **values})
+
+
+def _job_value(key: str, value: Any, kind: Any) -> Any:
+    """A JSON value converted to ``key``'s type (strictly: no numbers from booleans, no
+    fractions for integers)."""
+    kinds = set(typing.get_args(kind) or (kind,)) - {type(None)}
+    if key == "value_bits" and isinstance(value, str):
+        return parse_value_bits(value)
+    if key == "block_size" and isinstance(value, str):
+        return parse_block_size(value)
+    if bool in kinds:
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"{key} must be true or false; got {value!r}")
+    if isinstance(value, bool):
+        raise ValueError(f"{key} must be a number; got {value!r}")
+    if int in kinds:
+        if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+            return int(value)
+        raise ValueError(f"{key} must be an integer; got {value!r}")
+    if float in kinds:
+        if isinstance(value, int | float):
+            return float(value)
+        raise ValueError(f"{key} must be a number; got {value!r}")
+    if isinstance(value, str):
+        return value
+    if key == "transform" and isinstance(value, int | float):  # a number R
+        return str(value)
+    raise ValueError(f"{key} must be a string; got {value!r}")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -511,6 +588,17 @@ def _parser() -> argparse.ArgumentParser:
         "on_finished_job": "started on the database of a finished job: keep (serve that job "
         "again) or new (move it to <db>.jobs/, where the dashboard lists it, and start a new "
         "job); an unfinished job is resumed either way",
+        "admin_tokens": "file of admin bearer tokens, one per line: creating and cancelling "
+        "jobs over the HTTP API (POST /api/jobs) needs one unless --insecure is given",
+        "no_default_job": "start an empty standing service: no job from the job flags, only "
+        "the jobs created over the HTTP API (rpsagg-jobs create)",
+        "max_jobs": "jobs running at once (the default job included); more wait queued",
+        "jobs_memory_bytes": "memory the jobs may take together, by each job's estimate "
+        "(docs/architecture.md); a job that would not fit is refused at creation (0: "
+        "automatic, half the memory the server may use)",
+        "max_request_bytes": "the largest gRPC request the server takes from any job "
+        "(each job is held to its own, smaller limit too; 0: automatic, the default job's "
+        "limit or 64 MiB, whichever is larger)",
         "ray_address": "Ray cluster to join with --decode-backend ray (e.g. 10.0.0.5:6379); "
         "default: start a local one",
     }

@@ -67,6 +67,7 @@ class JobProgress:
     job_id: int = 0  # RoundInfo.job_id (rpsagg_server.jobs.job_id)
     failed_streak: int = 0  # consecutive failed rounds (--max-failed-rounds)
     stopping: bool = False  # asked to end the job after the current round (--rounds 0)
+    cancelled: str = ""  # why the job was cancelled (RoundEngine.cancel); "" otherwise
     done_event: asyncio.Event = field(default_factory=asyncio.Event)
 
 

@@ -34,7 +34,7 @@ import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 
 import numpy as np
 
@@ -82,9 +82,14 @@ class RoundEngine:
     store : Store
     bus : EventBus
         Where the engine publishes its domain events.
+    executor : Executor, optional
+        Where beta's warm-up and the decodes run, one at a time in order: a server of
+        several jobs passes each job's lane of its shared pool
+        (:class:`~rpsagg_server.decodepool.DecodePool`); default, a thread of its own.
     """
 
-    def __init__(self, config: ServerConfig, store: Store, bus: EventBus) -> None:
+    def __init__(self, config: ServerConfig, store: Store, bus: EventBus,
+                 executor: Executor | None = None) -> None:
         self.cfg = config
         self.store = store
         self.bus = bus
@@ -116,7 +121,8 @@ class RoundEngine:
         self._view_due = False
         self._view_at = -math.inf  # loop.time() of the last arrivals view
         self.beta = BetaWarmup(self.publish, config.n)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rpsagg-decode")
+        self._executor = executor or ThreadPoolExecutor(max_workers=1,
+                                                        thread_name_prefix="rpsagg-decode")
         self._tasks: set[asyncio.Task[None]] = set()
         self.done_event = self.progress.done_event
 
@@ -438,7 +444,7 @@ class RoundEngine:
                      outcome.n_prime, outcome.seconds)
         # --rounds 0: until stopped (stop_job)
         job_done = p.stopping or 0 < self.cfg.rounds <= p.steps_done
-        failure = ""
+        failure = p.cancelled
         limit = self.cfg.max_failed_rounds
         if not job_done and limit and p.failed_streak >= limit:
             job_done = True
@@ -493,6 +499,34 @@ class RoundEngine:
         if live.state in ("open", "collecting"):
             live.state = "collecting"  # writes still queued decide before the set closes
             self.spawn(self.close_round(live, "the job was stopped"))
+
+    async def cancel(self, why: str) -> None:
+        """End the job now, as failed with ``why`` (a cancel over the API).
+
+        An open or collecting round closes to submissions at once and fails with ``why``
+        (what it had committed stays stored); a decoding round finishes its decode first.
+        Returns when the end is durable (or at once for a decoding round, whose finish
+        writes it).
+        """
+        p = self.progress
+        if p.job_done or p.cancelled:
+            return
+        p.stopping = True
+        p.cancelled = why
+        live = p.current
+        if live is None or live.state not in ("open", "collecting"):
+            return
+        log.info("[Engine] cancelling the job in round %d (%s)", live.round_id, live.state)
+        live.state = "decoding"  # closed: admission refuses it from now on
+        if live.timer is not None:
+            live.timer.cancel()
+        live.closed_at = time.time()
+        self.publish(RoundClosed(self.view(live), why))
+        if live.pending:  # queued writes decide first (as in close_round)
+            await asyncio.wait({f for _, f, _ in live.pending.values()})
+        row = live.stored()
+        await self._durable(lambda: self.store.save_round(row))
+        await self._finish(live, None, why)
 
     def _publish_job(self) -> None:
         p = self.progress

@@ -26,20 +26,20 @@ import grpc
 import uvicorn
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
+from prometheus_client import CollectorRegistry
 
 from rpsagg.schemes import WireProfile
-from rpsagg_server import eventloop, jobs
-from rpsagg_server.archive import ArchiveCollector
+from rpsagg_server import eventloop, jobhost, jobs
 from rpsagg_server.auth import TokenBook, TokenInterceptor
 from rpsagg_server.config import ServerConfig, load_config
-from rpsagg_server.events import EventBus, SubmissionRefused
+from rpsagg_server.decodepool import DecodePool
+from rpsagg_server.events import SubmissionRefused
 from rpsagg_server.grpcguard import (
     ConnectionGuard,
     GuardCollector,
     grpc_connection_options,
     server_budget,
 )
-from rpsagg_server.http import ServerMetrics, create_app
 from rpsagg_server.http.auth import BearerAuth
 from rpsagg_server.http.connections import (
     ACCEPT_BACKLOG,
@@ -49,6 +49,8 @@ from rpsagg_server.http.connections import (
     connection_cap,
     descriptor_limit,
 )
+from rpsagg_server.http.service import create_standing_app
+from rpsagg_server.jobhost import JobHost, JobRuntime
 from rpsagg_server.learnd import learn_d
 from rpsagg_server.live import Rejected
 from rpsagg_server.rounds import RoundEngine
@@ -60,64 +62,79 @@ from rpsagg_server.startup import (
     check_database,
     check_tls,
     check_tokens,
+    load_admin_tokens,
     load_http_tokens,
 )
 from rpsagg_server.state import ServerState
-from rpsagg_server.store import ReadError, Store, WriteError
+from rpsagg_server.store import Store
 from rpsagg_server.taskeval import TaskMonitor
 from rpsagg_wire.v1 import serde
 
 log = logging.getLogger("rpsagg.server")
-HttpAppFactory = Callable[[ServerState], Any]
+#: builds the dashboard's ASGI app of a server's jobs (and, given, its admin tokens)
+HttpAppFactory = Callable[..., Any]
 STOP_GRACE = 2.0  # seconds calls in flight get to finish when the server stops
 
 
 def max_request_bytes(cfg: ServerConfig, m: int, wire: WireProfile) -> int:
-    """Request size limit: m vectors of values (+ indices) (+ float64 reference), plus 25% and
-    4 KiB of slack, so a slightly wrong submission still reaches validation and gets a
-    precise INVALID_ARGUMENT, while anything far larger is refused by gRPC with
-    RESOURCE_EXHAUSTED before it is buffered or parsed.
-
-    ``wire`` is what the job's estimator sends (values counted as 4 bytes each, which
-    bounds packed codes too; a blockwise job adds 4 bytes per block for the block scales
-    of quantized values).
-    """
-    values = wire.max_values
-    indices = values if wire.sends_indices else 0
-    reference = 8 * cfg.d if cfg.eval else 0
-    scales = 4 * -(-wire.d // wire.block_size) if wire.block_size else 0
-    per_vector = 4 * values + 4 * indices + reference + scales + 32
-    return int(1.25 * (m * per_vector + 1024)) + 4096
+    """Request size limit of a job: :func:`rpsagg_server.jobhost.max_request_bytes` for
+    ``wire``, what the job's estimator sends (values counted as 4 bytes each, which bounds
+    packed codes too; a blockwise job adds 4 bytes per block for the block scales of
+    quantized values)."""
+    return jobhost.max_request_bytes(cfg, m, wire.max_values, wire.sends_indices,
+                                     wire.block_size if wire.block_size else 0)
 
 
 @dataclass
 class RunningServer:
-    """A started server: the gRPC server, its engine, state, store and health servicer."""
+    """A started server: the gRPC server, its jobs and health servicer. ``engine``,
+    ``state``, ``store`` and ``task_monitor`` are the default job's."""
 
     grpc_server: grpc.aio.Server
-    engine: RoundEngine
-    state: ServerState
-    store: Store
+    host: JobHost
     health: HealthServicer
     port: int
     serving: bool = True
-    task_monitor: TaskMonitor | None = None
     guard: ConnectionGuard | None = None
+
+    def _default(self) -> JobRuntime:
+        rt = self.host.default()
+        if rt is None:
+            raise AttributeError("this server has no default job (--no-default-job)")
+        return rt
+
+    @property
+    def engine(self) -> RoundEngine:
+        """The default job's engine."""
+        return self._default().engine
+
+    @property
+    def state(self) -> ServerState:
+        """The default job's read model."""
+        return self._default().state
+
+    @property
+    def store(self) -> Store:
+        """The default job's store."""
+        return self._default().store
+
+    @property
+    def task_monitor(self) -> TaskMonitor:
+        """The default job's task monitor."""
+        return self._default().monitor
 
     async def stop(self, grace: float = STOP_GRACE) -> None:
         """Report NOT_SERVING, stop serving (calls in flight get ``grace`` seconds to
-        finish; new ones are refused) and close the database."""
+        finish; new ones are refused) and close every job's database."""
         self.serving = False
         await self.health.enter_graceful_shutdown()
-        self.engine.results.end_watches()
+        for rt in self.host.jobs.values():
+            rt.engine.results.end_watches()
         await asyncio.sleep(0)  # let the streams finish
         if self.guard is not None:
             await self.guard.stop()
         await self.grpc_server.stop(grace)
-        await self.engine.close()
-        if self.task_monitor is not None:
-            self.task_monitor.close()
-        self.store.close()
+        await self.host.close()
 
 
 def _credentials(cfg: ServerConfig) -> grpc.ServerCredentials | None:
@@ -132,6 +149,10 @@ def _credentials(cfg: ServerConfig) -> grpc.ServerCredentials | None:
 
 async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
     """Build, recover and start a server; returns it and the bound gRPC port.
+
+    The server hosts the default job (the job flags'; none with ``--no-default-job``) and
+    the jobs created over the API (:class:`~rpsagg_server.jobhost.JobHost`; those of the
+    catalog are reopened here).
 
     User errors (unreadable or mismatched TLS files, an unreadable token file, a corrupt or
     foreign database, an address gRPC cannot listen on) raise :class:`StartupError` before
@@ -148,64 +169,42 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
     budget = server_budget(cfg)
     tokens = TokenBook.from_file(cfg.tokens) if cfg.tokens else None
     creds = _credentials(cfg)
-    monitor: TaskMonitor | None = None
-    if cfg.on_finished_job == "new":
+    if cfg.on_finished_job == "new" and not cfg.no_default_job:
         try:
             jobs.archive_finished_job(cfg.db)
         except (OSError, sqlite3.Error) as exc:
             raise StartupError(f"--db {cfg.db}: cannot move its finished job to "
                                f"{jobs.jobs_dir(cfg.db)} ({exc})") from None
     try:
-        store = Store(cfg.db)
-    except sqlite3.Error as exc:
-        raise StartupError(f"--db {cfg.db}: cannot open it ({exc})") from None
+        host = JobHost(cfg, DecodePool())
+    except (OSError, sqlite3.Error) as exc:
+        raise StartupError(f"--db {cfg.db}: cannot open the job catalog beside it "
+                           f"({exc})") from None
     try:
-        # one bus: the read model, the metrics ledger, the engine's watchers and the task
-        # monitor subscribe to the engine's domain events
-        bus = EventBus()
-        state = ServerState(cfg.public_dict())
-        state.past_jobs = [j.as_dict() for j in jobs.past_jobs(cfg.db)]
-        bus.subscribe(state.apply)
-        bus.subscribe(state.ledger.observe)
-        engine = RoundEngine(cfg, store, bus)
-        state.read_estimate = engine.archive.estimate
-        monitor = TaskMonitor(cfg, engine.task, bus.publish)
-        bus.subscribe(monitor.observe)
-        limit = max_request_bytes(cfg, engine.m, engine.wire)
+        if not cfg.no_default_job:
+            await host.open_default(cfg)
+        limit = host.request_limit
         # displacement near the cap (its port is known once bound)
         guard = ConnectionGuard(0, budget.grpc)
         interceptors: list[grpc.aio.ServerInterceptor] = [guard.interceptor()]
         if tokens is not None:
-            interceptors.append(TokenInterceptor(tokens, _count_refusal(bus)))
+            interceptors.append(TokenInterceptor(tokens, _count_refusal(host)))
         server = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", 256 * 1024 * 1024),
             ("grpc.so_reuseport", 0),  # a second server on the same port is an error
             *grpc_connection_options(cfg, budget.grpc),
         ])
-        server.add_generic_rpc_handlers((AggregationServicer(engine).generic_handler(),))
+        server.add_generic_rpc_handlers((AggregationServicer(host).generic_handler(),))
         health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
-        # bind before recovery, so a port in use is reported before anything is logged
+        # bind before the created jobs reopen, so a port in use is reported first
         port = bind_grpc(server, cfg.host, cfg.grpc_port, creds)
         guard.port = port
-        try:
-            await engine.start()
-        except sqlite3.Error as exc:  # e.g. a read-only file or directory
-            raise StartupError(f"--db {cfg.db}: {exc}") from None
-        except (WriteError, ReadError) as exc:  # the first round's row could not be
-            # written (full disk), or the newest round's could not be read back
-            raise StartupError(f"--db {cfg.db}: {exc.reason}") from None
+        await host.restore()
     except BaseException:
-        if monitor is not None:
-            monitor.close()
-        store.close()
+        await host.close()
         raise
-    # where the task starts (round 0), then rounds finished before a restart, again
-    monitor.measure_later(0, engine.task.initial_state(cfg.seed))
-    for rid, res in sorted(engine.results.results.items()):
-        if res.state == "done":  # the state is read back in the monitor's thread
-            monitor.measure_later(rid, engine.archive.state_reader(rid))
     await server.start()
     guard.start()
     for name in ("", serde.SERVICE):
@@ -214,19 +213,22 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
              "TLS" if creds else "insecure", eventloop.running_name(), limit)
     log.info("[Server] %s; gRPC handshake %g s, idle %g s", budget.describe(),
              cfg.grpc_handshake_timeout, cfg.grpc_idle_timeout)
-    running = RunningServer(server, engine, state, store, health, port, task_monitor=monitor,
-                            guard=guard)
-    state.add_check("database", store.writable)  # the last transaction (or heartbeat) committed
-    state.add_check("grpc", lambda: running.serving)
-    state.add_check("beta", engine.beta.ready.is_set)
+    log.info("[Server] jobs: %s; at most %d running, %.0f MiB of job memory",
+             ", ".join(host.jobs) or "none yet", cfg.max_jobs, host.memory_budget / 2**20)
+    running = RunningServer(server, host, health, port, guard=guard)
+    for rt in host.jobs.values():
+        rt.state.add_check("grpc", lambda: running.serving)
+    host.on_open.append(lambda rt: rt.state.add_check("grpc", lambda: running.serving))
     return running, port
 
 
-def _count_refusal(bus: EventBus) -> Callable[[str, Rejected], None]:
-    """The interceptor's refusals of Submit calls, as events (the metrics count them)."""
+def _count_refusal(host: JobHost) -> Callable[[str, Rejected], None]:
+    """The interceptor's refusals of Submit calls, as events of the default job (the
+    metrics count them; a refused call's job is not read)."""
     def refused(method: str, exc: Rejected) -> None:
-        if method == "Submit":
-            bus.publish(SubmissionRefused(exc.code, exc.message))
+        rt = host.default()
+        if method == "Submit" and rt is not None:
+            rt.engine.publish(SubmissionRefused(exc.code, exc.message))
     return refused
 
 
@@ -281,33 +283,38 @@ async def serve(
     http_app_factory: HttpAppFactory | None = None,
     ready: Callable[[RunningServer], None] | None = None,
 ) -> None:
-    """Run until the job is done and drained (plus ``cfg.linger`` seconds; forever if
-    negative), or a signal (with ``--rounds 0``, the first signal ends the job instead:
-    :meth:`~rpsagg_server.rounds.RoundEngine.stop_job`).
+    """Run until the default job is done and drained (plus ``cfg.linger`` seconds; forever
+    if negative) and no created job is queued or running, or a signal (with ``--rounds 0``,
+    the first signal ends the default job instead:
+    :meth:`~rpsagg_server.rounds.RoundEngine.stop_job`). Without a default job
+    (``--no-default-job``): until a signal.
 
     The drained job end: once the job is done (or failed), every read keeps answering
     ``job_done`` until each joined client has been told so, or ``cfg.drain`` seconds have
     passed; then ``cfg.linger`` seconds; then health ``NOT_SERVING`` and a stop in which calls
     in flight get :data:`STOP_GRACE` seconds.
 
-    ``http_app_factory(state)`` returns an ASGI app served by uvicorn on ``cfg.http_port``
-    at every address of ``cfg.http_host`` (default 127.0.0.1 and ::1), on the same event
-    loop (the dashboard), behind the bearer-token check with ``cfg.http_tokens``, over TLS
-    with ``cfg.http_tls``, its connections bounded (``cfg.http_header_timeout``,
-    ``cfg.http_max_connections``). Its sockets are bound first, so a port in use is a
-    start-up error.
+    ``http_app_factory(host, admin_tokens)`` returns an ASGI app served by uvicorn on
+    ``cfg.http_port`` at every address of ``cfg.http_host`` (default 127.0.0.1 and ::1), on
+    the same event loop (the dashboard), behind the bearer-token check with
+    ``cfg.http_tokens``, over TLS with ``cfg.http_tls``, its connections bounded
+    (``cfg.http_header_timeout``, ``cfg.http_max_connections``). Its sockets are bound
+    first, so a port in use is a start-up error.
     """
     socks: list[socket.socket] = []
-    http_tokens = limits = None
+    http_tokens = limits = admin_tokens = None
     if http_app_factory is not None and cfg.http_port:
         check_tls(cfg)
         limits = http_limits(cfg)
         http_tokens = load_http_tokens(cfg)
+        admin_tokens = load_admin_tokens(cfg)
+        if http_tokens is not None and admin_tokens is not None:
+            http_tokens = http_tokens | admin_tokens  # an admin token reads the data too
         socks = bind_http_sockets(cfg.http_host, cfg.http_port)
     try:
         # --d 0: the first join says d (a stand-in serves until then; learnd's docstring)
-        learned = await learn_d(cfg, lambda: _credentials(cfg),
-                                lambda port: _write_port(cfg, port))
+        learned = cfg if cfg.no_default_job else await learn_d(
+            cfg, lambda: _credentials(cfg), lambda port: _write_port(cfg, port))
         if learned is None:  # a signal while it waited
             for s in socks:
                 s.close()
@@ -324,8 +331,10 @@ async def serve(
     def on_signal() -> None:
         """--rounds 0 (until stopped): the first signal ends the job cleanly after the
         current round (then drain and linger as at any job's end); else, or again: stop."""
-        engine = running.engine
-        if cfg.rounds == 0 and not engine.job_done and not engine.progress.stopping:
+        default = running.host.default()
+        engine = None if default is None else default.engine
+        if (engine is not None and cfg.rounds == 0 and not engine.job_done
+                and not engine.progress.stopping):
             log.info("[Server] signal: ending the job after the current round (signal again "
                      "to stop at once)")
             engine.stop_job()
@@ -337,14 +346,14 @@ async def serve(
             loop.add_signal_handler(sig, on_signal)
     http_task = None
     if socks and http_app_factory is not None:
-        app = http_app_factory(running.state)
-        metrics = getattr(getattr(app, "state", None), "metrics", None)
-        if isinstance(metrics, ServerMetrics) and limits is not None:
-            metrics.registry.register(ConnectionsCollector(limits))
-        if isinstance(metrics, ServerMetrics) and running.guard is not None:
-            metrics.registry.register(GuardCollector(running.guard))
-        if isinstance(metrics, ServerMetrics):
-            metrics.registry.register(ArchiveCollector(running.engine.archive))
+        app = http_app_factory(running.host, admin_tokens)
+        registry = getattr(getattr(getattr(app, "service", None), "state", None),
+                           "registry", None)
+        if isinstance(registry, CollectorRegistry):
+            if limits is not None:
+                registry.register(ConnectionsCollector(limits))
+            if running.guard is not None:
+                registry.register(GuardCollector(running.guard))
         if http_tokens is not None:
             app = BearerAuth(app, http_tokens)
         uv, http_task = start_http(app, socks, limits)
@@ -374,7 +383,10 @@ async def serve(
         ready(running)
 
     async def until_done() -> None:
-        engine = running.engine
+        default = running.host.default()
+        if default is None:
+            return  # a standing service without a default job: until a signal
+        engine = default.engine
         await engine.done_event.wait()
         started = time.monotonic()
         if await engine.results.drain(cfg.drain):
@@ -387,6 +399,11 @@ async def serve(
                         ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else ""))
         if cfg.linger >= 0:
             await asyncio.sleep(cfg.linger)
+            if running.host.running() or any(
+                    j["state"] == "queued" for j in running.host.list()):
+                log.info("[Server] the default job is over; serving until the created jobs "
+                         "end: %s", ", ".join(running.host.running()))
+                await running.host.wait_idle()
             stop.set()
 
     done_task = asyncio.ensure_future(until_done())
@@ -434,7 +451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _user_error(exc)
     configure_logging()
     try:
-        eventloop.run(serve(cfg, http_app_factory=create_app), cfg.event_loop)
+        eventloop.run(serve(cfg, http_app_factory=create_standing_app), cfg.event_loop)
     except (StartupError, ValueError) as exc:
         return _user_error(exc)
     return 0

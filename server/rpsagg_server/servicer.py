@@ -4,6 +4,12 @@ Authentication runs before any handler, in :class:`~rpsagg_server.auth.TokenInte
 a handler only checks that the client id a request names is the token's own
 (:func:`~rpsagg_server.auth.authorize`).
 
+Each request names its job (field ``job``; ``""`` for the default job): the handler routes
+it to that job's engine through the :class:`~rpsagg_server.jobhost.JobHost`, and checks that
+the token may act in it (:func:`~rpsagg_server.auth.authorize_job`). A submission's job is
+read without parsing the submission (:func:`rpsagg_wire.v1.serde.peek_job`) and its size is
+held to the job's own limit.
+
 Handlers are registered raw (request bytes in), so malformed bytes are parsed by
 :mod:`rpsagg_wire.v1.serde` and answered with INVALID_ARGUMENT and a message, instead of the
 generic deserialization failure gRPC would give.
@@ -17,18 +23,18 @@ from typing import Any
 
 import grpc
 
-from rpsagg_server.auth import abort, authorize, bound_client
+from rpsagg_server.auth import abort, authorize, authorize_job, bound_client
 from rpsagg_server.events import SubmissionRefused
+from rpsagg_server.jobhost import JobHost, JobRuntime
 from rpsagg_server.live import Rejected, check_client_id
-from rpsagg_server.rounds import RoundEngine
 from rpsagg_wire.v1 import serde
 
 
 class AggregationServicer:
-    """Implements ``rpsagg.v1.Aggregation`` on top of a :class:`RoundEngine`."""
+    """Implements ``rpsagg.v1.Aggregation`` on top of the jobs of a :class:`JobHost`."""
 
-    def __init__(self, engine: RoundEngine) -> None:
-        self.engine = engine
+    def __init__(self, host: JobHost) -> None:
+        self.host = host
 
     def generic_handler(self) -> grpc.GenericRpcHandler:
         """The method handlers to add to a ``grpc.aio`` server."""
@@ -49,6 +55,12 @@ class AggregationServicer:
         })
 
     # -- helpers ---------------------------------------------------------------------------
+    def _job(self, job: str) -> JobRuntime:
+        """The job a request names, if the token may act in it."""
+        rt = self.host.route(job)
+        authorize_job(rt.id)
+        return rt
+
     def _check_reader(self, client_id: str) -> None:
         """The optional ``client_id`` of a read: well formed, and the token's own."""
         if client_id:
@@ -68,7 +80,7 @@ class AggregationServicer:
             req = self._parse("Join", raw)
             check_client_id(req.client_id)
             authorize(req.client_id)
-            return await self.engine.membership.join(req.client_id, req.d)
+            return await self._job(req.job).engine.membership.join(req.client_id, req.d)
         except Rejected as exc:
             await abort(context, "Join", exc)
             raise AssertionError("unreachable") from None
@@ -78,7 +90,7 @@ class AggregationServicer:
         try:
             req = self._parse("GetRound", raw)
             self._check_reader(req.client_id)
-            return self.engine.results.round_info(req.client_id)
+            return self._job(req.job).engine.results.round_info(req.client_id)
         except Rejected as exc:
             await abort(context, "GetRound", exc)
             raise AssertionError("unreachable") from None
@@ -86,10 +98,18 @@ class AggregationServicer:
     async def Submit(self, raw: bytes, context: Any) -> serde.SubmitReply:
         """Validate and durably commit a submission; the reply is the ack."""
         arrived = time.time()  # first thing: the deadline is judged by arrival
+        rt: JobRuntime | None = None
         try:
-            return await self.engine.intake.admit(raw, arrived, bound_client())
+            rt = self._job(serde.peek_job(raw))
+            if len(raw) > rt.limit:
+                raise Rejected("RESOURCE_EXHAUSTED",
+                               f"a submission of {len(raw)} bytes is above job {rt.id}'s "
+                               f"limit of {rt.limit} bytes")
+            return await rt.engine.intake.admit(raw, arrived, bound_client())
         except Rejected as exc:
-            self.engine.publish(SubmissionRefused(exc.code, exc.message))
+            counted = rt or self.host.default()
+            if counted is not None:
+                counted.engine.publish(SubmissionRefused(exc.code, exc.message))
             await abort(context, "Submit", exc)
             raise AssertionError("unreachable") from None
 
@@ -100,8 +120,8 @@ class AggregationServicer:
             self._check_reader(req.client_id)
             remaining = context.time_remaining()
             timeout = None if remaining is None else max(0.0, remaining - 0.2)
-            return await self.engine.results.result(req.round_id, req.wait, timeout,
-                                                   req.client_id)
+            return await self._job(req.job).engine.results.result(
+                req.round_id, req.wait, timeout, req.client_id)
         except Rejected as exc:
             await abort(context, "GetResult", exc)
             raise AssertionError("unreachable") from None
@@ -111,8 +131,9 @@ class AggregationServicer:
         try:
             req = self._parse("WatchRounds", raw)
             self._check_reader(req.client_id)
+            rt = self._job(req.job)
         except Rejected as exc:
             await abort(context, "WatchRounds", exc)
             return
-        async for ev in self.engine.results.watch(req.client_id):
+        async for ev in rt.engine.results.watch(req.client_id):
             yield ev

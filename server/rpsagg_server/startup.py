@@ -94,6 +94,17 @@ def load_http_tokens(cfg: ServerConfig) -> HttpTokens | None:
         raise StartupError(str(exc)) from None
 
 
+def load_admin_tokens(cfg: ServerConfig) -> HttpTokens | None:
+    """The tokens that may create and cancel jobs (``--admin-tokens``), or None."""
+    if not cfg.admin_tokens:
+        return None
+    _readable("--admin-tokens", cfg.admin_tokens)
+    try:
+        return HttpTokens.from_file(cfg.admin_tokens, "--admin-tokens")
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+
+
 def check_database(cfg: ServerConfig) -> None:
     """An existing ``--db`` file is an SQLite database that is empty or rpsagg's.
 

@@ -42,7 +42,8 @@ class _Mounted:
         await self.app(scope, receive, send)
 
 
-def create_app(state: ServerState, registry: CollectorRegistry | None = None) -> FastAPI:
+def create_app(state: ServerState, registry: CollectorRegistry | None = None,
+               bodies: BodyCache | None = None, job: str = "") -> FastAPI:
     """Build the HTTP app of a server.
 
     Parameters
@@ -52,6 +53,11 @@ def create_app(state: ServerState, registry: CollectorRegistry | None = None) ->
     registry : CollectorRegistry, optional
         Where the server's metrics are registered and what ``/metrics`` exposes; a new
         registry when omitted (never the process-global default one).
+    bodies : BodyCache, optional
+        The formatted estimate bodies, shared by the apps of a server's jobs (the caller
+        closes it); by default the app makes its own and closes it at its shutdown.
+    job : str
+        The job the app serves, in a server of several (names its bodies in ``bodies``).
 
     Returns
     -------
@@ -65,8 +71,11 @@ def create_app(state: ServerState, registry: CollectorRegistry | None = None) ->
     registry = CollectorRegistry() if registry is None else registry
     metrics = ServerMetrics(state, registry)
     # JSON and CSV estimate bodies: formatted in a worker process, kept on disk (bounded)
-    bodies = BodyCache(int(state.config().get("http_body_cache_bytes", DEFAULT_MAX_BYTES)))
-    registry.register(BodyCacheCollector(bodies))
+    owned = bodies is None
+    if bodies is None:
+        bodies = BodyCache(int(state.config().get("http_body_cache_bytes",
+                                                  DEFAULT_MAX_BYTES)))
+        registry.register(BodyCacheCollector(bodies))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -74,7 +83,8 @@ def create_app(state: ServerState, registry: CollectorRegistry | None = None) ->
         try:
             yield
         finally:
-            bodies.close()
+            if owned:
+                bodies.close()
             log.info("[HTTP] dashboard app stopped")
 
     app = FastAPI(
@@ -87,6 +97,7 @@ def create_app(state: ServerState, registry: CollectorRegistry | None = None) ->
     app.state.server_state = state
     app.state.metrics = metrics
     app.state.bodies = bodies
+    app.state.job = job
     app.include_router(routes_status.router)
     app.include_router(routes_clients.router)
     app.include_router(routes_export.router)  # before /api/rounds/{round_id}

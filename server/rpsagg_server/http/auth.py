@@ -40,7 +40,7 @@ class HttpTokens:
         self._digests = [hashlib.sha256(t.encode()).digest() for t in tokens]
 
     @classmethod
-    def from_file(cls, path: str) -> HttpTokens:
+    def from_file(cls, path: str, flag: str = "--http-tokens") -> HttpTokens:
         """Parse a token file.
 
         Raises
@@ -49,16 +49,22 @@ class HttpTokens:
             A line with more than one word, or no token at all (the message names the line).
         """
         tokens: list[str] = []
-        for lineno, line in enumerate(read_token_text("--http-tokens", path).splitlines(), 1):
+        for lineno, line in enumerate(read_token_text(flag, path).splitlines(), 1):
             parts = line.split()
             if not parts or parts[0].startswith("#"):
                 continue
             if len(parts) != 1:
-                raise ValueError(f"--http-tokens {path}:{lineno}: expected one token per line")
+                raise ValueError(f"{flag} {path}:{lineno}: expected one token per line")
             tokens.append(parts[0])
         if not tokens:
-            raise ValueError(f"--http-tokens {path}: no tokens")
+            raise ValueError(f"{flag} {path}: no tokens")
         return cls(tokens)
+
+    def __or__(self, other: HttpTokens) -> HttpTokens:
+        """The tokens of both files (the admin tokens also read the dashboard's data)."""
+        out = HttpTokens.__new__(HttpTokens)
+        out._digests = self._digests + other._digests
+        return out
 
     def known(self, token: str) -> bool:
         """Whether ``token`` is one of the file's (constant time in which one matched)."""

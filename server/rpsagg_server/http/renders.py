@@ -187,7 +187,7 @@ class BodyCache:
     pending_max: int = PENDING_MAX
     directory: str | None = None
     counts: RenderCounts = field(default_factory=RenderCounts)
-    _bodies: OrderedDict[tuple[int, str], _Body] = field(default_factory=OrderedDict)
+    _bodies: OrderedDict[tuple[int, str, str], _Body] = field(default_factory=OrderedDict)
     _dir: Path | None = None
     _pool: ProcessPoolExecutor | None = None
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -204,9 +204,10 @@ class BodyCache:
         """Bytes of the rendered bodies on disk."""
         return sum(b.size for b in self._bodies.values() if b.ready.done())
 
-    async def open(self, round_id: int, fmt: str, load: Loader, retried: bool = False
-                   ) -> tuple[BinaryIO, int]:
-        """The body of round ``round_id`` in ``fmt``, open for reading, and its size.
+    async def open(self, round_id: int, fmt: str, load: Loader, retried: bool = False,
+                   job: str = "") -> tuple[BinaryIO, int]:
+        """The body of round ``round_id`` (of job ``job``: one cache serves every job of a
+        server) in ``fmt``, open for reading, and its size.
 
         Renders it (``load()`` run in a thread for the values, the formatting in the
         worker process) unless it is on disk or being rendered (a body whose file was
@@ -224,7 +225,7 @@ class BodyCache:
         """
         if fmt not in DECIMAL_FORMATS:
             raise ValueError(f"no rendered format {fmt!r}")
-        key = (round_id, fmt)
+        key = (round_id, fmt, job)
         body = self._bodies.get(key)
         if body is None:
             if self.pending >= self.pending_max:
@@ -248,22 +249,23 @@ class BodyCache:
                 if retried:
                     raise RenderError("its file was removed as soon as it was written"
                                       ) from None
-                return await self.open(round_id, fmt, load, retried=True)
+                return await self.open(round_id, fmt, load, retried=True, job=job)
         finally:
             body.waiting -= 1
             self._evict()
         return f, body.size
 
-    def _start(self, key: tuple[int, str], load: Loader) -> _Body:
+    def _start(self, key: tuple[int, str, str], load: Loader) -> _Body:
         loop = asyncio.get_running_loop()
-        body = _Body(Path(f"round-{key[0]}.{key[1]}"), loop.create_future())
+        prefix = f"{key[2]}-" if key[2] else ""
+        body = _Body(Path(f"{prefix}round-{key[0]}.{key[1]}"), loop.create_future())
         self._bodies[key] = body
         task = loop.create_task(self._render(key, body, load))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return body
 
-    async def _render(self, key: tuple[int, str], body: _Body, load: Loader) -> None:
+    async def _render(self, key: tuple[int, str, str], body: _Body, load: Loader) -> None:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         try:

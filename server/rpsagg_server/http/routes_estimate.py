@@ -163,7 +163,8 @@ async def get_estimate(
         return provenance(est, est.values.shape[0]), est.values
 
     try:
-        f, size = await bodies(request).open(round_id, format, load)
+        f, size = await bodies(request).open(round_id, format, load,
+                                             job=getattr(request.app.state, "job", ""))
     except RenderBusy as exc:
         raise HTTPException(503, f"{exc}; try again shortly",
                             headers={"Retry-After": str(RETRY_AFTER_S)}) from None

@@ -1,0 +1,317 @@
+"""The dashboard of a standing service: the jobs API, one app per job, and ``/metrics`` of
+every job.
+
+Paths:
+
+- ``GET /api/jobs``: every job (``{"jobs": [...], "past_jobs": [...]}``); ``POST /api/jobs``
+  creates one (``201 {"id": ...}``; ``400`` with one line naming a bad setting);
+  ``GET /api/jobs/{id}``; ``POST /api/jobs/{id}/cancel`` or ``DELETE /api/jobs/{id}``.
+  Creating and cancelling needs an admin token (``--admin-tokens``) unless the server runs
+  ``--insecure``.
+- ``/api/jobs/{id}/...``: the job's own API (``/api/jobs/{id}/rounds`` is that job's
+  ``/api/rounds``, and so on); ``/jobs/{id}/``: its page.
+- ``/metrics``: the series of every job, each with a label ``job`` (the default job's is
+  ``default``), and the server-wide ones (connections, body cache) without it.
+- Every other path is the default job's app, as on a server of one job (``/api/status``,
+  ``/api/rounds``, ``/``...); without a default job, ``/`` is the page (the job list) and
+  the default job's API answers 404.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager, suppress
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CollectorRegistry, make_asgi_app
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+import rpsagg
+from rpsagg_server.archive import ArchiveCollector
+from rpsagg_server.http.app import STATIC, _Mounted, create_app
+from rpsagg_server.http.auth import BearerAuth, HttpTokens
+from rpsagg_server.http.renders import DEFAULT_MAX_BYTES, BodyCache, BodyCacheCollector
+from rpsagg_server.jobhost import JobHost, JobRefused, JobRuntime
+
+log = logging.getLogger("rpsagg.server")
+#: a creation's body, at most
+MAX_BODY = 64 << 10
+
+
+class JobsCollector(Collector):
+    """The metrics of every job's registry, each series labelled ``job``, plus
+    ``rpsagg_jobs{state}``."""
+
+    def __init__(self, host: JobHost) -> None:
+        self.host = host
+
+    def describe(self) -> Iterable[Metric]:
+        """None: the families change as jobs come and go."""
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        """Merge the jobs' families by name, adding the label to every sample."""
+        families: dict[str, Metric] = {}
+        for job_id, rt in list(self.host.jobs.items()):
+            registry = rt.extras.get("registry")
+            if registry is None:
+                continue
+            for fam in registry.collect():
+                out = families.get(fam.name)
+                if out is None:
+                    out = families[fam.name] = Metric(fam.name, fam.documentation, fam.type,
+                                                      fam.unit)
+                for s in fam.samples:
+                    out.samples.append(s._replace(labels={**s.labels, "job": job_id}))
+        jobs = Metric("rpsagg_jobs", "Jobs of this server by state", "gauge")
+        for state, n in self.host.counts().items():
+            jobs.add_sample("rpsagg_jobs", {"state": state}, n)
+        yield jobs
+        yield from families.values()
+
+
+def _job_app(rt: JobRuntime, bodies: BodyCache) -> None:
+    """Build a job's app and registry (kept in ``rt.extras``)."""
+    registry = CollectorRegistry()
+    registry.register(ArchiveCollector(rt.engine.archive))
+    rt.extras["registry"] = registry
+    rt.extras["app"] = create_app(rt.state, registry, bodies=bodies, job=rt.id)
+
+
+def create_service_app(host: JobHost, registry: CollectorRegistry | None = None,
+                       admin_tokens: HttpTokens | None = None) -> FastAPI:
+    """The HTTP app of a server and its jobs.
+
+    Parameters
+    ----------
+    host : JobHost
+        The server's jobs (their apps are built as they open).
+    registry : CollectorRegistry, optional
+        The server-wide registry ``/metrics`` exposes (the jobs' series are added to it).
+    admin_tokens : HttpTokens, optional
+        Who may create and cancel jobs; without them only an ``--insecure`` server lets
+        anyone do it.
+
+    Returns
+    -------
+    FastAPI
+        An app whose routing sends ``/api/jobs/{id}/...``, ``/jobs/{id}/...`` and the
+        default job's paths to the jobs' own apps (module docstring).
+    """
+    registry = CollectorRegistry() if registry is None else registry
+    cache = BodyCache(host.cfg.http_body_cache_bytes if host.cfg.http_body_cache_bytes
+                      is not None else DEFAULT_MAX_BYTES)
+    registry.register(BodyCacheCollector(cache))
+    registry.register(JobsCollector(host))
+    for rt in host.jobs.values():
+        _job_app(rt, cache)
+    host.on_open.append(lambda rt: _job_app(rt, cache))
+    guard = AdminGuard(admin_tokens, host.cfg.insecure)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        log.info("[HTTP] dashboard app started")
+        try:
+            yield
+        finally:
+            cache.close()
+            log.info("[HTTP] dashboard app stopped")
+
+    app = FastAPI(title="rpsagg server", version=rpsagg.__version__,
+                  summary="Jobs of a Rand-Proj-Spatial aggregation server: create, list, "
+                  "cancel; each job's rounds under /api/jobs/{id}/.", lifespan=lifespan)
+    app.state.host = host
+    app.state.registry = registry
+    app.state.bodies = cache
+
+    @app.get("/api/jobs", tags=["jobs"], summary="Every job of this server")
+    def list_jobs() -> dict[str, Any]:
+        """The default job first, then the created jobs oldest first; ``past_jobs``: the
+        finished jobs earlier starts moved to ``<db>.jobs/`` (``--on-finished-job new``)."""
+        rt = host.default()
+        return {"jobs": host.list(), "past_jobs": list(rt.state.past_jobs) if rt else []}
+
+    @app.post("/api/jobs", tags=["jobs"], status_code=201, summary="Create a job")
+    async def create_job(request: Request) -> JSONResponse:
+        """The body is a JSON object of job settings (the job flags of ``rpsagg-server`` in
+        snake case). ``201`` with the job once it is recorded (durably); ``400`` with one
+        line naming a bad setting."""
+        guard.check(request)
+        raw = await request.body()
+        if len(raw) > MAX_BODY:
+            raise HTTPException(413, f"a job's settings are at most {MAX_BODY} bytes")
+        try:
+            settings = json.loads(raw or b"{}")
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise HTTPException(400, f"the body is not JSON: {exc}") from None
+        if not isinstance(settings, dict):
+            raise HTTPException(400, "the body must be a JSON object of job settings")
+        try:
+            job = await host.create(settings)
+        except JobRefused as exc:
+            raise HTTPException(exc.status, str(exc)) from None
+        return JSONResponse(job, status_code=201,
+                            headers={"Location": f"/api/jobs/{job['id']}"})
+
+    @app.get("/api/jobs/{job_id}", tags=["jobs"], summary="One job")
+    def get_job(job_id: str) -> dict[str, Any]:
+        """The job's state, settings, progress and bytes."""
+        try:
+            return host.describe(job_id)
+        except KeyError:
+            raise HTTPException(404, f"no job {job_id!r}") from None
+
+    async def cancel(request: Request, job_id: str) -> dict[str, Any]:
+        guard.check(request)
+        try:
+            return await host.cancel(job_id)
+        except JobRefused as exc:
+            raise HTTPException(exc.status, str(exc)) from None
+
+    @app.post("/api/jobs/{job_id}/cancel", tags=["jobs"], summary="Cancel a job")
+    async def cancel_job(request: Request, job_id: str) -> dict[str, Any]:
+        """Cancel a queued or running job: recorded durably, then its current round fails
+        (what it had committed stays stored). ``409`` when it has ended."""
+        return await cancel(request, job_id)
+
+    @app.delete("/api/jobs/{job_id}", tags=["jobs"], summary="Cancel a job")
+    async def delete_job(request: Request, job_id: str) -> dict[str, Any]:
+        """The same as ``POST /api/jobs/{job_id}/cancel`` (the job's record stays)."""
+        return await cancel(request, job_id)
+
+    app.router.routes.append(
+        Route("/metrics", _Mounted(make_asgi_app(registry)), include_in_schema=False))
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.get("/", include_in_schema=False)
+    def index() -> FileResponse:
+        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+    @app.get("/healthz", include_in_schema=False)
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", include_in_schema=False)
+    def readyz() -> JSONResponse:
+        return JSONResponse({"ready": True, "checks": {}})
+
+    return app
+
+
+class AdminGuard:
+    """Who may create and cancel jobs: a bearer admin token, or anyone on ``--insecure``."""
+
+    def __init__(self, tokens: HttpTokens | None, insecure: bool) -> None:
+        self.tokens = tokens
+        self.insecure = insecure
+
+    def check(self, request: Request) -> None:
+        """Raise ``HTTPException`` 401/403 unless the request may change jobs."""
+        if self.tokens is None:
+            if self.insecure:
+                return
+            raise HTTPException(403, "creating and cancelling jobs needs --admin-tokens on "
+                                "the server (or --insecure)")
+        status = BearerAuth(_never, self.tokens).verdict(request.scope["headers"])
+        if status == 401:
+            raise HTTPException(401, "an admin token is needed: Authorization: Bearer TOKEN",
+                                headers={"WWW-Authenticate": 'Bearer realm="rpsagg-admin"'})
+        if status == 403:
+            raise HTTPException(403, "not an admin token")
+
+
+async def _never(scope: Scope, receive: Receive, send: Send) -> None:  # pragma: no cover
+    raise AssertionError("not called")
+
+
+_OWN = ("/api/jobs", "/metrics", "/static/")
+
+
+class JobRouter:
+    """ASGI: sends each request to the app that answers it (module docstring)."""
+
+    def __init__(self, service: FastAPI, host: JobHost) -> None:
+        self.service = service
+        self.host = host
+
+    def _job_app(self, job_id: str) -> ASGIApp | None:
+        rt = self.host.jobs.get(job_id)
+        return None if rt is None else rt.extras.get("app")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.service(scope, receive, send)  # lifespan: the service app's
+            return
+        path: str = scope["path"]
+        parts = path.split("/")
+        # /api/jobs/{id}/<rest>: the job's /api/<rest> (not cancel: the service's)
+        if len(parts) > 4 and parts[1:3] == ["api", "jobs"] and parts[4] != "cancel":
+            await self._forward(parts[3], "/api/" + "/".join(parts[4:]), scope, receive,
+                                send)
+            return
+        if len(parts) > 3 and parts[1] == "jobs":  # /jobs/{id}/<rest>: the job's page
+            rest = "/" + "/".join(parts[3:])
+            if rest.startswith("/static/") or rest == "/":
+                await self.service({**scope, "path": rest, "raw_path": rest.encode()},
+                                   receive, send)
+                return
+            await self._forward(parts[2], rest, scope, receive, send)
+            return
+        if path == "/jobs" or (len(parts) == 3 and parts[1] == "jobs"):
+            await _redirect(path.rstrip("/") + "/" if path != "/jobs" else "/", send)
+            return
+        default = self.host.default()
+        if path == "/" or path.startswith(_OWN):
+            await self.service(scope, receive, send)
+        elif default is not None:
+            await self._forward(default.id, path, scope, receive, send)
+        elif path in ("/healthz", "/readyz"):
+            await self.service(scope, receive, send)
+        else:
+            await _json(404, {"detail": "this server has no default job: see /api/jobs"},
+                        send)
+
+    async def _forward(self, job_id: str, path: str, scope: Scope, receive: Receive,
+                       send: Send) -> None:
+        app = self._job_app(job_id)
+        if app is None:
+            rec = None
+            with suppress(KeyError):
+                rec = self.host.describe(job_id)
+            detail = (f"no job {job_id!r}" if rec is None else
+                      f"job {job_id} is {rec['state']}: it has no rounds yet")
+            await _json(404, {"detail": detail}, send)
+            return
+        await app({**scope, "path": path, "raw_path": path.encode(), "root_path": ""},
+                  receive, send)
+
+
+async def _json(status: int, body: Any, send: Send) -> None:
+    raw = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(raw)).encode())]})
+    await send({"type": "http.response.body", "body": raw})
+
+
+async def _redirect(location: str, send: Send) -> None:
+    await send({"type": "http.response.start", "status": 307,
+                "headers": [(b"location", location.encode()), (b"content-length", b"0")]})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def create_standing_app(host: JobHost, admin_tokens: HttpTokens | None = None) -> JobRouter:
+    """The server's dashboard: :func:`create_service_app` behind :class:`JobRouter`
+    (``.service`` is the FastAPI app, ``.service.state.registry`` its registry)."""
+    service = create_service_app(host, admin_tokens=admin_tokens)
+    return JobRouter(service, host)
+
+
