@@ -1,5 +1,6 @@
 // Live dashboard: polls the JSON API and redraws (see /docs for the endpoints). The
-// overview is drawn here; the clients and round-detail views are in views.js.
+// overview is drawn here; the clients and round-detail views are in views.js, the job list
+// and the page's job (API: its endpoints' prefix) in jobs.js.
 "use strict";
 
 const POLL_MS = 1000;
@@ -68,10 +69,12 @@ function renderRound(st) {
   $("round-id").textContent = r.round_id;
   document.body.dataset.round = r.round_id;
   const stateEl = $("round-state");
-  stateEl.textContent = st.current_round ? r.state : (job && job.done ? "job done" : r.state);
+  const cancelled = Boolean(job && job.state === "cancelled");
+  stateEl.textContent = st.current_round ? r.state
+    : cancelled ? "job cancelled" : (job && job.done ? "job done" : r.state);
   stateEl.className = "state " + r.state;
   const arrived = r.clients.arrived.length, expected = r.clients.expected;
-  const finished = !st.current_round && job && job.done;  // nothing left to wait for
+  const finished = !st.current_round && job && (job.done || cancelled);  // nothing to wait for
   const bar = $("progress-bar");
   bar.style.width = (finished ? 100 : Math.min(100, (100 * arrived) / Math.max(1, expected))) + "%";
   bar.classList.toggle("done", Boolean(finished));
@@ -87,7 +90,8 @@ function renderRound(st) {
   $("job-line").textContent = (job
     ? `task step ${job.steps_done} ` + (job.rounds_planned
       ? `of ${job.rounds_planned}` : "(until stopped)") + (job.state === "failed"
-      ? ` · job failed: ${job.failure}` : job.done ? " · job done" : "")
+      ? ` · job failed: ${job.failure}` : cancelled ? " · job cancelled"
+        : job.done ? " · job done" : "")
     : "") + betaLine(st.beta);
 }
 
@@ -317,16 +321,20 @@ async function tick() {
   inFlight = true;
   const conn = $("conn");
   try {
-    const [st, page] = await Promise.all([
-      getJSON("/api/status"), getJSON(`/api/rounds?limit=${ROUNDS_SHOWN}`),
-    ]);
-    renderConfig(st);
-    if (currentView().name === "overview") {
-      renderRound(st);
-      renderCharts(st, page.rounds);
-      renderTable(page.rounds, st.config.k);
+    // the job list first ("/") or the page's job ("/jobs/ID/"): queued, unknown, or no
+    // default job on "/": no job's views to draw
+    if (renderJobs(await fetchJobs())) {
+      const [st, page] = await Promise.all([
+        getJSON(`${API}/status`), getJSON(`${API}/rounds?limit=${ROUNDS_SHOWN}`),
+      ]);
+      renderConfig(st);
+      if (currentView().name === "overview") {
+        renderRound(st);
+        renderCharts(st, page.rounds);
+        renderTable(page.rounds, st.config.k);
+      }
+      await renderView(st);
     }
-    await renderView(st);
     conn.textContent = "live";
     conn.className = "pill live";
     document.body.dataset.updated = String(Date.now());
@@ -355,5 +363,6 @@ wireAuth(() => {  // a new token: try it now
     tick();
   }
 });
+prefixLinks();
 showView();
 tick();

@@ -16,6 +16,7 @@ function showView() {
   }
   document.getElementById("nav-overview").classList.toggle("here", v.name === "overview");
   document.getElementById("nav-clients").classList.toggle("here", v.name === "clients");
+  showJobList(!document.body.classList.contains("no-job"));
 }
 
 function fmtTime(t) {
@@ -95,7 +96,7 @@ function renderRoundDetail(st, r, id) {
   const est = $("detail-estimate");  // the estimate itself, once the round is done
   est.hidden = r.state !== "done";
   for (const fmt of ["json", "csv", "npy"]) {
-    $("est-" + fmt).href = `/api/rounds/${id}/estimate?format=${fmt}`;
+    $("est-" + fmt).href = `${API}/rounds/${id}/estimate?format=${fmt}`;
   }
   $("detail-estimate-what").textContent = r.state === "done"
     ? `(n′ = ${r.clients.arrived.length}, d = ${st.config.d})` : "";
@@ -161,9 +162,9 @@ function renderRoundDetail(st, r, id) {
 async function renderView(st) {
   const v = currentView();
   if (v.name === "clients") {
-    renderClients(st, await getJSON("/api/clients"));
+    renderClients(st, await getJSON(`${API}/clients`));
   } else if (v.name === "round") {
-    const res = await apiFetch(`/api/rounds/${v.round}`);
+    const res = await apiFetch(`${API}/rounds/${v.round}`);
     const unknown = res.status === 404 || res.status === 422;  // no such round / id 0
     if (!unknown && !res.ok) throw new Error(`round ${v.round}: HTTP ${res.status}`);
     renderRoundDetail(st, unknown ? null : await res.json(), v.round);
