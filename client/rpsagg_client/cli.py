@@ -10,9 +10,13 @@ from the messages: relative error +- its standard error); ``--quiet`` turns the 
 ``rpsagg-client result --round N --out FILE.npy`` saves a done round's estimate (the latest
 done round for ``--round 0``) and prints what it is, with its estimated error.
 
-``--server``, ``--client-id``, ``--token``, ``--token-file``, ``--tls-*``, ``--vectors`` and
-``--quiet`` also read an environment variable ``RPSAGG_<FLAG>`` (``--vectors`` ->
-``RPSAGG_VECTORS``); a flag overrides it.
+``--job ID`` names the job to take part in, on a server that hosts several (``rpsagg-jobs
+create`` prints a new job's id); without it the client takes part in the server's default
+job (the one its flags started), or its only open job. The lines then name the job.
+
+``--server``, ``--client-id``, ``--job``, ``--token``, ``--token-file``, ``--tls-*``,
+``--vectors`` and ``--quiet`` also read an environment variable ``RPSAGG_<FLAG>``
+(``--vectors`` -> ``RPSAGG_VECTORS``); a flag overrides it.
 
 Exit status: 0 when the job is over (done, or failed on the server: a restart cannot help);
 2 for bad input (a vector file that does not fit the job; one line naming it); 3 when the
@@ -71,6 +75,10 @@ def _connection(p: argparse.ArgumentParser) -> None:
                    help="default: $RPSAGG_CLIENT_ID; in a compose replica its container name "
                    "(project-service-N, stable when the container is re-created); else the "
                    "host name")
+    p.add_argument("--job", default=env("RPSAGG_JOB", ""), metavar="ID",
+                   help="the job to take part in, on a server that hosts several (the id "
+                   "'rpsagg-jobs create' printed; also RPSAGG_JOB); default: the server's "
+                   "default job, or its only open job")
     p.add_argument("--token", default=env("RPSAGG_TOKEN"))
     p.add_argument("--token-file", default=env("RPSAGG_TOKEN_FILE"),
                    help="read the token from this file (e.g. a mounted secret)")
@@ -131,9 +139,31 @@ def wire_bytes(sub: Submission) -> int:
 
 
 def round_line(client_id: str, round_id: int, sent: Submission | None, note: str,
-               res: RoundResult | None, n: int) -> str:
-    """The line printed for a finished round (see the module docstring)."""
-    head = f"[{client_id}] round {round_id}:"
+               res: RoundResult | None, n: int, job: str = "") -> str:
+    """The line printed for a finished round (see the module docstring).
+
+    Parameters
+    ----------
+    client_id : str
+        This client's id; the line starts with ``[client_id]``.
+    round_id : int
+        The round.
+    sent : Submission or None
+        What this client sent in the round (None: nothing; ``note`` says why).
+    note : str
+        How the submission went (``acked as 3 of 10``), or why nothing was sent.
+    res : RoundResult or None
+        The round's result, if known.
+    n : int
+        The job's number of clients.
+    job : str, optional
+        The job's id (``--job``): the line says ``[client_id] job ID round N:``.
+
+    Returns
+    -------
+    str
+    """
+    head = f"[{client_id}] {f'job {job} ' if job else ''}round {round_id}:"
     if sent is None:
         body = f"nothing sent ({note})"
     else:
@@ -176,8 +206,13 @@ def _client(args: argparse.Namespace) -> AggregationClient:
     return AggregationClient(
         args.server, args.client_id, token=args.token, tls_ca=args.tls_ca,
         tls_cert=args.tls_cert, tls_key=args.tls_key, insecure=args.insecure,
-        timeout=args.timeout, retry_budget=args.retry_budget,
+        timeout=args.timeout, retry_budget=args.retry_budget, job=args.job,
     )
+
+
+def _of_job(args: argparse.Namespace) -> str:
+    """`` (job ID)`` for messages when ``--job`` is given, else empty."""
+    return f" (job {args.job})" if args.job else ""
 
 
 def vectors_path(template: str, client_id: str) -> str:
@@ -240,7 +275,8 @@ def run(args: argparse.Namespace) -> int:
         if source is not None:
             info = client.current_round()  # what the job needs, before joining it
             if info.job_done:
-                print("rpsagg-client: the server's job is already over", file=sys.stderr)
+                which = f"the job {args.job}" if args.job else "the server's job"
+                print(f"rpsagg-client: {which} is already over", file=sys.stderr)
                 return 0
             if info.task != "mean":
                 return _bad_input(f"--vectors needs a server running --task mean; this one "
@@ -275,8 +311,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"rpsagg-client: {exc}; using synthetic data instead", file=sys.stderr)
                 shard = load_shard("synthetic", joined.task, joined.client_index, joined.n,
                                    first.d, r=float(params.get("data_r", 0.0)))
-        log.info("[Client] %s joined as index %d of %d (task %s, data %s)", args.client_id,
-                 joined.client_index, joined.n, joined.task,
+        log.info("[Client] %s joined%s as index %d of %d (task %s, data %s)", args.client_id,
+                 _of_job(args), joined.client_index, joined.n, joined.task,
                  source.name if source is not None else args.data or hint)
         pending: tuple[int, Submission | None, str] | None = None
 
@@ -292,7 +328,8 @@ def run(args: argparse.Namespace) -> int:
                     res = client.result(rid, wait=False)
                 except grpc.RpcError:
                     res = None
-            print(round_line(args.client_id, rid, sent, note, res, joined.n), flush=True)
+            print(round_line(args.client_id, rid, sent, note, res, joined.n, args.job),
+                  flush=True)
 
         for rnd in client.rounds():
             report()
@@ -302,7 +339,8 @@ def run(args: argparse.Namespace) -> int:
                     vectors = source.vectors(rnd.task_step)
                 except VectorsEnded as exc:
                     if rnd.total_rounds == 0:  # a job until stopped: this client is done
-                        print(f"rpsagg-client: {exc}; leaving the job", file=sys.stderr)
+                        print(f"rpsagg-client: {exc}; leaving the job{_of_job(args)}",
+                              file=sys.stderr)
                         return 0
                     return _bad_input(f"{exc}, but the job runs {rnd.total_rounds} rounds; "
                                       "leaving it")
@@ -327,21 +365,25 @@ def run(args: argparse.Namespace) -> int:
             except grpc.RpcError as exc:
                 if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION,
                                   grpc.StatusCode.NOT_FOUND):
-                    log.info("[Client] round %d closed before submission: %s", rnd.round_id,
-                             exc.details())
+                    log.info("[Client]%s round %d closed before submission: %s", _of_job(args),
+                             rnd.round_id, exc.details())
                     pending = (rnd.round_id, None, f"the round closed first: {exc.details()}")
                     continue
                 raise
-            log.debug("[Client] round %d acked (%d received)", rnd.round_id, ack.received)
+            log.debug("[Client]%s round %d acked (%d received)", _of_job(args), rnd.round_id,
+                      ack.received)
             pending = (rnd.round_id, sub, f"acked as {ack.received} of {joined.n}")
         report()
     if client.job_replaced:  # its job ended unseen: the server runs another one now
-        print(f"rpsagg-client: the job {args.client_id} joined has ended; the server now runs "
-              "a new job (another job id), which this client does not join", file=sys.stderr)
+        which = f"the job {args.job} that {args.client_id}" if args.job else \
+            f"the job {args.client_id}"
+        print(f"rpsagg-client: {which} joined has ended; the server now runs a new job "
+              "(another job id), which this client does not join", file=sys.stderr)
     elif client.job_failure:  # the job is over either way: exit 0 (a restart cannot help)
-        print(f"rpsagg-client: the job failed: {client.job_failure}", file=sys.stderr)
+        print(f"rpsagg-client: the job{_of_job(args)} failed: {client.job_failure}",
+              file=sys.stderr)
     else:
-        log.info("[Client] %s: the job is done", args.client_id)
+        log.info("[Client] %s: the job%s is done", args.client_id, _of_job(args))
     return 0
 
 
@@ -360,7 +402,7 @@ def fetch_result(args: argparse.Namespace) -> int:
         why = f"failed: {res.reason}" if res.state == "failed" else (
             f"is {res.state}; it has no estimate yet" + ("" if args.wait else
                                                           " (--wait waits for it)"))
-        print(f"rpsagg-client: round {res.round_id} {why}", file=sys.stderr)
+        print(f"rpsagg-client: round {res.round_id}{_of_job(args)} {why}", file=sys.stderr)
         return 1
     est = np.asarray(res.estimate, dtype=np.float64)
     values = est[0] if est.ndim == 2 and est.shape[0] == 1 else est
@@ -368,7 +410,8 @@ def fetch_result(args: argparse.Namespace) -> int:
     with tmp.open("wb") as fp:
         np.save(fp, values, allow_pickle=False)
     tmp.replace(out)
-    print(f"round {res.round_id}: the mean of {res.n_prime} of {info.n} clients' vectors "
+    which = f"job {args.job} round" if args.job else "round"
+    print(f"{which} {res.round_id}: the mean of {res.n_prime} of {info.n} clients' vectors "
           f"({info.scheme}, transform {res.transform}, k={info.k}, d={info.d}, "
           f"{fmt_bytes(res.wire_bytes)} received{estimated_error_text(res)}), "
           f"shape {values.shape} -> {out}", flush=True)
@@ -399,8 +442,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except grpc.RpcError as exc:
         code = _REFUSED.get(exc.code(), 1)
         why = " (refused for good: not retrying)" if code != 1 else ""
-        print(f"rpsagg-client: {args.client_id}: {exc.code().name}: {exc.details()}{why}",
-              file=sys.stderr)
+        print(f"rpsagg-client: {args.client_id}{_of_job(args)}: {exc.code().name}: "
+              f"{exc.details()}{why}", file=sys.stderr)
         return code
     except KeyboardInterrupt:
         return 130

@@ -8,7 +8,9 @@ does so to the joins in flight when it starts the job with the d it learned; a r
 Join of the same client id is answered with the same index). A retried Submit sends
 byte-identical bytes, which the server acknowledges again instead of treating as a second
 submission. Reads carry this client's id, so the server knows who has been told that the
-job is done (its drained job end).
+job is done (its drained job end). Every request names the job it is for (``job``: an id
+that ``rpsagg-jobs create`` printed; ``""`` for the server's default job), so one server
+can host several jobs.
 
 Examples
 --------
@@ -26,6 +28,7 @@ import random
 import secrets
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -79,9 +82,16 @@ class AggregationClient:
         Deadline of each call in seconds (``result(wait=True)`` uses ``wait_timeout``).
     retry_budget : float
         Seconds to keep retrying UNAVAILABLE before giving up.
+    job : str
+        The job this client takes part in: every request carries it (the ``job`` field).
+        ``""`` (the default): the server's default job (the one its flags started), or its
+        only open job when it has no default job; ``"default"`` names the default job
+        explicitly. A server that hosts no job of that id refuses the calls.
 
     Attributes
     ----------
+    job : str
+        The ``job`` given (see Parameters).
     job_failure : str or None
         None until a reply said the job is over; then ``""`` when it finished its rounds,
         else why it failed (``--max-failed-rounds`` on the server). Once it is set,
@@ -111,9 +121,11 @@ class AggregationClient:
         retry_budget: float = 60.0,
         backoff: float = 0.1,
         max_backoff: float = 3.0,
+        job: str = "",
     ) -> None:
         self.target = target
         self.client_id = client_id
+        self.job = job
         self.timeout = timeout
         self.wait_timeout = wait_timeout
         self.retry_budget = retry_budget
@@ -165,8 +177,14 @@ class AggregationClient:
                     raise
                 pause = random.uniform(0.0, min(self.max_backoff, self.backoff * 2**attempt))
                 attempt += 1
-                log.debug("[Client.%s] %s; retry %d in %.2fs", name, code.name, attempt, pause)
+                log.debug("[Client.%s]%s %s; retry %d in %.2fs", name, self._job_note, code.name,
+                          attempt, pause)
                 time.sleep(pause)
+
+    @property
+    def _job_note(self) -> str:
+        """`` job ID`` for log lines when a job is named, else empty."""
+        return f" job {self.job}" if self.job else ""
 
     def close(self) -> None:
         """Close the channel."""
@@ -186,13 +204,13 @@ class AggregationClient:
         server started with ``--d 0`` takes the first join's d for the job; any server
         refuses a d other than its own (INVALID_ARGUMENT).
         """
-        reply: JoinReply = self._call("Join", JoinRequest(self.client_id, d))
+        reply: JoinReply = self._call("Join", JoinRequest(self.client_id, d, job=self.job))
         self.index = reply.client_index
         return reply
 
     def current_round(self) -> RoundInfo:
         """The server's current round."""
-        info: RoundInfo = self._call("GetRound", GetRoundRequest(self.client_id))
+        info: RoundInfo = self._call("GetRound", GetRoundRequest(self.client_id, job=self.job))
         if info.job_id:
             if self.job_id is None:
                 self.job_id = info.job_id
@@ -237,7 +255,8 @@ class AggregationClient:
         # the round's own version: it defines this encoding, every later version encodes the
         # round the same way, and a server older than this client speaks it
         return Submission(round_id=rnd.round_id, client_id=self.client_id, client_seed=seed,
-                          vectors=tuple(payloads), spec_version=rnd.spec_version or SPEC_VERSION)
+                          vectors=tuple(payloads), spec_version=rnd.spec_version or SPEC_VERSION,
+                          job=self.job)
 
     def estimator_for(self, rnd: RoundInfo) -> Estimator:
         """The encoder ``rnd`` announces (scheme, projection, block size, spec version).
@@ -273,7 +292,13 @@ class AggregationClient:
         return self.submit_encoded(self.encode(rnd, vectors))
 
     def submit_encoded(self, submission: Submission) -> SubmitReply:
-        """Submit an already encoded submission (retries resend identical bytes)."""
+        """Submit an already encoded submission (retries resend identical bytes).
+
+        A submission that names no job is sent for this client's :attr:`job`; one that
+        names a job is sent as it is.
+        """
+        if self.job and not submission.job:
+            submission = replace(submission, job=self.job)
         reply: SubmitReply = self._call("Submit", submission)
         return reply
 
@@ -284,7 +309,7 @@ class AggregationClient:
         while True:
             left = max(0.5, deadline - time.monotonic())
             res: RoundResult = self._call(
-                "GetResult", GetResultRequest(round_id, wait, self.client_id),
+                "GetResult", GetResultRequest(round_id, wait, self.client_id, job=self.job),
                 timeout=min(left, 30.0))
             if res.state in ("done", "failed"):
                 self._finished[res.round_id] = res
@@ -328,7 +353,7 @@ class AggregationClient:
         is done, is re-opened (backoff as for calls, ``retry_budget`` seconds per outage);
         the re-opened stream starts again with the current state, so an event may repeat.
         """
-        first = self._watch(WatchRequest(self.client_id), metadata=self._metadata)
+        first = self._watch(WatchRequest(self.client_id, job=self.job), metadata=self._metadata)
         return self._watch_events(first)
 
     def _watch_events(self, stream: Iterator[RoundEvent]) -> Iterator[RoundEvent]:
@@ -354,7 +379,8 @@ class AggregationClient:
                 return
             pause = random.uniform(0.0, min(self.max_backoff, self.backoff * 2**attempt))
             attempt += 1
-            log.debug("[Client.WatchRounds] %s; re-open %d in %.2fs",
+            log.debug("[Client.WatchRounds]%s %s; re-open %d in %.2fs", self._job_note,
                       "ended" if err is None else err.code().name, attempt, pause)
             time.sleep(pause)
-            stream = self._watch(WatchRequest(self.client_id), metadata=self._metadata)
+            stream = self._watch(WatchRequest(self.client_id, job=self.job),
+                                 metadata=self._metadata)
