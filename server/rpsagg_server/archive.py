@@ -84,6 +84,18 @@ class RoundArchive:
         with self._lock:
             return list(self._lru)
 
+    def shrink(self, max_bytes: int) -> None:
+        """Lower the bound to ``max_bytes`` now (an ended job of a standing service keeps
+        little in memory), evicting the least recently used rounds beyond it."""
+        with self._lock:
+            self.max_bytes = min(self.max_bytes, max_bytes)
+            freed = 0
+            while self._bytes > self.max_bytes:
+                _, evicted = self._lru.popitem(last=False)
+                self._bytes -= evicted.nbytes
+                freed += evicted.nbytes
+        _trim(freed)
+
     def put(self, round_id: int, arrays: RoundArrays) -> None:
         """Cache a round's arrays (a round that just finished; its row is durable)."""
         with self._lock:

@@ -84,12 +84,19 @@ def job_memory(cfg: ServerConfig, m: int) -> int:
     (:data:`~rpsagg_server.config.BYTES_PER_COORDINATE` each: the estimate, the decode's
     work vectors, the next state), n submissions of k values (and in evaluation mode a d-long
     float64 reference) per vector, and its cache of finished rounds (at most
-    ``--result-cache-bytes``, at least two rounds)."""
+    ``--result-cache-bytes``, at most two rounds' estimate and state); once the job ends,
+    :func:`ended_memory`."""
     d = max(cfg.d, 1)
     round_bytes = BYTES_PER_COORDINATE * d * m
     subs = cfg.n * m * (8 * max(cfg.k, 1) + (8 * d if cfg.eval else 0))
     cache = min(cfg.result_cache_bytes, 2 * 16 * d * m)
     return round_bytes + subs + cache
+
+
+def ended_memory(cfg: ServerConfig, m: int) -> int:
+    """The memory an ended job keeps: one round's estimate and state in its cache (older
+    rounds are read back from its database when asked for)."""
+    return min(cfg.result_cache_bytes, 16 * max(cfg.d, 1) * m)
 
 
 @dataclass
@@ -260,6 +267,9 @@ class JobHost:
         if rec is not None and rec.state not in ENDED:
             state = "failed" if p.job_failure else "done"
             await self._set_state(rt.id, state, p.job_failure)
+        if not rt.default:  # an ended created job keeps one round's arrays cached
+            rt.memory = ended_memory(rt.cfg, rt.engine.m)
+            rt.engine.archive.shrink(rt.memory)
         log.info("[Jobs] job %s ended (%s)", rt.id,
                  "failed: " + p.job_failure if p.job_failure else "done")
         self._changed()
