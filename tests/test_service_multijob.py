@@ -145,7 +145,14 @@ def test_three_jobs_beside_the_default_job(insecure: Service) -> None:
         "rand-proj-spatial": dict(estimator="rand-proj-spatial", n=2, k=32, d=512,
                                   task="mean", rounds=3, data_r=1, transform="max"),
     }
-    ids = {name: svc.create(**spec) for name, spec in specs.items()}
+    ids = {name: svc.create(**spec) for name, spec in specs.items() if name != "rand-k"}
+    # one through the CLI, as a user would
+    cli = subprocess.run(client_command(
+        ["--url", svc.url, "create", *(f"{k}={json.dumps(v) if not isinstance(v, str) else v}"
+                                       for k, v in specs["rand-k"].items())],
+        module="rpsagg_client.jobs_cli"), capture_output=True, timeout=60)
+    assert cli.returncode == 0, cli.stderr.decode()
+    ids["rand-k"] = cli.stdout.decode().strip()
     listed = {j["id"]: j for j in svc.api("/api/jobs")[1]["jobs"]}
     assert set(listed) == {"default", *ids.values()}
     assert listed["default"]["default"] and listed["default"]["state"] == "running"
@@ -161,6 +168,11 @@ def test_three_jobs_beside_the_default_job(insecure: Service) -> None:
         assert p.wait(180) == 0, p.stderr.read().decode() if p.stderr else ""
     wait_until(lambda: all(svc.job(i)["state"] == "done" for i in ids.values()), 30,
                "every created job done")
+    waited = subprocess.run(client_command(["--url", svc.url, "wait", ids["rand-k"],
+                                            "--timeout", "30"],
+                                           module="rpsagg_client.jobs_cli"),
+                            capture_output=True, timeout=60)
+    assert waited.returncode == 0, waited.stderr.decode()
     wait_until(lambda: svc.job("default")["state"] == "done", 30, "the default job done")
     checked = check_rounds_against_inprocess(str(svc.tmp / "jobs.db"), N, K, D,
                                              "rand-proj-spatial")
