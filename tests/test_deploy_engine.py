@@ -6,8 +6,11 @@ project, talks to it only through ports published on 127.0.0.1, waits on states 
 bound, and ends with ``down -v``. No skips: where no engine can be had, the tests fail.
 
 1. plain: the server turns healthy, the job's rounds are all done, every client container
-   exits 0, the API and /metrics answer from the host; then ``down`` and ``up`` again run a
-   new job to its end while the first one is kept (``/api/jobs``).
+   exits 0, the API and /metrics answer from the host; meanwhile a second job, created from
+   the host with ``rpsagg-jobs`` through the published HTTP port, runs to its end with the
+   ``jobs`` profile's replicas (``RPSAGG_JOB``; the profile's ``jobs`` service waits for
+   it); then ``down`` and ``up`` again run a new default job to its end while the first one
+   is kept (``/api/jobs``), and the created job with it.
 2. the TLS override with the certificates of ``scripts/make-test-ca.sh``: the job ends, the
    published gRPC port speaks TLS under the test CA and refuses a plain-text client.
 3. the ray profile: every round decoded by Ray tasks on the worker containers (the server's
@@ -35,6 +38,7 @@ import secrets
 import socket
 import ssl
 import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -105,31 +109,95 @@ def _check_job(p: Project, rounds: int, n: int) -> None:
     assert all(c["ExitCode"] == 0 for c in clients), clients
 
 
+def _jobs_cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``rpsagg-jobs --url URL ARGS`` on the host (the client package of this checkout)."""
+    return subprocess.run([sys.executable, "-m", "rpsagg_client.jobs_cli", "--url", url, *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def _sample(text: str, name: str, **labels: str) -> float:
+    """The value of the one sample ``name`` with these labels in a Prometheus exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = [smp.value for fam in text_string_to_metric_families(text) for smp in fam.samples
+              if smp.name == name and smp.labels == labels]
+    assert len(values) == 1, (name, labels, values)
+    return float(values[0])
+
+
+def _jobs(base: str) -> dict[str, dict[str, Any]]:
+    """``/api/jobs``'s jobs by id."""
+    return {j["id"]: j for j in get_json(base + "/api/jobs")["jobs"]}
+
+
 @pytest.mark.timeout(600)
 def test_plain_job_then_down_and_up_runs_a_second(plain: Project) -> None:
     p = plain
+    p.profiles = ["jobs"]  # its services start only when scaled; `down` removes them too
     p.compose("up", "-d")
     p.wait_healthy("server", timeout=120)
     base = p.url()
     assert get_text(base + "/readyz")
+    assert not [c for c in p.containers() if c["Service"] in ("jobs", "job-client")]
+
+    # a second job, created from the host through the published port, and its replicas
+    d, rounds2 = 256, 3
+    made = _jobs_cli(base, "create", "estimator=rand-k", "n=2", "k=32", f"d={d}",
+                     f"rounds={rounds2}", "task=mean", "data=synthetic",
+                     "round_timeout=20")
+    assert made.returncode == 0, made.stderr
+    job = made.stdout.strip()
+    assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", job), made.stdout
+    p.configure(RPSAGG_JOB=job)
+    p.compose("up", "-d", "--scale", "job-client=2", "job-client")
+
     _check_job(p, rounds=4, n=3)
     status = p.status()
     assert status["config"]["n"] == 3 and status["clients_joined"] == 3
     # the clients' ids are their compose names, not container ids
     assert sorted(c["client_id"] for c in status["clients"]) == [
         f"{p.name}-client-{i}" for i in (1, 2, 3)]
-    metrics = get_text(base + "/metrics")
-    assert re.search(r'^rpsagg_rounds_total\{state="done"\} 4\.0$', metrics, re.MULTILINE)
-    assert re.search(r'^rpsagg_submissions_total\{status="ok"\} 12\.0$', metrics, re.MULTILINE)
-    assert get_json(base + "/api/jobs") == {"past_jobs": []}
+    # the compose service of rpsagg-jobs waits for the second job (bounded, polling)
+    waited = p.compose_run("run", "--rm", "-T", "jobs", "wait", job, "--timeout", "150",
+                           timeout=200)
+    assert waited.returncode == 0, waited.stderr[-2000:]
+    replicas = p.wait_exited("job-client", timeout=90)
+    assert len(replicas) == 2 and all(c["ExitCode"] == 0 for c in replicas), replicas
+    jobs = _jobs(base)
+    assert set(jobs) == {"default", job}, jobs
+    assert jobs["default"]["state"] == "done" and jobs["default"]["rounds_done"] == 4, jobs
+    second = jobs[job]
+    assert second["state"] == "done" and second["rounds_done"] == rounds2, second
+    assert second["clients"] == 2 and second["bytes_up"] > 0, second
+    items = get_json(base + f"/api/jobs/{job}/rounds?limit=10")["rounds"]
+    assert len(items) == rounds2 and all(r["state"] == "done" for r in items), items
+    with urllib.request.urlopen(base + f"/api/jobs/{job}/rounds/{rounds2}/estimate?format=npy",
+                                timeout=10) as resp:
+        import numpy as np
 
-    # a second `up` after `down` (the volume keeps the finished job): a new job, to its end
+        estimate = np.load(io.BytesIO(resp.read()))
+    assert estimate.shape[-1] == d and np.isfinite(estimate).all(), estimate.shape
+    assert {f"{p.name}-job-client-{i}" for i in (1, 2)} == {
+        c["client_id"] for c in get_json(base + f"/api/jobs/{job}/status")["clients"]}
+    metrics = get_text(base + "/metrics")
+    assert _sample(metrics, "rpsagg_rounds_total", state="done", job="default") == 4
+    assert _sample(metrics, "rpsagg_rounds_total", state="done", job=job) == rounds2
+    assert _sample(metrics, "rpsagg_submissions_total", status="ok", job="default") == 12
+    assert _sample(metrics, "rpsagg_submissions_total", status="ok", job=job) == 2 * rounds2
+    assert get_json(base + "/api/jobs")["past_jobs"] == []
+
+    # a second `up` after `down` (the volume keeps the finished job): a new job, to its end;
+    # the created job stays listed, done
     p.compose("down", "--timeout", "10")
+    assert not p.containers()
     p.compose("up", "-d")
     p.wait_healthy("server", timeout=120)
     _check_job(p, rounds=4, n=3)
-    past = get_json(p.url() + "/api/jobs")["past_jobs"]
+    listed = get_json(p.url() + "/api/jobs")
+    past = listed["past_jobs"]
     assert len(past) == 1 and past[0]["state"] == "done" and past[0]["rounds_done"] == 4, past
+    kept = {j["id"]: j for j in listed["jobs"]}
+    assert kept[job]["state"] == "done", kept
     assert "Exited (0)" not in p.logs("server")  # the server itself never restarted
 
 
