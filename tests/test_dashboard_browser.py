@@ -45,6 +45,13 @@ def get_json(url: str) -> Any:
         return json.load(res)
 
 
+def post_json(url: str, body: Any) -> Any:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as res:
+        return json.load(res)
+
+
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[Any]:
     from selenium import webdriver
@@ -95,6 +102,9 @@ class LiveServer:
 
     def api(self, path: str) -> Any:
         return get_json(self.url + path)
+
+    def post(self, path: str, body: Any) -> Any:
+        return post_json(self.url + path, body)
 
     def close(self) -> None:
         kill_all(self.procs)
@@ -399,5 +409,122 @@ def test_page_asks_for_a_token_and_sends_it(browser: Any, tmp_path: Path) -> Non
         wait_for(browser, "the CSV download", lambda d: saved.exists()
                  and saved.read_text().startswith("round_id,state,"))
         assert len(saved.read_text().strip().splitlines()) == 2  # header, round 1
+    finally:
+        server.close()
+
+
+def job_rows(driver: Any) -> list[dict[str, str]]:
+    """The job list's rows, top to bottom: id, state, link, and the rounds cell."""
+    rows: list[dict[str, str]] = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#jobs-table tbody tr'), (r) => ({"
+        "id: r.dataset.job, state: r.dataset.state,"
+        " href: r.querySelector('a.job-link').getAttribute('href'),"
+        " rounds: r.cells[2].textContent}))")
+    return rows
+
+
+def above(driver: Any, upper: str, lower: str) -> bool:
+    """Whether element ``upper`` is drawn above element ``lower``."""
+    out: bool = driver.execute_script(
+        "const y = (id) => document.getElementById(id).getBoundingClientRect().top;"
+        "return y(arguments[0]) < y(arguments[1])", upper, lower)
+    return out
+
+
+@pytest.mark.timeout(180)
+def test_page_lists_the_jobs_and_links_each_to_its_page(
+    browser: Any, tmp_path: Path
+) -> None:
+    # A server of several jobs: the default job runs until stopped, a created job waits
+    # behind it (--max-jobs 1) and another is cancelled while it waits.
+    from selenium.webdriver.common.by import By
+
+    server = LiveServer(tmp_path, "--rounds", "0", "--max-jobs", "1", "--eval")
+    try:
+        small = {"n": 2, "k": 4, "d": 16, "rounds": 3}
+        queued = server.post("/api/jobs", small)["id"]
+        gone = server.post("/api/jobs", small)["id"]
+        assert server.post(f"/api/jobs/{gone}/cancel", {})["state"] == "cancelled"
+        for i in range(N):
+            server.start_client(i)
+        wait_for(browser, "two rounds of the default job",
+                 lambda _: server.api("/api/jobs/default")["rounds_done"] >= 2, timeout=60)
+
+        # "/": the list first, each job linked to its page; the default job's page below
+        browser.get(server.url + "/")
+        wait_for(browser, "the job list", lambda d: text_of(d, "conn") == "live"
+                 and [r["id"] for r in job_rows(d)] == ["default", queued, gone])
+        rows = {r["id"]: r for r in job_rows(browser)}
+        assert {i: (r["state"], r["href"]) for i, r in rows.items()} == {
+            "default": ("running", "/jobs/default/"), queued: ("queued", f"/jobs/{queued}/"),
+            gone: ("cancelled", f"/jobs/{gone}/")}
+        assert rows["default"]["rounds"].endswith("(until stopped)")
+        assert rows[queued]["rounds"] == "0/3"
+        assert is_visible(browser, "default-note") and not is_visible(browser, "nav-jobs")
+        assert above(browser, "jobs-table", "config-card")
+        wait_for(browser, "the default job's rounds", lambda d: len(table_rounds(d)) >= 2)
+        assert browser.execute_script(
+            "return document.getElementById('dl-csv').getAttribute('href')"
+        ) == "/api/rounds/export.csv"
+        OUTPUT.mkdir(exist_ok=True)
+        browser.save_screenshot(str(OUTPUT / "dashboard-jobs.png"))
+
+        # a queued job's page says so and has nothing else yet
+        browser.find_element(By.CSS_SELECTOR, f"#jobs-table tr[data-job='{queued}'] a").click()
+        wait_for(browser, "the queued job's page",
+                 lambda d: text_of(d, "job-head-state") == "queued"
+                 and text_of(d, "conn") == "live")
+        assert browser.current_url == f"{server.url}/jobs/{queued}/"
+        assert "Queued" in text_of(browser, "job-head-note")
+        assert is_visible(browser, "nav-jobs") and not is_visible(browser, "jobs-table")
+        for element in ("config-card", "rounds-table", "nav-overview", "nav-clients"):
+            assert not is_visible(browser, element), element
+        browser.get(f"{server.url}/jobs/{gone}/")
+        wait_for(browser, "the cancelled job's page",
+                 lambda d: text_of(d, "job-head-state") == "cancelled")
+        assert text_of(browser, "job-head-note") == "Cancelled before it finished a round."
+
+        # the default job cancelled: its page shows the rounds it finished, read (and
+        # downloaded) under /api/jobs/default
+        server.post("/api/jobs/default/cancel", {})
+        wait_for(browser, "the default job's last round over", lambda _: server.api(
+            "/api/jobs/default/status")["current_round"] is None)
+        job = server.api("/api/jobs/default")
+        assert job["state"] == "cancelled" and job["rounds_done"] >= 2
+        rounds = server.api("/api/jobs/default/rounds?limit=100")["rounds"]
+        done = sorted(r["round_id"] for r in rounds if r["state"] == "done")
+        assert len(done) == job["rounds_done"]
+        # (a log axis draws the positive estimates)
+        drawable = sorted(r["round_id"] for r in rounds if r["state"] == "done"
+                          and (r["error_estimate"]["relative_error"] or 0) > 0)
+        browser.get(server.url + "/jobs/default/")
+        wait_for(browser, "the cancelled default job's page",
+                 lambda d: text_of(d, "job-head-state") == "cancelled"
+                 and points(d, "rel-chart", "estimated") == drawable
+                 and table_rounds(d) == [r["round_id"] for r in rounds][:15])
+        assert text_of(browser, "job-head-note").startswith(
+            f"Cancelled after {len(done)} finished round")
+        wait_for(browser, "the round card", lambda d: "job cancelled" in text_of(
+            d, "round-state").lower() and "job cancelled" in text_of(d, "job-line"))
+        assert browser.execute_script(
+            "return document.getElementById('dl-csv').getAttribute('href')"
+        ) == "/api/jobs/default/rounds/export.csv"
+        csv_res = fetch_in_page(browser, "dl-csv")
+        assert len(csv_res["body"].strip().splitlines()) == 1 + len(rounds)
+        browser.save_screenshot(str(OUTPUT / "dashboard-job-cancelled.png"))
+        browser.get(f"{server.url}/jobs/default/#round/{done[0]}")
+        wait_for(browser, "a round's estimate links", lambda d: is_visible(d, "detail-estimate"))
+        assert browser.execute_script(
+            "return document.getElementById('est-json').getAttribute('href')"
+        ) == f"/api/jobs/default/rounds/{done[0]}/estimate?format=json"
+        est = json.loads(fetch_in_page(browser, "est-json")["body"])
+        assert est["round_id"] == done[0] and len(est["estimate"]) == D
+
+        # the queued job runs once the default job has ended: its page shows it
+        browser.get(f"{server.url}/jobs/{queued}/")
+        wait_for(browser, "the created job running",
+                 lambda d: text_of(d, "job-head-state") == "running"
+                 and text_of(d, "conn") == "live" and is_visible(d, "config-card"))
+        wait_for(browser, "its settings", lambda d: "2 · 4 · 16" in text_of(d, "config"))
     finally:
         server.close()

@@ -69,10 +69,10 @@ function renderRound(st) {
   $("round-id").textContent = r.round_id;
   document.body.dataset.round = r.round_id;
   const stateEl = $("round-state");
-  const cancelled = Boolean(job && job.state === "cancelled");
+  const cancelled = Boolean(job && job.state === "cancelled") || listedState === "cancelled";
   stateEl.textContent = st.current_round ? r.state
     : cancelled ? "job cancelled" : (job && job.done ? "job done" : r.state);
-  stateEl.className = "state " + r.state;
+  stateEl.className = "state " + (!st.current_round && cancelled ? "cancelled" : r.state);
   const arrived = r.clients.arrived.length, expected = r.clients.expected;
   const finished = !st.current_round && job && (job.done || cancelled);  // nothing to wait for
   const bar = $("progress-bar");
@@ -89,8 +89,8 @@ function renderRound(st) {
       : "";
   $("job-line").textContent = (job
     ? `task step ${job.steps_done} ` + (job.rounds_planned
-      ? `of ${job.rounds_planned}` : "(until stopped)") + (job.state === "failed"
-      ? ` · job failed: ${job.failure}` : cancelled ? " · job cancelled"
+      ? `of ${job.rounds_planned}` : "(until stopped)") + (cancelled ? " · job cancelled"
+      : job.state === "failed" ? ` · job failed: ${job.failure}`
         : job.done ? " · job done" : "")
     : "") + betaLine(st.beta);
 }

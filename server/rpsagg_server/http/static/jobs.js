@@ -23,6 +23,9 @@ const jobHref = (id) => "/jobs/" + encodeURIComponent(id) + "/";
 // null until /api/jobs answers; false once the server said it has no job list (then it is
 // not asked again)
 let jobsListed = null;
+// the state the list gives the job this page shows (the default job's on "/"), null
+// without a list: a job's own /status says "failed" (job.failure) where it was cancelled
+let listedState = null;
 
 // The job list, or null where the server has none (a server of one job).
 async function fetchJobs() {
@@ -156,6 +159,7 @@ function renderJobHead(job) {
 function renderJobs(listing) {
   const root = PAGE_JOB === null;
   $("nav-jobs").hidden = root || listing === null;
+  listedState = null;
   if (listing === null) {
     $("jobs-view").hidden = true;
     $("job-head").hidden = true;
@@ -168,6 +172,7 @@ function renderJobs(listing) {
     renderPastJobs(Array.isArray(listing.past_jobs) ? listing.past_jobs : []);
     const dflt = listing.jobs.find((j) => j.default);
     show = dflt !== undefined;
+    if (show) listedState = dflt.state;
     const note = $("default-note");
     note.hidden = !show;
     if (show) {
@@ -179,6 +184,7 @@ function renderJobs(listing) {
     const job = listing.jobs.find((j) => j.id === PAGE_JOB);
     renderJobHead(job);
     show = job !== undefined && job.state !== "queued";
+    if (show) listedState = job.state;
   }
   document.body.classList.toggle("no-job", !show);
   showJobList(show);
