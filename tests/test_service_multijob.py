@@ -181,6 +181,7 @@ def test_three_jobs_beside_the_default_job(insecure: Service) -> None:
         spec = specs[name]
         job = svc.job(job_id)
         assert job["rounds_done"] == spec["rounds"] and job["bytes_up"] > 0
+        assert job["last_rel_error"] is not None and job["last_rel_error"] > 0
         if name == "rand-proj-spatial":  # transform max: check it against the stored rounds
             _check_max_transform(svc.job_db(job_id), spec)
         else:

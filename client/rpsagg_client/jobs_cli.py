@@ -16,7 +16,7 @@ Commands
     ``block_size``, ...; ``round-timeout`` is taken for ``round_timeout``). ``--file`` reads a
     JSON object of settings (``-``: standard input); each ``KEY=VALUE`` sets one on top of
     it, the value parsed as JSON when it is JSON (``n=10``, ``eval=true``, ``seed=null``)
-    and else taken as a string (``estimator=rand-k``, ``data=synthetic:r=2.0``). Prints the
+    and else taken as a string (``estimator=rand-k``, ``data=fashion-mnist``). Prints the
     new job's id on standard output (only the id: ``JOB=$(rpsagg-jobs create ...)``) and a
     one-line summary on standard error.
 ``list [--json]``

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import re
 import secrets
 import sqlite3
@@ -451,7 +452,9 @@ class JobHost:
             return out
         rounds = rt.state.rounds()
         last = next((r for r in rounds if r.state == "done"), None)
-        rel = getattr(last, "est_relative_error", None) if last is not None else None
+        est = None if last is None else last.estimated_error
+        rel = None if est is None or not math.isfinite(est.relative_error) \
+            else float(est.relative_error)
         out.update(rounds=rt.cfg.rounds, rounds_done=rt.engine.progress.steps_done,
                    bytes_up=sum(r.wire_bytes for r in rounds),
                    payload_bytes=sum(r.payload_bytes for r in rounds),
