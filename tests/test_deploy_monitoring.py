@@ -8,10 +8,13 @@
    compose service ``server`` on the port the server's dashboard listens on.
 3. The provisioned Grafana dashboard uses the provisioned data source, every query parses as
    PromQL (``promtool check rules``) and names only series the server exports; panels chart
-   the estimated error (with its standard error as a band) and none overlap.
-4. A real Prometheus (Debian's ``prometheus``) scrapes a live server on loopback while client
-   processes run a job; the test reads the rpsagg_* series back through Prometheus's HTTP
-   API and compares them with the server's own JSON API, and runs every dashboard query.
+   the estimated error (with its standard error as a band) and none overlap; a variable
+   ``job`` (the label every per-job series carries) selects the jobs in every query.
+4. A real Prometheus (Debian's ``prometheus``) scrapes a live server on loopback, with the
+   scrape job of docker/monitoring/prometheus.yml (``honor_labels``), while client processes
+   run a job; the test reads the rpsagg_* series back through Prometheus's HTTP API and
+   compares them with the server's own JSON API, creates a second job, and runs every
+   dashboard query for the jobs the variable ``job`` finds (both, by their own label).
 """
 
 from __future__ import annotations
@@ -60,6 +63,25 @@ def dashboard_exprs() -> list[str]:
     return [t["expr"] for p in dash["panels"] for t in p["targets"]]
 
 
+def job_variable() -> dict[str, Any]:
+    """The dashboard's variable ``job``."""
+    (var,) = [v for v in json.loads(DASHBOARD.read_text())["templating"]["list"]
+              if v["name"] == "job"]
+    return var
+
+
+def variable_metric() -> str:
+    """The series whose label values list the jobs: ``label_values(METRIC, job)``."""
+    m = re.fullmatch(r"label_values\((rpsagg_\w+), job\)", job_variable()["query"])
+    assert m, job_variable()["query"]
+    return m.group(1)
+
+
+def with_jobs(expr: str, jobs: list[str]) -> str:
+    """A dashboard query as Grafana sends it for the selected ``jobs`` (a regex of them)."""
+    return expr.replace("$job", "|".join(re.escape(j) for j in jobs))
+
+
 def yaml_load(path: Path) -> Any:
     yaml = pytest.importorskip("yaml")
     return yaml.safe_load(path.read_text())
@@ -103,6 +125,8 @@ def test_prometheus_config_scrapes_the_servers_metrics(tmp_path: Path) -> None:
     prom = yaml_load(PROMETHEUS_YML)
     (job,) = prom["scrape_configs"]
     assert job["metrics_path"] == "/metrics"
+    # the server's label job (per-job series) is kept, not renamed to exported_job
+    assert job["honor_labels"] is True
     (target,) = job["static_configs"][0]["targets"]
     host, port = target.split(":")
     services = monitoring_config(tmp_path, [COMPOSE])["services"]
@@ -162,6 +186,7 @@ def test_grafana_dashboard_names_only_series_the_server_exports() -> None:
         if fam.type == "histogram":
             exported |= {fam.name + suffix for suffix in ("_bucket", "_sum", "_count")}
     used = {name for e in dashboard_exprs() for name in re.findall(r"\brpsagg_\w+", e)}
+    used.add(variable_metric())
     assert used and used <= exported, used - exported
 
 
@@ -182,6 +207,10 @@ def test_grafana_dashboard_charts_the_estimated_error_with_its_band() -> None:
     for p in panels:
         legends = {t.get("legendFormat") for t in p["targets"]}
         for o in p["fieldConfig"]["overrides"]:
+            if o["matcher"]["id"] == "byRegexp":  # a legend with the job's name in it
+                assert any(re.fullmatch(o["matcher"]["options"], legend.replace(
+                    "{{job}}", "default")) for legend in legends), (p["title"], o)
+                continue
             assert o["matcher"]["options"] in legends, (p["title"], o)
             for prop in o["properties"]:
                 if prop["id"] == "custom.fillBelowTo":
@@ -197,6 +226,30 @@ def test_grafana_dashboard_charts_the_estimated_error_with_its_band() -> None:
             for y in range(g["y"], g["y"] + g["h"]):
                 assert (x, y) not in cells, (p["title"], cells.get((x, y)))
                 cells[(x, y)] = p["title"]
+
+
+def test_grafana_dashboard_selects_jobs_with_its_variable() -> None:
+    var = job_variable()
+    assert var["type"] == "query" and var["multi"] is True and var["includeAll"] is True
+    assert var["datasource"]["uid"] == "rpsagg-prometheus"
+    assert var["definition"] == var["query"]
+    # a series every job has from its start (rpsagg_current_round is 0 before round 1)
+    assert variable_metric() in ("rpsagg_current_round", "rpsagg_clients_connected")
+    for p in json.loads(DASHBOARD.read_text())["panels"]:
+        for t in p["targets"]:
+            # every rpsagg_* selector of the query picks the variable's jobs
+            selectors = re.findall(r"\brpsagg_\w+(\{[^}]*\})?", t["expr"])
+            assert selectors, (p["title"], t["expr"])
+            for labels in selectors:
+                assert 'job=~"$job"' in labels, (p["title"], t["expr"])
+            # the legend names the job, or the panel is repeated per job and its title does
+            if p.get("repeat") == "job":
+                assert "$job" in p["title"], p["title"]
+            else:
+                assert "{{job}}" in t["legendFormat"], (p["title"], t["legendFormat"])
+                # an aggregation keeps the label job, so each job is its own series
+                for by in re.findall(r"\bby \(([^)]*)\)", t["expr"]):
+                    assert "job" in by.replace(" ", "").split(","), (p["title"], t["expr"])
 
 
 # -- 4. a real Prometheus against a live server ----------------------------------------------
@@ -248,11 +301,13 @@ def test_real_prometheus_scrapes_a_live_server(tmp_path: Path) -> None:
         ]), stderr=subprocess.PIPE)
         procs.append(server)
         grpc_port = wait_port_file(port_file, server)
+        # the repository's scrape job (honor_labels), scraping this server every second
+        (scrape,) = yaml_load(PROMETHEUS_YML)["scrape_configs"]
+        scrape["static_configs"] = [{"targets": [f"127.0.0.1:{http_port}"]}]
         config = tmp_path / "prometheus.yml"
         config.write_text(json.dumps({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [{"job_name": "rpsagg", "metrics_path": "/metrics",
-                                "static_configs": [{"targets": [f"127.0.0.1:{http_port}"]}]}],
+            "scrape_configs": [scrape],
         }))
         prometheus = subprocess.Popen([
             "prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
@@ -307,9 +362,28 @@ def test_real_prometheus_scrapes_a_live_server(tmp_path: Path) -> None:
         total = sum(get_json(f"http://127.0.0.1:{http_port}/api/rounds/{i}")["bytes"]["wire"]
                     for i in range(1, rounds + 1))
         assert float(wire[0]["value"][1]) == total
-        # every query of the Grafana dashboard runs against the real series
+        # a second job (created over the API, no clients: its round 1 stays open)
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{http_port}/api/jobs", method="POST",
+            data=json.dumps({"n": 2, "k": 4, "d": 16, "rounds": 1}).encode())
+        with urllib.request.urlopen(req, timeout=10) as res:
+            second = json.load(res)["id"]
+        # the dashboard's variable finds both: the label job of the per-job series, kept as
+        # the server sets it (honor_labels; the default job's id is "default")
+        def variable_values() -> list[str] | None:
+            values: list[str] = get_json(f"{prom}/api/v1/label/job/values?" + urllib.parse
+                                         .urlencode({"match[]": variable_metric()}))["data"]
+            return values if sorted(values) == sorted(["default", second]) else None
+
+        found = poll("both jobs in the variable", variable_values)
+        # every query of the Grafana dashboard runs against the real series, for those jobs
         for expr in dashboard_exprs():
-            query(prom, expr)
+            query(prom, with_jobs(expr, found))
+        current = {r["metric"]["job"]: r["value"][1] for r in query(prom, with_jobs(
+            'rpsagg_current_round{job=~"$job"}', found))}
+        assert current == {"default": str(rounds), second: "1"}
+        # the server-wide series have no job label of their own: they keep the scrape job's
+        assert {r["metric"]["job"] for r in query(prom, "rpsagg_jobs")} == {"rpsagg"}
         assert query(prom, "rpsagg_current_round")[0]["value"][1] == str(rounds)
     finally:
         kill_all(procs)

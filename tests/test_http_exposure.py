@@ -479,7 +479,8 @@ def test_prometheus_scrapes_over_https_with_its_token(tmp_path: Path) -> None:
                 assert time.monotonic() < end, "Prometheus scraped neither job"
                 time.sleep(0.2)
             assert up == {"rpsagg": "1", "without-token": "0"}
+            # honor_labels: the server's label job (the default job's id) is kept
             series = _query(prom, "rpsagg_current_round")
-            assert [(r["metric"]["job"], r["value"][1]) for r in series] == [("rpsagg", "1")]
+            assert [(r["metric"]["job"], r["value"][1]) for r in series] == [("default", "1")]
         finally:
             kill_all([prometheus])
