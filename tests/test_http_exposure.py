@@ -168,9 +168,11 @@ def http_get(url: str, token: str | None = None, ctx: ssl.SSLContext | None = No
 
 
 def metric(text: str, name: str) -> float:
-    """The value of the unlabelled sample ``name`` in a Prometheus text exposition."""
+    """The value of the sample ``name`` in a Prometheus text exposition: unlabelled (a
+    server-wide series), or the default job's (``job="default"``, its only label)."""
+    wanted = (name, f'{name}{{job="default"}}')
     values = [float(line.split()[1]) for line in text.splitlines()
-              if line.split(" ", 1)[0] == name]
+              if line.split(" ", 1)[0] in wanted]
     assert len(values) == 1, (name, values)
     return values[0]
 

@@ -395,7 +395,7 @@ def test_no_port_file_when_the_dashboard_does_not_start(
     port_file = tmp_path / "port"
     cfg = base_config(http_port=http_port, http_host="127.0.0.1", port_file=str(port_file))
     with pytest.raises(StartupError, match=r"the dashboard did not start on http://127\.0\.0"):
-        asyncio.run(server.serve(cfg, http_app_factory=lambda state: app))
+        asyncio.run(server.serve(cfg, http_app_factory=lambda *_: app))
     assert not port_file.exists()
     with socket.socket() as s:  # the dashboard's socket was closed
         s.bind(("127.0.0.1", http_port))

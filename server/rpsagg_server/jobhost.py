@@ -217,12 +217,21 @@ class JobHost:
         self.changed = asyncio.Event()  # set (and cleared) at every job state change
 
     # -- start-up --------------------------------------------------------------------------
-    async def open_default(self, cfg: ServerConfig) -> JobRuntime:
-        """Open the default job (the flags'); its limit raises the server's request limit
-        when ``--max-request-bytes`` is automatic."""
-        rt = await open_job(DEFAULT_JOB, cfg, self.pool.lane(DEFAULT_JOB), default=True)
+    def expect_default(self, cfg: ServerConfig) -> None:
+        """Before the default job opens: its request limit raises the server's when
+        ``--max-request-bytes`` is automatic (the gRPC server is built with it)."""
+        m = make_task(cfg.task, cfg.d, cfg.params).m
+        wire = _wire(cfg)
+        need = max_request_bytes(cfg, m, wire.max_values, wire.sends_indices, wire.block_size)
         if not self.cfg.max_request_bytes:
-            self.request_limit = max(self.request_limit, rt.limit)
+            self.request_limit = max(self.request_limit, need)
+        elif need > self.request_limit:
+            raise StartupError(f"--max-request-bytes {self.request_limit} is below the default "
+                               f"job's request limit of {need} bytes")
+
+    async def open_default(self, cfg: ServerConfig) -> JobRuntime:
+        """Open the default job (the flags')."""
+        rt = await open_job(DEFAULT_JOB, cfg, self.pool.lane(DEFAULT_JOB), default=True)
         self.default_id = DEFAULT_JOB
         self._install(rt)
         return rt

@@ -182,7 +182,7 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
                            f"({exc})") from None
     try:
         if not cfg.no_default_job:
-            await host.open_default(cfg)
+            host.expect_default(cfg)
         limit = host.request_limit
         # displacement near the cap (its port is known once bound)
         guard = ConnectionGuard(0, budget.grpc)
@@ -198,9 +198,11 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
         server.add_generic_rpc_handlers((AggregationServicer(host).generic_handler(),))
         health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
-        # bind before the created jobs reopen, so a port in use is reported first
+        # bind before the jobs open, so a port in use is reported before anything is logged
         port = bind_grpc(server, cfg.host, cfg.grpc_port, creds)
         guard.port = port
+        if not cfg.no_default_job:
+            await host.open_default(cfg)
         await host.restore()
     except BaseException:
         await host.close()
