@@ -12,6 +12,8 @@
 #   client.token              one token for any client id (compose replicas share it)
 #   <CLIENT_ID>.token         per -c: a token valid only for that client id
 #   tokens.txt                the server's --tokens file with all of the above
+#   admin.token               a token that may create and cancel jobs (rpsagg-jobs)
+#   admin-tokens.txt          the server's --admin-tokens file with it
 # The files inside DIR are world-readable (0644; ca.key 0600) so that the non-root user of
 # the containers can read them when they are mounted one by one as compose secrets; DIR
 # itself (0700) keeps them private on this machine.
@@ -64,6 +66,9 @@ done
     openssl rand -hex 32 > "$id.token"
     echo "$id $(cat "$id.token")" >> tokens.txt
   done
-  chmod 0644 ./*.pem server.key ./*.token tokens.txt
+  openssl rand -hex 32 > admin.token
+  { echo "# rpsagg --admin-tokens file: one token per line (create and cancel jobs)"
+    cat admin.token; } > admin-tokens.txt
+  chmod 0644 ./*.pem server.key ./*.token tokens.txt admin-tokens.txt
 )
 echo "make-test-ca: wrote $out/ (server certificate for ${sans//,/, })"

@@ -39,6 +39,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -216,6 +217,22 @@ def test_tls_override(request: pytest.FixtureRequest, tmp_path: Path) -> None:
         p.wait_healthy("server", timeout=120)
         _check_job(p, rounds=3, n=2)
         assert p.status()["config"]["settings"]["tls"] is True
+        # creating a job needs the admin token the override mounts (--admin-tokens)
+        http_port = int(p.compose("port", "server", "8000").strip().rpartition(":")[2])
+        body = json.dumps({"n": 1, "k": 8, "d": 64, "task": "mean", "rounds": 1}).encode()
+        for token, status in ((None, 401), ("not-a-token", 403),
+                              ((certs / "admin.token").read_text().strip(), 201)):
+            req = urllib.request.Request(f"http://127.0.0.1:{http_port}/api/jobs", data=body,
+                                         method="POST",
+                                         headers={"Content-Type": "application/json"})
+            if token is not None:
+                req.add_header("Authorization", f"Bearer {token}")
+            try:
+                with urllib.request.urlopen(req, timeout=10) as res:
+                    got = res.status
+            except urllib.error.HTTPError as exc:
+                got = exc.code
+            assert got == status, (token is None, got)
         grpc_port = int(p.compose("port", "server", "50051").strip().rpartition(":")[2])
         # TLS under the test CA, for the name the certificate carries
         ctx = ssl.create_default_context(cafile=str(certs / "ca.pem"))
