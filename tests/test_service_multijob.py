@@ -174,6 +174,11 @@ def test_three_jobs_beside_the_default_job(insecure: Service) -> None:
                             capture_output=True, timeout=60)
     assert waited.returncode == 0, waited.stderr.decode()
     wait_until(lambda: svc.job("default")["state"] == "done", 30, "the default job done")
+    assert svc.job("default")["finished_at"] is not None
+    # a created job's settings: what it was given, and every other setting's default
+    assert svc.job(ids["rand-k"])["settings"] | specs["rand-k"] == \
+        svc.job(ids["rand-k"])["settings"]
+    assert svc.job(ids["rand-k"])["settings"]["min_clients"] == 1
     checked = check_rounds_against_inprocess(str(svc.tmp / "jobs.db"), N, K, D,
                                              "rand-proj-spatial")
     assert checked == 2

@@ -209,6 +209,7 @@ class JobHost:
         self.memory_budget = cfg.jobs_memory_bytes or memory_limit() // 2
         self.request_limit = cfg.max_request_bytes or AUTO_REQUEST_BYTES
         self._records: dict[str, JobRecord] = {r.id: r for r in self.catalog.all()}
+        self._full_settings: dict[str, dict[str, Any]] = {}
         self._watchers: set[asyncio.Task[None]] = set()
         self._scheduling = asyncio.Lock()
         self._create_lock = asyncio.Lock()
@@ -446,15 +447,20 @@ class JobHost:
         if rec is not None:
             out.update(state=rec.state, failure=rec.failure, created_at=rec.created_at,
                        started_at=rec.started_at, finished_at=rec.finished_at,
-                       settings={k: v for k, v in rec.settings.items() if k[0] != "_"})
+                       settings=self._settings(rec))
         else:
             assert rt is not None
             p = rt.engine.progress
             state = ("cancelled" if p.cancelled else "failed" if p.job_failure
                      else "done" if p.job_done else "running")
+            finished = None
+            if p.job_done:
+                finished = max((r.finished_at for r in rt.state.rounds(limit=1)
+                                if r.finished_at is not None), default=None)
+            public = rt.cfg.public_dict()
             out.update(state=state, failure=p.job_failure, created_at=rt.state.started_at,
-                       started_at=rt.state.started_at, finished_at=None,
-                       settings={k: rt.cfg.public_dict()[k] for k in JOB_KEYS})
+                       started_at=rt.state.started_at, finished_at=finished,
+                       settings={k: public[k] for k in JOB_KEYS})
         if rt is None:
             out.update(rounds=int(out["settings"].get("rounds", 10)), rounds_done=0,
                        bytes_up=0, payload_bytes=0, last_rel_error=None, clients=0)
@@ -470,6 +476,19 @@ class JobHost:
                    last_rel_error=rel, clients=len(rt.state.clients()),
                    memory_estimate=rt.memory)
         return out
+
+    def _settings(self, rec: JobRecord) -> dict[str, Any]:
+        """A created job's settings, every job setting (the defaults filled in)."""
+        full = self._full_settings.get(rec.id)
+        if full is None:
+            given = {k: v for k, v in rec.settings.items() if k in JOB_KEYS}
+            try:
+                public = job_config(self.cfg, given, ":memory:").public_dict()
+                full = {k: public[k] for k in JOB_KEYS}
+            except ValueError:  # settings a later version refuses: shown as given
+                full = given
+            self._full_settings[rec.id] = full
+        return dict(full)
 
     def list(self) -> list[dict[str, Any]]:
         """Every job, the default first, then the created ones oldest first."""
