@@ -16,16 +16,38 @@ every acked submission is committed in the database and that the round decoded w
     python bench/bench_service_load.py --repeat 3      # each configuration 3 times
     python bench/bench_service_load.py --clients 500 --k 64 --d 4096
     python bench/bench_service_load.py --profile /tmp/server.txt   # py-spy stacks of the burst
+
+Several jobs in one server (``--jobs N``): the server starts with no default job
+(``--no-default-job``) and every job is created over the HTTP API (``POST /api/jobs``), so
+that one job and N jobs take the same path. Each job has ``--clients`` clients (default 10)
+with ``--k`` (default 64) and ``--d`` (4096); its clients join it, and round by round (the
+jobs in step) every job's submissions are pre-encoded, then all jobs' submissions are sent at
+once (interleaved: client 0 of every job, then client 1...), while a GetResult call per job
+waits for its round. It prints, per round: the ingest rate of all jobs together and each
+job's round latency (its first submission sent -> its result back), p50 and max across the
+jobs; per run: the server's CPU per submission (its event-loop thread and its other threads)
+and RSS. The same per-job configuration is run first with one job (a fresh server, same
+invocation), and the two ratios are printed: (a) ingest of N jobs / ingest of one job
+(target >= 0.8) and (b) the worst round latency of any job over the one job's latency in the
+same round (target <= 2). Afterwards every acked submission must be committed in its job's
+database (``<db>.d/<id>.db``) and every round of every job decoded with n' = n.
+
+    python bench/bench_service_load.py --jobs 20 --rounds 3            # 20 jobs of n=10, k=64
+    python bench/bench_service_load.py --jobs 20 --repeat 3            # 3 (one job, 20 jobs) pairs
+    python bench/bench_service_load.py --jobs 20 --profile /tmp/jobs.txt  # py-spy, 20-job run
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
+import json
 import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -58,6 +80,22 @@ def _cpu_seconds(pid: int) -> float:
     """utime + stime of a process (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def _thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of a process's event-loop thread (``main``: its first thread) and of its
+    other live threads together (``other``: store writers, decode workers, gRPC's own), from
+    ``/proc/PID/task/*/schedstat`` (nanoseconds; /proc/PID/stat counts 10 ms ticks, too
+    coarse for a round of a few tens of ms). Python 3.11 does not name its threads for the
+    kernel, so they cannot be told apart further here (py-spy can: ``--profile``)."""
+    out = {"main": 0.0, "other": 0.0}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            ns = int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
+            continue
+        out["main" if task.name == str(pid) else "other"] += ns / 1e9
+    return out
 
 
 def _py_spy() -> str:
@@ -194,13 +232,336 @@ async def _run_in(work: Path, n: int, k: int, d: int, channels_n: int, profile: 
             "committed": committed, "n_prime": res.n_prime}
 
 
+# -- several jobs in one server (--jobs N) --------------------------------------------------
+
+#: what every job of ``--jobs`` mode is created with besides n, k, d and rounds (transform
+#: one, as the single-job runs: c = 0 and beta is exact, so no Monte Carlo in the way)
+JOB_SETTINGS: dict[str, Any] = {"estimator": "rand-proj-spatial", "task": "mean",
+                                "transform": "one", "round_timeout": 600}
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago (the dashboard needs a fixed --http-port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def http_json(port: int, method: str, path: str, body: Any = None,
+              timeout: float = 60.0) -> tuple[int, Any]:
+    """``(status, decoded JSON)`` of one request to the dashboard at 127.0.0.1:``port``, over
+    a connection of its own (as a command-line client makes one)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        conn.request(method, path, body=data, headers=headers)
+        res = conn.getresponse()
+        raw = res.read()
+        try:
+            decoded = json.loads(raw) if raw else None
+        except ValueError:
+            decoded = raw.decode(errors="replace")
+        return res.status, decoded
+    finally:
+        conn.close()
+
+
+def start_service(work: Path, db: str, max_jobs: int, server_loop: str,
+                  stderr: Any = None) -> tuple[ServerProcess, int]:
+    """An ``rpsagg-server`` with no default job and its dashboard on a free port (its
+    warnings on ``stderr``, default this process's); returns it (started) and the dashboard's
+    port."""
+    http_port = free_port()
+    server = ServerProcess([
+        "--insecure", "--host", "127.0.0.1", "--grpc-port", "0", "--http-port", str(http_port),
+        "--no-default-job", "--max-jobs", str(max_jobs), "--db", db, "--linger", "-1",
+        "--event-loop", server_loop,
+    ], work / "port", env=dict(os.environ, RPSAGG_LOG_LEVEL="WARNING"), stderr=stderr,
+        start_timeout=120)
+    try:
+        server.start()
+    except (ServerExited, TimeoutError) as exc:
+        raise SystemExit(f"server failed to start: {exc}") from None
+    return server, http_port
+
+
+class Stubs:
+    """Join, GetRound, GetResult and Submit (bytes as they are) over ``channels_n`` HTTP/2
+    connections to 127.0.0.1:``port``; call ``i`` of a kind goes on connection ``i % n``."""
+
+    def __init__(self, port: int, channels_n: int) -> None:
+        opts = [("grpc.max_receive_message_length", 64 << 20)]
+        self.channels = [grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=opts)
+                         for _ in range(channels_n)]
+
+        def stubs(name: str, serialize: bool = True) -> list[Any]:
+            return [ch.unary_unary(serde.method_path(name),
+                                   serde.serializer(name) if serialize else None,
+                                   serde.deserializer(name)) for ch in self.channels]
+
+        self.join = stubs("Join")
+        self.get_round = stubs("GetRound")
+        self.get_result = stubs("GetResult")
+        self.submit = stubs("Submit", serialize=False)
+
+    async def close(self) -> None:
+        for ch in self.channels:
+            await ch.close()
+
+
+async def next_round(stubs: Stubs, job: str, after: int, timeout: float = 120.0) -> Any:
+    """The RoundInfo of ``job``'s first round after round ``after``, once it collects."""
+    end = time.monotonic() + timeout
+    while True:
+        info = await stubs.get_round[0](GetRoundRequest(job=job), timeout=30)
+        if info.round_id > after and info.state in ("open", "collecting"):
+            return info
+        if info.job_done or time.monotonic() > end:
+            raise SystemExit(f"job {job}: no round after {after} (state {info.state}, "
+                             f"job_done {info.job_done} {info.job_failure})")
+        await asyncio.sleep(0.01)
+
+
+def encode_round(job: str, info: Any, ids: list[str], xs: np.ndarray, est: Any) -> list[bytes]:
+    """Each client's serialized Submit of ``job``'s round ``info`` (as each client machine
+    would have encoded it on its own CPU)."""
+    out = []
+    for i, cid in enumerate(ids):
+        seed = secrets.randbits(64)
+        enc = est.encode(xs[i], derive_round_seed(seed, info.nonce, cid, 0))
+        out.append(serde.serializer("Submit")(Submission(
+            info.round_id, cid, seed, (VectorPayload(enc.values),),
+            spec_version=info.spec_version, job=job)))
+    return out
+
+
+async def burst(stubs: Stubs, ids: list[str], infos: list[Any], subs: dict[str, list[bytes]],
+                n: int, pid: int, failures: list[str]) -> dict[str, Any]:
+    """One round of every job: each job's result waited for, then every submission sent at
+    once; returns the round's figures (``failures`` gets what went wrong)."""
+    channels_n = len(stubs.channels)
+    first_sent: dict[str, float] = {}
+    result_at: dict[str, float] = {}
+    ack_at: list[float] = []
+    sub_lat: list[float] = []
+
+    async def one(x: int, job: str, i: int) -> None:
+        t0 = time.perf_counter()
+        first_sent.setdefault(job, t0)
+        await stubs.submit[x % channels_n](subs[job][i], timeout=120)
+        ack_at.append(time.perf_counter())
+        sub_lat.append(ack_at[-1] - t0)
+
+    async def result(x: int, job: str, round_id: int) -> None:
+        res = await stubs.get_result[x % channels_n](
+            GetResultRequest(round_id, True, job=job), timeout=600)
+        result_at[job] = time.perf_counter()
+        if res.state != "done" or res.n_prime != n:
+            failures.append(f"job {job} round {round_id}: {res.state} n'={res.n_prime} "
+                            f"{res.reason}")
+
+    # each job's result is waited for from before the burst (the calls reach the server
+    # first: 0.2 s before any submission, outside the measured window)
+    waiters = [asyncio.ensure_future(result(x, j, info.round_id))
+               for x, (j, info) in enumerate(zip(ids, infos, strict=True))]
+    await asyncio.sleep(0.2)
+    load = os.getloadavg()[0]
+    cpu0 = _thread_cpu(pid)
+    start = time.perf_counter()
+    # interleaved: client 0 of every job, then client 1, ... (all jobs at once)
+    await asyncio.gather(*(one(x, j, i) for x, (i, j) in
+                           enumerate((i, j) for i in range(n) for j in ids)))
+    await asyncio.gather(*waiters)
+    cpu1 = _thread_cpu(pid)
+    cpu = {name: t - cpu0.get(name, 0.0) for name, t in cpu1.items()}
+    acks = sorted(ack_at)
+    return {"wall": acks[-1] - start, "acks": acks, "load": load, "cpu": cpu,
+            "lat": [result_at[j] - first_sent[j] for j in ids],
+            "sub_p99": float(np.percentile(np.array(sub_lat) * 1000, 99)),
+            "acked": len(ack_at)}
+
+
+async def run_jobs(jobs: int, n: int, k: int, d: int, rounds: int, channels_n: int,
+                   profile: str | None, db_path: str | None,
+                   server_loop: str = "auto") -> dict[str, Any]:
+    """One server, ``jobs`` jobs created over the API, ``rounds`` rounds of ``n``
+    submissions each, the jobs in step; returns the figures (module docstring)."""
+    work = Path(tempfile.mkdtemp(prefix="rpsagg-jobs-"))
+    try:
+        return await _jobs_in(work, jobs, n, k, d, rounds, channels_n, profile,
+                              db_path or str(work / "jobs.db"), server_loop)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+async def _jobs_in(work: Path, jobs: int, n: int, k: int, d: int, rounds: int,
+                   channels_n: int, profile: str | None, db: str,
+                   server_loop: str) -> dict[str, Any]:
+    server, http_port = await asyncio.to_thread(start_service, work, db, max(16, jobs),
+                                                server_loop)
+    assert server.proc is not None
+    pid = server.proc.pid
+    spy: subprocess.Popen[bytes] | None = None
+    settings = dict(JOB_SETTINGS, n=n, k=k, d=d, rounds=rounds)
+    ids: list[str] = []
+    clients = [f"load-{i:04d}" for i in range(n)]  # the same ids in every job (allowed)
+    round_ids: dict[str, list[int]] = {}
+    # per round: latency of each job (s), Submit latencies, ack times, the burst's wall
+    per_round: list[dict[str, Any]] = []
+    failures: list[str] = []
+    try:
+        for _ in range(jobs):  # one after another, as an operator would
+            status, body = await asyncio.to_thread(http_json, http_port, "POST", "/api/jobs",
+                                                   settings)
+            if status != 201 or body.get("state") != "running":
+                raise SystemExit(f"job creation answered {status}: {body}")
+            ids.append(body["id"])
+        round_ids = {j: [] for j in ids}
+        stubs = Stubs(server.port, channels_n)
+        await asyncio.gather(*(stubs.join[x % channels_n](JoinRequest(cid, job=j), timeout=60)
+                               for x, (j, cid) in enumerate((j, c) for j in ids
+                                                            for c in clients)))
+        est = make_estimator("rand-proj-spatial", n=n, k=k, d=d)
+        xs = np.random.default_rng(0).standard_normal((n, d))
+        if profile:  # sample the server during the rounds only, native frames included
+            spy = subprocess.Popen([_py_spy(), "record", "--pid", str(pid), "--native",
+                                    "--threads", "--rate", "200",
+                                    "--format", "raw", "-o", profile],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            await asyncio.sleep(1.0)
+        cpu_server: dict[str, float] = {}
+        for _ in range(rounds):
+            infos = await asyncio.gather(*(next_round(stubs, j, (round_ids[j] or [0])[-1])
+                                           for j in ids))
+            for j, info in zip(ids, infos, strict=True):
+                round_ids[j].append(info.round_id)
+            subs = {j: encode_round(j, info, clients, xs, est)
+                    for j, info in zip(ids, infos, strict=True)}
+            rnd = await burst(stubs, ids, infos, subs, n, pid, failures)
+            for name, t in rnd.pop("cpu").items():
+                cpu_server[name] = cpu_server.get(name, 0.0) + t
+            per_round.append(rnd)
+        rss, hwm = _rss_mib(pid)
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            _, err = await asyncio.to_thread(spy.communicate, None, 30)
+            if not Path(profile or "").exists():
+                print(f"py-spy wrote no profile: {err.decode(errors='replace').strip()}")
+        await stubs.close()
+    finally:
+        server.stop()
+    # every acked submission committed in its job's database, every round done with n' = n
+    for j in ids:
+        store = Store(f"{db}.d/{j}.db")
+        try:
+            stored = {r.round_id: r for r in store.rounds(arrays=False)}
+            for rid in round_ids[j]:
+                committed = len(store.submissions(rid))
+                row = stored.get(rid)
+                n_prime = None if row is None else row.info.get("n_prime")
+                if committed != n or row is None or row.state != "done" or n_prime != n:
+                    failures.append(f"job {j} round {rid}: committed {committed} of {n} acked, "
+                                    f"stored state {None if row is None else row.state}, "
+                                    f"n'={n_prime}")
+        finally:
+            store.close()
+    acked = sum(r["acked"] for r in per_round)
+    if failures or acked != jobs * n * rounds:
+        raise SystemExit("LOST SUBMISSIONS OR ROUNDS: acked "
+                         f"{acked} of {jobs * n * rounds}; " + "; ".join(failures))
+    total = jobs * n * rounds
+    return {"jobs": jobs, "n": n, "k": k, "d": d, "rounds": per_round,
+            "rate": total / sum(r["wall"] for r in per_round),
+            "lat": np.array([r["lat"] for r in per_round]),  # [round, job], seconds
+            "server_cpu_ms": sum(cpu_server.values()) * 1000 / total,
+            "threads_ms": {name: t * 1000 / total for name, t in cpu_server.items()},
+            "rss": rss, "hwm": hwm}
+
+
+def print_jobs_run(r: dict[str, Any]) -> None:
+    """One line per round of a ``run_jobs`` result."""
+    for x, rnd in enumerate(r["rounds"]):
+        acks = rnd["acks"]
+        subs = len(acks)
+        ack_rate = ((subs - 1) / (acks[-1] - acks[0]) if subs > 1 and acks[-1] > acks[0]
+                    else float("nan"))
+        lat = np.array(rnd["lat"]) * 1000
+        print(f"{r['jobs']:4d} {r['n']:7d} {r['k']:4d} {r['d']:5d} {x + 1:5d} "
+              f"{subs / rnd['wall']:7.0f} {ack_rate:7.0f} {rnd['sub_p99']:10.1f} "
+              f"{np.median(lat):9.1f} {lat.max():8.1f} "
+              f"{r['server_cpu_ms']:13.3f} {r['rss']:7.0f}/{r['hwm']:<6.0f} "
+              f"{rnd['load']:5.1f}", flush=True)
+    t = r["threads_ms"]
+    print(f"     server CPU ms per submission: event-loop thread {t.get('main', 0):.3f}, "
+          f"other threads {t.get('other', 0):.3f}")
+
+
+def compare_jobs(one: dict[str, Any], many: dict[str, Any]) -> tuple[float, float, float]:
+    """(a) ingest of many jobs / ingest of one job; (b) the worst round latency of any job of
+    ``many`` over the one job's latency in the same round; and the same with the medians
+    over jobs and rounds."""
+    a = many["rate"] / one["rate"]
+    b = float((many["lat"] / one["lat"][:, :1]).max())
+    b50 = float(np.median(many["lat"]) / np.median(one["lat"]))
+    return a, b, b50
+
+
+def main_jobs(args: argparse.Namespace) -> None:
+    """``--jobs N``: a run of one job, then one of N jobs, ``--repeat`` times."""
+    n = args.clients or 10
+    k = args.k or 64
+    d = args.d
+    print(f"{os.cpu_count()} CPUs; generator loop {args.loop}, server --event-loop "
+          f"{args.server_loop}; every job created over POST /api/jobs on a server with "
+          "--no-default-job")
+    print("per round: subs/s = all jobs' submissions / (last ack - first send); acks/s = "
+          "(submissions - 1) / (last ack - first ack); round latency = a job's first "
+          "submission sent -> its GetResult back, p50 and max over the jobs; load = 1-min "
+          "load average; server CPU per submission and RSS/peak: the run's")
+    print("jobs clients    k     d round  subs/s  acks/s  Submit p99  round p50  round max  "
+          "CPU ms/sub  RSS/peak MiB  load")
+    pairs = []
+    for rep in range(args.repeat):
+        runs = []
+        for jobs in ((1, args.jobs) if args.jobs > 1 else (1,)):
+            db = None if args.db is None else f"{args.db}.{jobs}jobs.{rep}"
+            r = eventloop.run(run_jobs(jobs, n, k, d, args.rounds, args.channels,
+                                       args.profile if jobs > 1 else None, db,
+                                       args.server_loop), args.loop)
+            print_jobs_run(r)
+            runs.append(r)
+        if len(runs) == 2:
+            pairs.append(compare_jobs(runs[0], runs[1]))
+            a, b, b50 = pairs[-1]
+            print(f"  {args.jobs} jobs vs one: (a) ingest {runs[1]['rate']:.0f}/s vs "
+                  f"{runs[0]['rate']:.0f}/s = {a:.2f} (target >= 0.8: "
+                  f"{'met' if a >= 0.8 else 'MISSED'}); (b) worst round latency / the one "
+                  f"job's in that round = {b:.2f} (target <= 2: "
+                  f"{'met' if b <= 2 else 'MISSED'}); median latency ratio {b50:.2f}",
+                  flush=True)
+    if len(pairs) > 1:
+        a_s, b_s = [p[0] for p in pairs], [p[1] for p in pairs]
+        print(f"over {len(pairs)} pairs: (a) {min(a_s):.2f}-{max(a_s):.2f} "
+              f"(met in {sum(x >= 0.8 for x in a_s)}), (b) {min(b_s):.2f}-{max(b_s):.2f} "
+              f"(met in {sum(x <= 2 for x in b_s)})")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--clients", type=int, default=None,
                    help="one configuration with this many clients (default: both cases)")
-    p.add_argument("--k", type=int, default=128)
+    p.add_argument("--k", type=int, default=None,
+                   help="values per submission (default 128; 64 with --jobs)")
     p.add_argument("--d", type=int, default=4096)
+    p.add_argument("--jobs", type=int, default=0, metavar="N",
+                   help="N jobs in one server, created over the HTTP API, each of --clients "
+                        "(default 10) clients, --k (default 64) and --d, all submitting at "
+                        "once, after a run of one such job (module docstring)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds per job with --jobs (default 3)")
     p.add_argument("--channels", type=int, default=8, help="client-side HTTP/2 connections")
     p.add_argument("--repeat", type=int, default=1, help="runs per configuration")
     p.add_argument("--db", default=None)
@@ -218,7 +579,15 @@ def main() -> None:
                         "Submit came back CANCELLED) during the burst only and write its "
                         "raw collapsed stacks to FILE")
     args = p.parse_args()
-    configs = CONFIGS if args.clients is None else ((args.clients, args.k, args.d),)
+    if args.jobs:
+        if args.rate is not None:
+            p.error("--jobs sends bursts only (no --rate)")
+        if args.jobs < 1 or args.rounds < 1:
+            p.error("--jobs and --rounds must be >= 1")
+        main_jobs(args)
+        return
+    k = 128 if args.k is None else args.k
+    configs = CONFIGS if args.clients is None else ((args.clients, k, args.d),)
     print(f"{os.cpu_count()} CPUs; figures per run (load = 1-min load average at the burst); "
           f"generator loop {args.loop}, server --event-loop {args.server_loop}")
     rates = [0.0, 2500.0] if args.rate is None else [float(r) for r in args.rate.split(",")]
