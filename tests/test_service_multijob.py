@@ -476,3 +476,58 @@ def test_memory_bound_refuses_then_frees_when_a_job_ends(tmp_path: Path) -> None
         assert svc.create(**spec)
     finally:
         svc.close()
+
+
+@pytest.mark.timeout(180)
+def test_catalog_write_faults(insecure: Service) -> None:
+    """The catalog's writes: slow (its lock held for 1 s: the create waits and succeeds),
+    failing (held past SQLite's 5 s busy timeout: 503, nothing created, a cancel changes
+    nothing), and a caller that goes away (the job is created all the same and listed)."""
+    import threading
+    import time
+
+    from service_util import write_lock
+
+    svc = insecure
+    catalog = str(svc.tmp / "jobs.db.d" / "catalog.db")
+    spec = dict(n=1, k=8, d=64, task="mean", rounds=1)
+    running = svc.create(**spec)
+    held, release = threading.Event(), threading.Event()
+
+    def hold(seconds: float) -> None:
+        with write_lock(catalog):
+            held.set()
+            release.wait(seconds)
+
+    holder = threading.Thread(target=hold, args=(1.0,))
+    holder.start()
+    assert held.wait(10)
+    started = time.monotonic()
+    slow = svc.create(**spec)
+    assert time.monotonic() - started >= 0.5  # it waited for the lock
+    holder.join(10)
+
+    held.clear()
+    release.clear()
+    holder = threading.Thread(target=hold, args=(30.0,))
+    holder.start()
+    try:
+        assert held.wait(10)
+        status, answer = svc.api("/api/jobs", "POST", {**spec, "id": "never"})
+        assert status == 503 and "could not be recorded" in answer["detail"], answer
+        status, answer = svc.api(f"/api/jobs/{running}/cancel", "POST")
+        assert status == 503 and "could not be recorded" in answer["detail"], answer
+    finally:
+        release.set()
+        holder.join(10)
+    ids = [j["id"] for j in svc.api("/api/jobs")[1]["jobs"]]
+    assert ids == ["default", running, slow]
+    assert svc.job(running)["state"] == "running"
+
+    # the caller goes away as soon as its request is sent
+    body = json.dumps({**spec, "id": "orphan"}).encode()
+    with socket.create_connection(("127.0.0.1", svc.http_port), timeout=10) as s:
+        s.sendall(b"POST /api/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    wait_until(lambda: svc.api("/api/jobs/orphan")[0] == 200, 20, "the orphan job listed")
+    assert svc.job("orphan")["state"] == "running"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import re
@@ -247,8 +248,9 @@ class JobHost:
                 rt = await self._open(rec)
             except (StartupError, ValueError, OSError) as exc:
                 log.error("[Jobs] job %s cannot be reopened: %s", rec.id, exc)
-                if rec.state not in ENDED:
-                    await self._set_state(rec.id, "failed", f"cannot be reopened: {exc}")
+                if rec.state not in ENDED:  # in memory only: the next start tries again
+                    self._records[rec.id] = dataclasses.replace(
+                        rec, state="failed", failure=f"cannot be reopened: {exc}")
                 continue
             if rec.state == "cancelled":
                 await rt.engine.cancel(rec.failure or "cancelled")
@@ -277,7 +279,7 @@ class JobHost:
         p = rt.engine.progress
         if rec is not None and rec.state not in ENDED:
             state = "failed" if p.job_failure else "done"
-            await self._set_state(rt.id, state, p.job_failure)
+            await self._set_state(rt.id, state, p.job_failure, must=False)
         if not rt.default:  # an ended created job keeps one round's arrays cached
             rt.memory = ended_memory(rt.cfg, rt.engine.m)
             rt.engine.archive.shrink(rt.memory)
@@ -290,8 +292,27 @@ class JobHost:
         self.changed.set()
         self.changed.clear()
 
-    async def _set_state(self, job_id: str, state: str, failure: str = "") -> None:
-        await asyncio.to_thread(self.catalog.set_state, job_id, state, failure)
+    async def _set_state(self, job_id: str, state: str, failure: str = "",
+                         must: bool = True) -> None:
+        """Record a job's new state in the catalog, then in memory.
+
+        ``must``: a failed write raises :class:`CatalogError` and changes nothing (what an
+        answer acknowledges, a cancel). Otherwise (the engine's own transitions: started,
+        ended) the state changes in memory anyway and the write failure is logged: a restart
+        derives the same state again from the job's database (a running job's end is in
+        it; a queued job that had started resumes from it)."""
+        try:
+            await asyncio.to_thread(self.catalog.set_state, job_id, state, failure)
+        except CatalogError as exc:
+            if must:
+                raise
+            log.warning("[Jobs] job %s is %s, but the catalog could not record it (%s); a "
+                        "restart finds it again from the job's database", job_id, state, exc)
+            old = self._records.get(job_id)
+            if old is not None:
+                self._records[job_id] = dataclasses.replace(old, state=state, failure=failure)
+            self._changed()
+            return
         rec = self.catalog.get(job_id)
         if rec is not None:
             self._records[job_id] = rec
@@ -314,9 +335,10 @@ class JobHost:
                     await self._open(rec)
                 except (StartupError, ValueError, OSError) as exc:
                     log.error("[Jobs] job %s failed to start: %s", rec.id, exc)
-                    await self._set_state(rec.id, "failed", f"failed to start: {exc}")
+                    await self._set_state(rec.id, "failed", f"failed to start: {exc}",
+                                          must=False)
                     continue
-                await self._set_state(rec.id, "running")
+                await self._set_state(rec.id, "running", must=False)
                 log.info("[Jobs] job %s started", rec.id)
 
     def _committed_memory(self) -> int:
