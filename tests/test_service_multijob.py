@@ -153,6 +153,9 @@ def test_three_jobs_beside_the_default_job(insecure: Service) -> None:
         module="rpsagg_client.jobs_cli"), capture_output=True, timeout=60)
     assert cli.returncode == 0, cli.stderr.decode()
     ids["rand-k"] = cli.stdout.decode().strip()
+    # a created job is queued in its answer and starts right after it
+    wait_until(lambda: all(svc.job(i)["state"] == "running" for i in ids.values()), 20,
+               "the created jobs running")
     listed = {j["id"]: j for j in svc.api("/api/jobs")[1]["jobs"]}
     assert set(listed) == {"default", *ids.values()}
     assert listed["default"]["default"] and listed["default"]["state"] == "running"
@@ -530,4 +533,4 @@ def test_catalog_write_faults(insecure: Service) -> None:
         s.sendall(b"POST /api/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     wait_until(lambda: svc.api("/api/jobs/orphan")[0] == 200, 20, "the orphan job listed")
-    assert svc.job("orphan")["state"] == "running"
+    wait_until(lambda: svc.job("orphan")["state"] == "running", 20, "the orphan job running")

@@ -13,6 +13,7 @@ help and messages) on top; pydantic converts every value to its field's type, an
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import math
 import os
@@ -426,6 +427,12 @@ JOB_KEYS = ("estimator", "n", "k", "d", "transform", "task", "data", "data_r", "
             "target_rel_error", "k_min", "k_max")
 
 
+@functools.cache
+def _config_hints() -> dict[str, Any]:
+    """The field types of :class:`ServerConfig` (resolved once)."""
+    return typing.get_type_hints(ServerConfig)
+
+
 def job_config(server: ServerConfig, settings: Mapping[str, Any], db: str) -> ServerConfig:
     """The configuration of a job created over the API: ``settings`` (keys of
     :data:`JOB_KEYS`, JSON values) over the defaults, the server's own fields as they are.
@@ -435,7 +442,7 @@ def job_config(server: ServerConfig, settings: Mapping[str, Any], db: str) -> Se
     """
     if not isinstance(settings, Mapping):
         raise ValueError("the job's settings must be a JSON object")
-    hints = typing.get_type_hints(ServerConfig)
+    hints = _config_hints()
     values: dict[str, Any] = {}
     for key, value in settings.items():
         if key not in JOB_KEYS:

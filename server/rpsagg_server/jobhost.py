@@ -351,7 +351,8 @@ class JobHost:
 
     # -- the API ---------------------------------------------------------------------------
     async def create(self, settings: Mapping[str, Any]) -> dict[str, Any]:
-        """Validate, record (durably) and queue a job; it starts at once when there is room.
+        """Validate, record (durably) and queue a job; it starts right after the answer when
+        there is room (the answer says ``queued``).
         ``settings`` may name the job (``id``; default ``j`` and 8 random hex digits), so
         that a token file can scope tokens to it ahead of its creation.
 
@@ -399,8 +400,20 @@ class JobHost:
             self._records[job_id] = rec
             log.info("[Jobs] job %s created: %s", job_id,
                      ", ".join(f"{k}={v}" for k, v in sorted(stored.items()) if k[0] != "_"))
-        await self.schedule()
+        # the answer says queued: the job starts right after it (opening its database takes
+        # a few synchronous commits, which the creation's answer does not wait for)
+        self._spawn(self.schedule())
         return self.describe(job_id)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._watchers.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._watchers.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("[Jobs] scheduling failed: %s", task.exception())
 
     def _new_id(self) -> str:
         while True:
@@ -438,12 +451,16 @@ class JobHost:
         if not job:
             if self.default_id is not None:
                 return self.jobs[self.default_id]
-            live = [i for i in self.running()]
-            if len(live) == 1:
-                return self.jobs[live[0]]
-            raise Rejected("FAILED_PRECONDITION",
-                           f"this server has no default job and {len(live)} open jobs: "
-                           "name one (rpsagg-client --job ID)")
+            live = self.running()
+            queued = [r.id for r in self._records.values() if r.state == "queued"]
+            if len(live) + len(queued) == 1:
+                if live:
+                    return self.jobs[live[0]]
+                job = queued[0]  # the only job is about to start: as when it is named
+            else:
+                raise Rejected("FAILED_PRECONDITION",
+                               f"this server has no default job and {len(live) + len(queued)} "
+                               "open jobs: name one (rpsagg-client --job ID)")
         rt = self.jobs.get(job)
         if rt is not None:
             return rt
