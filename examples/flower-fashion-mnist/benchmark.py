@@ -18,7 +18,8 @@ Bytes up are the replies' wire bytes, as Flower 1.42 pushes them
 (``rpsagg_flower.wire.wire_bytes`` of every reply ``Message``: its metadata, records,
 arrays' descriptions and chunks, each with its object header); ``payload-bytes-up`` beside
 them is the data and keys alone (Flower's ``count_bytes`` of every reply's ``ArrayRecord``
-and, for compressed replies, the ``rpsagg`` config record). Decode time is the strategy's
+or, for compressed replies, of the record that carries the packed reply:
+``rpsagg_flower.reply.payload_bytes``). Decode time is the strategy's
 ``rpsagg.decode-seconds``. Seeds are fixed (``--seed``/``--seeds``): model
 initialization, nonces, client seeds and minibatch order.
 
@@ -63,6 +64,7 @@ from rpsagg.spec import mix64  # noqa: E402
 from rpsagg_flower import RandProjSpatialFedAvg, ServerSGD, make_rpsagg_mod  # noqa: E402
 from rpsagg_flower.optim import ServerOptimizer  # noqa: E402
 from rpsagg_flower.payload import Layout  # noqa: E402
+from rpsagg_flower.reply import payload_bytes  # noqa: E402
 from rpsagg_flower.wire import wire_bytes  # noqa: E402
 
 
@@ -226,10 +228,7 @@ def run(task: Task, cfg: Config, clients: int, rounds: int, seed: int,
             raise RuntimeError(f"{cfg.label}: error replies in round {rnd}: {errors[:2]}")
         sizes: dict[str, int] = {}
         up = sum(wire_bytes(r, sizes) for r in replies)
-        payload = sum(rec.count_bytes() for r in replies
-                      for rec in r.content.array_records.values())
-        payload += sum(rec.count_bytes() for r in replies for key, rec
-                       in r.content.config_records.items() if key == "rpsagg")
+        payload = sum(payload_bytes(r.content) for r in replies)
         new, metrics = strategy.aggregate_train(rnd, replies)
         if new is None or metrics is None:
             raise RuntimeError(f"{cfg.label}: round {rnd} produced no model")
@@ -265,10 +264,15 @@ def budgets(task: str, d: int) -> list[tuple[int, int, int, int]]:
     than FedAvg (the table prints the ratio counted from the replies).
 
     fmnist: FedAvg's reply is 84,996 B (the state_dict in NumPy's format); a compressed
-    reply carries about 640 B besides its values (BatchNorm's statistics and counters raw,
-    400 B, their keys, the rpsagg config record), so >= 30x leaves 2,833 - 640 B for values
-    (k = 540, k8 = 2,160, k4 = 4,320) and ~100x leaves 850 - 640 B (k = 50, k8 = 200,
-    k4 = 400). wide: the overhead is negligible beside d = 2,002,001 floats (k = d/100)."""
+    reply carried about 640 B besides its values (BatchNorm's statistics and counters raw,
+    400 B, their keys, the rpsagg config record), so >= 30x left 2,833 - 640 B for values
+    (k = 540, k8 = 2,160, k4 = 4,320) and ~100x left 850 - 640 B (k = 50, k8 = 200,
+    k4 = 400): budgets set on that payload. On the wire FedAvg's reply is 90,113 B and a
+    packed reply carries about 945 B besides its values or codes (the 400 B, a scale,
+    68-69 B of rpsagg framing and the 474 B of Flower's objects FedAvg's reply has too), so
+    these budgets are 29.0x and 79x there; 30x on the wire would be k = 515, k8 = 2,056,
+    k4 = 4,112.
+    wide: the overhead is negligible beside d = 2,002,001 floats (k = d/100)."""
     if task == "fmnist":
         return [(30, 540, 2160, 4320), (100, 50, 200, 400)]
     k = d // 100

@@ -7,7 +7,9 @@ strategy configured (its ``ConfigRecord`` has ``rpsagg.scheme``), the mod runs t
 it received, flattened across the ``ArrayRecord``, and sends only the estimator's message:
 ``k`` values (or their codes) and a 64-bit client seed. Arrays that are not floating point
 (integer counters, boolean masks) and those the strategy names ``uncompressed`` travel as
-they are beside the sketch. Every other message passes through unchanged.
+they are beside the sketch. The reply travels packed (:mod:`rpsagg_flower.reply`): one
+record in the place of the ClientApp's ``ArrayRecord``, under its name, a few dozen bytes
+beyond the data. Every other message passes through unchanged.
 
 A compressed array whose update is exactly zero (a frozen layer the strategy was not told
 about) is left out of the sketch and marked in the reply's ``zero`` bitmap; an array the
@@ -46,7 +48,6 @@ from rpsagg.spec import derive_round_seed
 from rpsagg_flower.payload import (
     MARK_ABSENT,
     MARK_ZERO,
-    REPLY_CONFIG,
     FloatArray,
     Layout,
     encoded_to_records,
@@ -56,6 +57,7 @@ from rpsagg_flower.payload import (
     marks_to_bytes,
     reply_arrays,
 )
+from rpsagg_flower.reply import pack_reply, reply_record
 from rpsagg_flower.settings import KEY_SCHEME, RoundEncoding
 
 log = logging.getLogger("flwr.rpsagg_flower")  # through Flower's log handlers
@@ -237,6 +239,7 @@ def make_rpsagg_mod(
                 msgs = [one]
                 arrays, meta = encoded_to_records(one, client_seed, enc.nonce, plain, marks,
                                                   scheme=enc.scheme)
+            packed = reply_record(pack_reply(arrays, meta, layout))
             scheme = next((m.scheme for m in msgs if m is not None), enc.scheme)
             if enc.error_feedback:
                 # the server applies gamma times this message's unbiased decode, by itself;
@@ -246,11 +249,15 @@ def make_rpsagg_mod(
         except ValueError as exc:
             return _error(msg, f"cannot encode the update: {exc}")
         raw = record.count_bytes()
-        out.content.array_records[key] = arrays
-        out.content[REPLY_CONFIG] = meta
+        # the packed reply takes the model's place, under its name and in its position
+        records = list(out.content.items())
+        for name, _ in records:
+            del out.content[name]
+        for name, rec in records:
+            out.content[name] = packed if name == key else rec
         log.info(
             "rpsagg_mod: %s update of %d coordinates sent as %d B instead of %d B",
-            scheme, layout.d, arrays.count_bytes() + meta.count_bytes(), raw,
+            scheme, layout.d, packed.count_bytes(), raw,
         )
         return out
 

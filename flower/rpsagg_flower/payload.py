@@ -7,23 +7,25 @@ shapes and dtypes (:func:`apply_update`). The other arrays (:attr:`Layout.plain_
 integers, booleans, excluded names) travel as they are and are averaged
 (:func:`mean_plain`).
 
-A compressed reply carries (:func:`encoded_to_records`):
+A compressed reply is described by two records (:func:`encoded_to_records`, the *view*
+that :mod:`rpsagg_flower.reply` packs into the one record that travels, and that the
+server's readers here check against the round):
 
-* an ``ArrayRecord`` of one array, :data:`BUNDLE_KEY` (:func:`bundle`: Flower sends each
-  ``Array`` as objects of their own, a few hundred bytes each beyond the data), that holds
-  ``values`` (float32), or ``codes`` (the packed ``value_bits``-bit
-  codes, ``rpsagg.quantize.pack_codes``) and ``scale`` (one float32), and ``indices``
-  (int32) for the schemes that send coordinates, and the uncompressed arrays under
-  ``plain/<key>`` (:data:`PLAIN_PREFIX`), all as raw little-endian bytes (``stype``
-  :data:`STYPE_RAW`) rather than NumPy's ``.npy`` format, whose 128-byte header per array
-  would cost more than a small sketch;
-* a ``ConfigRecord`` :data:`REPLY_CONFIG` with the client's 64-bit ``seed`` and the round's
-  ``nonce`` (8 bytes each), the message ``scheme``, the value ``count`` and ``value-bits``,
-  and two bitmaps over the model's arrays in record order (:func:`marks_to_bytes`, one bit
-  per array, ``ceil(arrays / 8)`` bytes each): ``zero`` (the array's update is exactly zero
-  and is left out of the sketch) and ``absent`` (the ClientApp's reply did not carry the
-  array). The sketch is the estimator's message of the compressed arrays that are neither,
+* an ``ArrayRecord`` of raw arrays (little-endian bytes, ``stype`` :data:`STYPE_RAW`, no
+  ``.npy`` header): ``values`` (float32), or ``codes`` (the packed ``value_bits``-bit
+  codes, ``rpsagg.quantize.pack_codes``) and ``scale`` (float32), and ``indices`` (int32)
+  for the schemes that send coordinates, and the uncompressed arrays under ``plain/<key>``
+  (:data:`PLAIN_PREFIX`);
+* a ``ConfigRecord`` with the client's 64-bit ``seed`` and the round's ``nonce`` (8 bytes
+  each), the message ``scheme``, the value ``count`` and ``value-bits``, and two bitmaps
+  over the model's arrays in record order (:func:`marks_to_bytes`, one bit per array,
+  ``ceil(arrays / 8)`` bytes each): ``zero`` (the array's update is exactly zero and is
+  left out of the sketch) and ``absent`` (the ClientApp's reply did not carry the array).
+  The sketch is the estimator's message of the compressed arrays that are neither,
   concatenated in record order (:meth:`Layout.coordinate_mask`).
+
+rpsagg-flower 0.1 sent these two records as they are (:data:`REPLY_CONFIG`, the arrays
+apart or as one :func:`bundle`); the server still reads them.
 
 Arrays the strategy names ``frozen`` are in no sketch, bitmap bit or ``plain/`` entry: they
 never travel up, and the server keeps them as they are.
@@ -50,11 +52,13 @@ FloatArray = NDArray[np.float64]
 
 #: ``Array.stype`` of raw little-endian bytes (no ``.npy`` header).
 STYPE_RAW = "rpsagg.raw-le"
-#: ``Array.stype`` of a bundle: several raw arrays in one (:func:`bundle`).
+#: ``Array.stype`` of a bundle: several raw arrays in one (:func:`bundle`; rpsagg-flower
+#: 0.1's replies).
 STYPE_BUNDLE = "rpsagg.bundle"
-#: Key of the bundle in a compressed reply's ``ArrayRecord``.
+#: Key of the bundle in rpsagg-flower 0.1's compressed reply's ``ArrayRecord``.
 BUNDLE_KEY = "rpsagg"
-#: Key of the reply's ``ConfigRecord`` with the seed and the message's description.
+#: Name of rpsagg-flower 0.1's reply ``ConfigRecord`` with the seed and the message's
+#: description (the view's ``ConfigRecord``).
 REPLY_CONFIG = "rpsagg"
 #: Prefix of the uncompressed arrays' keys in a compressed reply's ``ArrayRecord``.
 PLAIN_PREFIX = "plain/"
@@ -351,7 +355,9 @@ def _from_raw(record: ArrayRecord, key: str, dtype: str) -> NDArray[np.generic]:
 
 
 def bundle(arrays: Mapping[str, Array]) -> ArrayRecord:
-    """``arrays`` (raw, :data:`STYPE_RAW`) as one ``Array`` under :data:`BUNDLE_KEY`.
+    """``arrays`` (raw, :data:`STYPE_RAW`) as one ``Array`` under :data:`BUNDLE_KEY`, as
+    rpsagg-flower 0.1 sent a compressed reply's arrays (the reply now travels packed,
+    :mod:`rpsagg_flower.reply`).
 
     Flower sends each ``Array`` as objects of their own, about 340 B beyond the data;
     a bundle sends one. Its bytes (``uint8``, ``stype`` :data:`STYPE_BUNDLE`) are the
@@ -382,7 +388,7 @@ def bundle(arrays: Mapping[str, Array]) -> ArrayRecord:
 
 def unbundle(record: ArrayRecord) -> ArrayRecord:
     """The raw arrays of a bundle (:func:`bundle`), by key; a record that is not one
-    bundle is returned as it is (rpsagg-flower 0.1's replies sent each array apart).
+    bundle is returned as it is (rpsagg-flower 0.1's first replies sent each array apart).
     ``ValueError`` for a malformed bundle."""
     if list(record.keys()) != [BUNDLE_KEY] or record[BUNDLE_KEY].stype != STYPE_BUNDLE:
         return record
@@ -413,13 +419,13 @@ def encoded_to_records(
     plain: Mapping[str, NDArray[np.generic]] | None = None,
     marks: Mapping[str, bytes] | None = None, scheme: str = "",
 ) -> tuple[ArrayRecord, ConfigRecord]:
-    """The compressed reply's records for the message ``msg`` (encoded with the transform
+    """The compressed reply's view for the message ``msg`` (encoded with the transform
     seed derived from ``client_seed`` and ``nonce``), with the uncompressed arrays ``plain``
     (raw little-endian bytes in their own dtype and shape, keys prefixed by
     :data:`PLAIN_PREFIX`) and the bitmaps ``marks`` (:data:`MARK_ZERO`,
     :data:`MARK_ABSENT`). ``msg`` None: no sketch (every compressed array is zero or
-    absent; ``count`` 0, ``scheme`` as given). The arrays travel as one
-    (:func:`bundle`)."""
+    absent; ``count`` 0, ``scheme`` as given). The view travels packed
+    (:func:`rpsagg_flower.reply.pack_reply`)."""
     arrays: dict[str, Array] = {}
     if msg is not None:
         _put(arrays, msg, "")
@@ -435,7 +441,7 @@ def encoded_to_records(
             **(marks or {}),
         }
     )
-    return bundle(arrays), meta
+    return ArrayRecord(arrays), meta
 
 
 def _put(arrays: dict[str, Array], msg: Encoded, suffix: str) -> None:
@@ -476,7 +482,7 @@ def layers_to_records(
             **(marks or {}),
         }
     )
-    return bundle(arrays), meta
+    return ArrayRecord(arrays), meta
 
 
 def layer_seed(client_seed: int, nonce: int, node_id: int, layer: int) -> int:

@@ -31,7 +31,6 @@ from rpsagg.schemes import DEFAULT_ESTIMATOR, scheme_traits
 from rpsagg_flower.correlation import r_hat
 from rpsagg_flower.optim import ServerOptimizer, ServerSGD
 from rpsagg_flower.payload import (
-    REPLY_CONFIG,
     Layout,
     apply_update,
     mean_plain,
@@ -39,8 +38,8 @@ from rpsagg_flower.payload import (
     records_to_layers,
     records_to_plain,
     reply_marks,
-    unbundle,
 )
+from rpsagg_flower.reply import Reply, read_reply
 from rpsagg_flower.settings import AUTO_BLOCK_SIZE, AUTO_BLOCK_THRESHOLD, RoundEncoding
 from rpsagg_flower.wire import distinct_wire_bytes, wire_bytes
 
@@ -73,20 +72,19 @@ class _Accepted:
     carried: frozenset[str]  # the arrays the reply carries (zero-marked ones included)
 
 
-def _fedavg_wire(msg: Message, wire: int, model_bytes: int, sizes: dict[str, int]) -> int:
+def _fedavg_wire(msg: Message, reply: Reply, wire: int, model_bytes: int,
+                 sizes: dict[str, int]) -> int:
     """Wire bytes of ``msg`` (``wire`` of them) had it carried the model's arrays as FedAvg's
     ClientApp returns them (``model_bytes``: :func:`distinct_wire_bytes` of the model, in
-    NumPy's format) under its ``ArrayRecord``'s name, with no rpsagg ``ConfigRecord``: its
-    other records and its metadata as they are."""
+    NumPy's format) under the name of the ClientApp's ``ArrayRecord``, without the records
+    that carry the compressed ``reply``: its other records and its metadata as they are."""
     content = msg.content
-    kept = {name: rec for name, rec in content.items()
-            if name != REPLY_CONFIG and not isinstance(rec, ArrayRecord)}
-    names = {name: ArrayRecord() for name in content.array_records}
-    shell = RecordDict({**kept, **names})  # the FedAvg reply's RecordDict object (ids of
-    # the same length), its other records
+    kept = {name: rec for name, rec in content.items() if name not in reply.records}
+    shell = RecordDict({**kept, reply.model_record: ArrayRecord()})  # the FedAvg reply's
+    # RecordDict object (ids of the same length), its other records
     others = sum(wire_bytes(rec, sizes) for rec in kept.values())
     return (wire - wire_bytes(content, sizes) + len(shell.deflate()) + others
-            + model_bytes * len(names))
+            + model_bytes)
 
 
 _SERVER_SIDE_DP = (DifferentialPrivacyServerSideFixedClipping,
@@ -542,17 +540,15 @@ class RandProjSpatialFedAvg(FedAvg):
             try:
                 if node in seen:
                     raise ValueError("a second reply from this node")
-                if REPLY_CONFIG not in msg.content.config_records:
+                layout = plan.layout
+                reply = read_reply(msg.content, layout)
+                if reply is None:
                     why = (f"the reply from node {node} has no rpsagg payload: is rpsagg_mod "
                            f"in the ClientApp's mods, ClientApp(mods=[rpsagg_mod])?")
                     if self.missing_payload == "raise":
                         raise RuntimeError(why + " (missing_payload='drop' drops such replies)")
                     raise ValueError(why)
-                arrays = [unbundle(a) for a in msg.content.array_records.values()]
-                if len(arrays) != 1:
-                    raise ValueError(f"{len(arrays)} ArrayRecords in a compressed reply")
-                meta = msg.content.config_records[REPLY_CONFIG]
-                layout = plan.layout
+                meta = reply.meta
                 zero, absent = reply_marks(meta, layout)
                 lacks = [key for key, no in zip(layout.keys, absent, strict=True) if no]
                 if lacks and self.partial == "refuse":
@@ -565,27 +561,26 @@ class RandProjSpatialFedAvg(FedAvg):
                 included = tuple(not any(flags[key]) for key in layout.compressed_keys)
                 encoded: Encoded | list[Encoded | None] | None
                 if plan.layers:
-                    encoded = records_to_layers(plan.layers, arrays[0], meta,
+                    encoded = records_to_layers(plan.layers, reply.arrays, meta,
                                                 plan.encoding.nonce, node, included)
                 elif any(included):
                     encoded = records_to_encoded(self._group_estimator(plan, included),
-                                                 arrays[0], meta, plan.encoding.nonce, node)
+                                                 reply.arrays, meta, plan.encoding.nonce, node)
                 else:
                     encoded = None
-                plain = records_to_plain(arrays[0], layout, absent)
+                plain = records_to_plain(reply.arrays, layout, absent)
                 weight = self._weight(msg) if self.weighted else 1.0
             except ValueError as exc:
                 log.warning("aggregate_train: reply from node %d dropped: %s", node, exc)
                 continue
             seen.add(node)
             wire = wire_bytes(msg, sizes)
-            payload = sum(a.count_bytes() for a in msg.content.array_records.values())
-            payload += meta.count_bytes()
+            payload = sum(msg.content[name].count_bytes() for name in reply.records)
             carried = frozenset(k for k, no in zip(plan.layout.keys, absent, strict=True)
                                 if not no)
             accepted.append(_Accepted(i, encoded, weight, wire, payload,
-                                      _fedavg_wire(msg, wire, model_bytes, sizes), plain,
-                                      included, carried))
+                                      _fedavg_wire(msg, reply, wire, model_bytes, sizes),
+                                      plain, included, carried))
         return accepted
 
     def _weight(self, msg: Message) -> float:

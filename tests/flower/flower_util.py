@@ -27,6 +27,8 @@ from numpy.typing import NDArray
 
 from rpsagg.spec import mix64
 from rpsagg_flower import RandProjSpatialFedAvg, make_rpsagg_mod
+from rpsagg_flower.payload import REPLY_CONFIG, Layout, bundle
+from rpsagg_flower.reply import Reply, pack_reply, read_reply, reply_record
 
 FloatArray = NDArray[np.float64]
 
@@ -134,3 +136,37 @@ def run_round(
 def error_reply(msg: Message) -> Message:
     """What a SuperNode sends when the ClientApp crashed."""
     return Message(Error(code=2, reason="ClientApp raised"), reply_to=msg)
+
+
+def layout_of(strategy: RandProjSpatialFedAvg, arrays: ArrayRecord) -> Layout:
+    """The layout the strategy and the mod use for the model ``arrays``."""
+    return Layout.of(arrays, strategy.uncompressed, strategy.frozen)
+
+
+def sent(reply: Message, strategy: RandProjSpatialFedAvg, arrays: ArrayRecord) -> Reply:
+    """What a compressed reply carries (its raw arrays and description), read as the
+    strategy reads it for the model ``arrays``."""
+    out = read_reply(reply.content, layout_of(strategy, arrays))
+    assert out is not None, "the reply carries no compressed reply"
+    return out
+
+
+def resend(reply: Message, strategy: RandProjSpatialFedAvg, arrays: ArrayRecord,
+           view: ArrayRecord, meta: ConfigRecord | None = None) -> None:
+    """Pack ``view`` (and ``meta``, else the reply's own) back into ``reply``, in place."""
+    old = sent(reply, strategy, arrays)
+    packed = pack_reply(view, old.meta if meta is None else meta, layout_of(strategy, arrays))
+    del reply.content[old.records[0]]
+    reply.content[old.records[0]] = reply_record(packed)
+
+
+def as_v01(reply: Message, strategy: RandProjSpatialFedAvg, arrays: ArrayRecord,
+           bundled: bool = True) -> ArrayRecord:
+    """Turn a compressed reply into rpsagg-flower 0.1's records, in place: the raw arrays
+    (one bundle, or apart) under the packed reply's name and the description as the
+    ``ConfigRecord`` ``rpsagg``. Returns the raw arrays."""
+    old = sent(reply, strategy, arrays)
+    del reply.content[old.records[0]]
+    reply.content[old.records[0]] = bundle(dict(old.arrays.items())) if bundled else old.arrays
+    reply.content[REPLY_CONFIG] = old.meta
+    return old.arrays

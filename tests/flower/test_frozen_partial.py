@@ -15,10 +15,10 @@ from flwr.serverapp.strategy import Result
 from rpsagg import ESTIMATOR_NAMES, make_estimator
 from rpsagg.spec import derive_round_seed, mix64
 from rpsagg_flower import RandProjSpatialFedAvg, make_rpsagg_mod
-from rpsagg_flower.payload import MARK_ABSENT, MARK_ZERO, REPLY_CONFIG, Layout, unbundle
+from rpsagg_flower.payload import MARK_ABSENT, MARK_ZERO, Layout
 from rpsagg_flower.settings import KEY_NONCE, RoundEncoding, nonce_from_bytes
 
-from .flower_util import FakeGrid, context, model, run_round, seeds
+from .flower_util import FakeGrid, context, model, run_round, seeds, sent
 
 # a frozen float32 "embedding" first, then the trained arrays: d = 20 + 48 + 12
 SHAPES = {"emb": ((5, 4), "float32"), "w": ((6, 8), "float64"), "b": ((12,), "float64")}
@@ -113,7 +113,7 @@ def test_zero_arrays_are_left_out_of_the_sketch() -> None:
     out = run_round(strategy, arrays, ups, mod=make_rpsagg_mod(draw))
     assert out.arrays is not None and out.metrics is not None
     for r in out.replies:
-        meta = r.content[REPLY_CONFIG]
+        meta = sent(r, strategy, arrays).meta
         assert meta[MARK_ZERO] == bytes([0b001]) and meta[MARK_ABSENT] == bytes([0])
         assert meta["count"] == 15
     enc = RoundEncoding.from_config(out.messages[0].content["config"])
@@ -174,8 +174,8 @@ def test_frozen_names_are_checked_and_sent() -> None:
     enc = RoundEncoding.from_config(out.messages[0].content["config"])
     assert enc is not None and enc.frozen == ("emb",) and enc.d == 60
     # a frozen array sends no bit and no plain/ entry: the sketch has the round's k values
-    assert all(r.content[REPLY_CONFIG]["count"] == 5 for r in out.replies)
-    assert all(not any(k.startswith("plain/") for k in unbundle(r.content["arrays"]))
+    assert all(sent(r, strategy, model(SHAPES)).meta["count"] == 5 for r in out.replies)
+    assert all(not any(k.startswith("plain/") for k in sent(r, strategy, model(SHAPES)).arrays)
                for r in out.replies)
 
 

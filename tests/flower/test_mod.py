@@ -18,7 +18,8 @@ from rpsagg import make_estimator
 from rpsagg._quantize import unpack_codes
 from rpsagg.spec import derive_round_seed
 from rpsagg_flower import make_rpsagg_mod, rpsagg_mod
-from rpsagg_flower.payload import BUNDLE_KEY, REPLY_CONFIG, STYPE_RAW, unbundle
+from rpsagg_flower.payload import STYPE_RAW, Layout
+from rpsagg_flower.reply import REPLY_KEY, payload_records, read_reply
 from rpsagg_flower.settings import RoundEncoding, nonce_from_bytes
 
 from .flower_util import adding_app, context, model
@@ -49,12 +50,16 @@ def test_reply_carries_k_values_and_the_seed() -> None:
     out = make_rpsagg_mod(lambda: 12345)(instruction(round_config()), context(77),
                                          adding_app(update, 100.0))
     assert not out.has_error()
-    assert list(out.content["arrays"].keys()) == [BUNDLE_KEY]  # one Array on the wire
-    arrays = unbundle(out.content["arrays"])
+    # one record in the model's place: a ConfigRecord of one bytes entry
+    assert list(out.content.keys()) == ["arrays", "metrics"] and not out.content.array_records
+    assert list(out.content.config_records["arrays"].keys()) == [REPLY_KEY]
+    reply = read_reply(out.content, Layout.of(model(SHAPES)))
+    assert reply is not None and reply.records == ("arrays",)
+    arrays = reply.arrays
     assert list(arrays.keys()) == ["values"]
     values = arrays["values"]
     assert (values.stype, values.dtype, values.shape) == (STYPE_RAW, "float32", (10,))
-    meta = out.content.config_records[REPLY_CONFIG]
+    meta = reply.meta
     assert nonce_from_bytes(meta["seed"]) == 12345 and nonce_from_bytes(meta["nonce"]) == NONCE
     assert meta["scheme"] == "rand-proj-spatial:hblocks" and meta["count"] == 10
     # the ClientApp's reply went through float32 arrays: the delta is that of float32 values
@@ -70,7 +75,9 @@ def test_quantized_values_travel_as_packed_codes() -> None:
         instruction(round_config(value_bits=3, weight_key="")), context(77),
         adding_app(np.linspace(-1, 1, 60), None))
     assert not out.has_error()
-    arrays = unbundle(out.content["arrays"])
+    reply = read_reply(out.content, Layout.of(model(SHAPES)))
+    assert reply is not None
+    arrays = reply.arrays
     assert sorted(arrays.keys()) == ["codes", "scale"]
     assert len(arrays["codes"].data) == (10 * 3 + 7) // 8
     codes = unpack_codes(arrays["codes"].data, 10, 3)
@@ -87,7 +94,8 @@ def test_other_messages_pass_through_unchanged() -> None:
     for msg in (instruction(round_config(), message_type=MessageType.EVALUATE),
                 instruction(ConfigRecord({"lr": 0.1}))):
         out = rpsagg_mod(msg, context(77), app)
-        assert not out.has_error() and REPLY_CONFIG not in out.content.config_records
+        assert not out.has_error() and payload_records(out.content) == ["arrays"]
+        assert read_reply(out.content, Layout.of(model(SHAPES))) is None
         w, b = out.content["arrays"].to_numpy_ndarrays()
         assert w.shape == (6, 8) and np.all(w == 1.0) and np.all(b == 1.0)
 

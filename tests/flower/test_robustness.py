@@ -31,9 +31,10 @@ from flwr.serverapp.strategy import (
 from flwr.supercore.differential_privacy import KEY_NORM_BIT
 
 from rpsagg_flower import RandProjSpatialFedAvg, make_rpsagg_mod, rpsagg_mod
-from rpsagg_flower.payload import PLAIN_PREFIX, REPLY_CONFIG, bundle, unbundle
+from rpsagg_flower.payload import PLAIN_PREFIX, bundle
+from rpsagg_flower.reply import REPLY_KEY, payload_records
 
-from .flower_util import FakeGrid, adding_app, context, model, run_round, seeds
+from .flower_util import FakeGrid, adding_app, as_v01, context, model, run_round, seeds, sent
 from .test_mod import instruction, round_config
 
 # a PyTorch-like state dict: conv weight, BatchNorm's float statistics, its int64 counter,
@@ -151,8 +152,8 @@ def test_integer_bool_and_excluded_arrays_travel_beside_the_sketch() -> None:
                for m in messages]
     for reply in replies:
         assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
-        sent = unbundle(reply.content["arrays"])
-        assert sorted(k for k in sent if k.startswith(PLAIN_PREFIX)) == [
+        carried = sent(reply, strategy, arrays).arrays
+        assert sorted(k for k in carried if k.startswith(PLAIN_PREFIX)) == [
             PLAIN_PREFIX + "bn.num_batches_tracked", PLAIN_PREFIX + "bn.running_mean",
             PLAIN_PREFIX + "mask"]
     new, metrics = strategy.aggregate_train(1, replies)
@@ -180,19 +181,25 @@ def test_plain_arrays_are_counted_in_bytes_up() -> None:
                for m in messages]
     _, metrics = strategy.aggregate_train(1, replies)
     assert metrics is not None
-    wire = sum(r.content["arrays"].count_bytes() + r.content[REPLY_CONFIG].count_bytes()
-               for r in replies)
-    sketch = sum(len(unbundle(r.content["arrays"])["values"].data) for r in replies)
+    wire = sum(r.content["arrays"].count_bytes() for r in replies)
+    sketch = sum(len(sent(r, strategy, arrays).arrays["values"].data) for r in replies)
     assert metrics["rpsagg.payload-bytes-up"] == wire
     assert metrics["rpsagg.bytes-up"] > wire
-    assert wire - sketch > 2 * (12 * 4 + 8 + 5)  # the plain arrays' data at least
+    # the int64 counter and the boolean mask travel as they are (the running mean is a
+    # float array not named uncompressed: in the sketch)
+    plain = sum(len(a.data) for r in replies
+                for key, a in sent(r, strategy, arrays).arrays.items() if key.startswith("plain/"))
+    assert plain == 2 * (8 + 5)
+    assert wire - sketch > plain
 
 
 def test_plain_arrays_travel_raw_and_a_bad_one_drops_its_reply() -> None:
     """The uncompressed arrays are raw little-endian bytes, exactly their data (no NumPy
-    header); a reply in the NumPy format of rpsagg-flower 0.1.0 still reads the same; a raw
-    array whose byte count does not match its shape drops its reply, not the round. (The
-    ``"full"`` estimator decodes exactly, so rounds 1 and 2 must give the same model.)"""
+    header); replies in rpsagg-flower 0.1's records (a bundle, or the arrays apart with the
+    plain ones in NumPy's format) still read the same; a packed reply a few bytes short,
+    or a bundled raw array whose byte count does not match its shape, drops its reply, not
+    the round. (The ``"full"`` estimator decodes exactly, so rounds 1 to 3 must give the
+    same model.)"""
     strategy = RandProjSpatialFedAvg("full", k=60, uncompressed=["bn.running_mean"],
                                      nonces=iter(seeds(20)).__next__)
     mod = make_rpsagg_mod(iter(seeds(60)).__next__)
@@ -205,33 +212,44 @@ def test_plain_arrays_travel_raw_and_a_bad_one_drops_its_reply() -> None:
 
     first = replies(1)
     for reply in first:
-        sent = unbundle(reply.content["arrays"])
+        carried = sent(reply, strategy, model(BN)).arrays
         for key in ("bn.running_mean", "bn.num_batches_tracked", "mask"):
-            arr = sent[PLAIN_PREFIX + key]
+            arr = carried[PLAIN_PREFIX + key]
             shape, dtype = BN[key]
             assert arr.stype == "rpsagg.raw-le" and tuple(arr.shape) == shape
             assert len(arr.data) == np.zeros(shape, dtype).nbytes
     fine, _ = strategy.aggregate_train(1, first)
-    old = replies(2)  # the same, as 0.1 sent them: apart, the plain arrays in NumPy's format
+    bundled = replies(2)  # the same, as 0.1 sent them: a bundle and a ConfigRecord
+    for reply in bundled:
+        as_v01(reply, strategy, model(BN))
+    again, _ = strategy.aggregate_train(2, bundled)
+    old = replies(3)  # as 0.1 first sent them: apart, the plain arrays in NumPy's format
     for reply in old:
-        sent = unbundle(reply.content["arrays"])
-        reply.content["arrays"] = sent
-        for key in [k for k in sent if k.startswith(PLAIN_PREFIX)]:
-            arr = sent[key]
+        apart = as_v01(reply, strategy, model(BN), bundled=False)
+        for key in [k for k in apart if k.startswith(PLAIN_PREFIX)]:
+            arr = apart[key]
             value = np.frombuffer(arr.data, np.dtype(arr.dtype).newbyteorder("<"))
-            sent[key] = Array(value.astype(arr.dtype).reshape(tuple(arr.shape)))
-            assert sent[key].stype != "rpsagg.raw-le"
-    again, _ = strategy.aggregate_train(2, old)
-    assert fine is not None and again is not None
-    for a, b in zip(fine.to_numpy_ndarrays(), again.to_numpy_ndarrays(), strict=True):
+            apart[key] = Array(value.astype(arr.dtype).reshape(tuple(arr.shape)))
+            assert apart[key].stype != "rpsagg.raw-le"
+    third, _ = strategy.aggregate_train(3, old)
+    assert fine is not None and again is not None and third is not None
+    for a, b, c in zip(fine.to_numpy_ndarrays(), again.to_numpy_ndarrays(),
+                       third.to_numpy_ndarrays(), strict=True):
         np.testing.assert_array_equal(a, b)
-    third = replies(3)  # one truncated raw array: that reply is left out
-    sent = unbundle(third[1].content["arrays"])
-    bad = sent[PLAIN_PREFIX + "bn.running_mean"]
-    sent[PLAIN_PREFIX + "bn.running_mean"] = Array(
+        np.testing.assert_array_equal(a, c)
+    short = replies(4)  # a packed reply 4 bytes short: that reply is left out
+    packed = short[1].content["arrays"][REPLY_KEY]
+    assert isinstance(packed, bytes)
+    short[1].content["arrays"][REPLY_KEY] = packed[:-4]
+    _, metrics = strategy.aggregate_train(4, short)
+    assert metrics is not None and metrics["rpsagg.n-prime"] == 2
+    fifth = replies(5)  # 0.1's bundle with one truncated raw array: that reply is left out
+    carried = as_v01(fifth[1], strategy, model(BN), bundled=False)
+    bad = carried[PLAIN_PREFIX + "bn.running_mean"]
+    carried[PLAIN_PREFIX + "bn.running_mean"] = Array(
         dtype=bad.dtype, shape=tuple(bad.shape), stype=bad.stype, data=bad.data[:-4])
-    third[1].content["arrays"] = bundle(dict(sent.items()))
-    _, metrics = strategy.aggregate_train(3, third)
+    fifth[1].content["arrays"] = bundle(dict(carried.items()))
+    _, metrics = strategy.aggregate_train(5, fifth)
     assert metrics is not None and metrics["rpsagg.n-prime"] == 2
 
 
@@ -310,7 +328,7 @@ def test_client_side_fixed_clipping_clips_before_compressing() -> None:
     messages = list(strategy.configure_train(1, arrays, ConfigRecord(), FakeGrid([1, 2])))  # type: ignore[arg-type]
     replies = [app(m, context(m.metadata.dst_node_id)) for m in messages]
     assert not any(r.has_error() for r in replies)
-    assert all(REPLY_CONFIG in r.content.config_records for r in replies)
+    assert all(payload_records(r.content) == ["arrays"] for r in replies)
     new, _ = strategy.aggregate_train(1, replies)
     assert new is not None
     got = np.concatenate([a.ravel() for a in new.to_numpy_ndarrays()])

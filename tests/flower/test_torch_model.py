@@ -18,9 +18,9 @@ from flwr.serverapp.strategy import FedAvg
 from torch import nn
 
 from rpsagg_flower import RandProjSpatialFedAvg, make_rpsagg_mod
-from rpsagg_flower.payload import PLAIN_PREFIX, STYPE_RAW, unbundle
+from rpsagg_flower.payload import PLAIN_PREFIX, STYPE_RAW
 
-from .flower_util import FakeGrid, context, seeds
+from .flower_util import FakeGrid, context, seeds, sent
 
 STATS = ["bn.running_mean", "bn.running_var"]
 
@@ -86,13 +86,13 @@ def test_full_estimator_gives_flowers_fedavg_on_a_batchnorm_state_dict() -> None
     is 5 + 14/6 = 7.33; FedAvg leaves that float in an int64 tensor's place, rpsagg rounds
     it to 7 in the int64 dtype."""
     fedavg, _ = _round(FedAvg(fraction_evaluate=0.0), _initial())
-    ours, replies = _round(RandProjSpatialFedAvg("full", k=1, uncompressed=STATS,
-                                                 nonces=iter(seeds(9)).__next__,
-                                                 fraction_evaluate=0.0), _initial())
+    strategy = RandProjSpatialFedAvg("full", k=1, uncompressed=STATS,
+                                     nonces=iter(seeds(9)).__next__, fraction_evaluate=0.0)
+    ours, replies = _round(strategy, _initial())
     for reply in replies:  # the counters and statistics travel raw beside the values
-        sent = unbundle(reply.content["arrays"])
+        carried = sent(reply, strategy, _initial()).arrays
         for key in ["bn.num_batches_tracked", *STATS]:
-            assert sent[PLAIN_PREFIX + key].stype == STYPE_RAW
+            assert carried[PLAIN_PREFIX + key].stype == STYPE_RAW
     state = ours.to_torch_state_dict()
     Net().load_state_dict(state, strict=True)
     reference = fedavg.to_torch_state_dict()

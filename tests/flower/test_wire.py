@@ -15,15 +15,15 @@ from flwr.supercore.inflatable.inflatable_utils import (
 from rpsagg_flower import RandProjSpatialFedAvg, make_rpsagg_mod
 from rpsagg_flower.payload import (
     BUNDLE_KEY,
-    REPLY_CONFIG,
     STYPE_BUNDLE,
     STYPE_RAW,
     bundle,
     unbundle,
 )
+from rpsagg_flower.reply import payload_bytes
 from rpsagg_flower.wire import distinct_wire_bytes, wire_bytes
 
-from .flower_util import adding_app, context, model, run_round, seeds
+from .flower_util import adding_app, context, model, run_round, seeds, sent
 
 SHAPES = {"w": ((40,), "float32"), "b": ((20,), "float32"), "count": ((), "int64")}
 
@@ -97,8 +97,8 @@ def test_strategy_reports_wire_bytes_and_payload() -> None:
     assert rnd.metrics is not None
     m = rnd.metrics
     assert m["rpsagg.bytes-up"] == sum(wire_bytes(r) for r in rnd.replies)
-    payload = sum(r.content.array_records["arrays"].count_bytes()
-                  + r.content.config_records[REPLY_CONFIG].count_bytes() for r in rnd.replies)
+    payload = sum(r.content["arrays"].count_bytes() for r in rnd.replies)
+    assert payload == sum(payload_bytes(r.content) for r in rnd.replies)
     assert m["rpsagg.payload-bytes-up"] == payload
     fedavg = []
     for msg in rnd.messages:
@@ -119,7 +119,8 @@ def test_metric_and_config_records_are_counted() -> None:
 
 
 def test_bundle_round_trips_and_refuses_malformed() -> None:
-    """A compressed reply's arrays travel as one; unbundle gives them back, raw, in order."""
+    """rpsagg-flower 0.1's replies sent the arrays as one bundle; unbundle gives them back,
+    raw, in order."""
     raw = {"codes": np.arange(7, dtype=np.uint8), "scale": np.array([0.5], np.float32),
            "plain/n": np.array(3, np.int64), "plain/m": np.array([[True, False]])}
     arrays = {k: Array(dtype=str(v.dtype), shape=tuple(v.shape), stype=STYPE_RAW,
@@ -143,12 +144,18 @@ def test_bundle_round_trips_and_refuses_malformed() -> None:
 
 
 def test_compressed_reply_overhead_is_small() -> None:
-    """A 4-bit reply with three plain arrays: the wire bytes beyond the data are the
-    Message, RecordDict, three records, one Array and one chunk header."""
+    """A 4-bit reply with three plain arrays: beyond the data, the reply has the Message,
+    the RecordDict and the metrics a FedAvg reply has, and in the model's place one
+    ConfigRecord whose own overhead and packed header are a few dozen bytes
+    (tests/flower/test_reply.py derives the bound)."""
     arrays = model(SHAPES, fill=None)
     strategy = RandProjSpatialFedAvg("rand-proj-spatial", k=10, value_bits=4,
                                      uncompressed=["b"])
     rnd = run_round(strategy, arrays, _updates(61), mod=make_rpsagg_mod(seeds(3).__next__))
     reply = rnd.replies[0]
-    data = sum(len(a.data) for a in unbundle(reply.content["arrays"]).values())
-    assert wire_bytes(reply) - data < 1_400
+    data = sum(len(a.data) for a in sent(reply, strategy, arrays).arrays.values())
+    assert list(reply.content.keys()) == ["arrays", "metrics"]
+    fedavg = adding_app(np.ones(61), None)(rnd.messages[0], context(1))
+    shell = wire_bytes(reply) - wire_bytes(reply.content["arrays"])
+    assert shell == wire_bytes(fedavg) - wire_bytes(fedavg.content["arrays"])
+    assert wire_bytes(reply.content["arrays"]) - data <= 80
