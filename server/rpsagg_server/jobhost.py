@@ -133,7 +133,9 @@ async def open_job(job_id: str, cfg: ServerConfig, executor: Executor | None,
     or written, ``ValueError`` for a database of a job with other settings.
     """
     try:
-        store = Store(cfg.db)
+        # a new database's file, log mode and tables are synchronous commits: made off the
+        # event loop, which serves the other jobs meanwhile
+        store = await asyncio.to_thread(Store, cfg.db)
     except sqlite3.Error as exc:
         raise StartupError(f"--db {cfg.db}: cannot open it ({exc})") from None
     monitor: TaskMonitor | None = None

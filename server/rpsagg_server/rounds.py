@@ -59,6 +59,7 @@ from rpsagg_server.events import (
     RoundProgress,
     RoundRecovered,
 )
+from rpsagg_server.jobs import job_id
 from rpsagg_server.live import LiveRound
 from rpsagg_server.membership import Membership
 from rpsagg_server.recovery import Recovery, next_state
@@ -245,8 +246,12 @@ class RoundEngine:
         """Recover from the store (or start a fresh job) and open the current round."""
         rec = Recovery(self.cfg, self.store, self.m, self.progress, self.tracker,
                        self.estimator, self)
-        job_exists = rec.check_job_config()
-        self._recover_encoding(job_exists)
+        # the start-up writes (settings, encoding, the job's id: each a synchronous commit)
+        # run off the event loop, which serves the server's other jobs meanwhile; nothing
+        # reads this engine yet
+        job_exists = await asyncio.to_thread(rec.check_job_config)
+        await asyncio.to_thread(self._recover_encoding, job_exists)
+        await asyncio.to_thread(job_id, self.store)
         self.membership.recover()
         last = rec.recover_rounds()
         p = self.progress

@@ -112,7 +112,7 @@ class Store:
                                      timeout=busy_timeout)
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=FULL")
-        self._conn.executescript(SCHEMA)
+        self._conn.executescript(f"BEGIN;\n{SCHEMA}\nCOMMIT;")  # one commit, not one per table
         self._lock = threading.Lock()
         self._reader: sqlite3.Connection | None = None
         self._read_lock = threading.Lock()
