@@ -214,6 +214,12 @@ def test_three_jobs_beside_the_default_job(insecure: Service) -> None:
     for job_id in ("default", *ids.values()):
         assert f'job="{job_id}"' in body
     assert 'rpsagg_jobs{state="done"} 4.0' in body
+    # /docs documents the jobs API and a job's own API
+    status, schema = svc.api("/openapi.json")
+    assert status == 200
+    assert {"/api/jobs", "/api/jobs/{job_id}", "/api/jobs/{job_id}/cancel", "/api/rounds",
+            "/api/rounds/{round_id}/estimate", "/api/status"} <= set(schema["paths"])
+    assert svc.api("/docs")[0] == 200
 
 
 def _check_max_transform(db: str, spec: dict[str, Any]) -> None:

@@ -26,6 +26,7 @@ from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CollectorRegistry, make_asgi_app
@@ -40,6 +41,7 @@ from rpsagg_server.http.app import STATIC, _Mounted, create_app
 from rpsagg_server.http.auth import BearerAuth, HttpTokens
 from rpsagg_server.http.renders import DEFAULT_MAX_BYTES, BodyCache, BodyCacheCollector
 from rpsagg_server.jobhost import JobHost, JobRefused, JobRuntime
+from rpsagg_server.state import ServerState
 
 log = logging.getLogger("rpsagg.server")
 #: a creation's body, at most
@@ -131,6 +133,22 @@ def create_service_app(host: JobHost, registry: CollectorRegistry | None = None,
     app.state.host = host
     app.state.registry = registry
     app.state.bodies = cache
+    # /docs: the jobs API and a job's own API (its paths as the default job's; each is also
+    # under /api/jobs/{id}/), from a template app that is never served
+    template = create_app(ServerState(host.cfg.public_dict()), CollectorRegistry(),
+                          bodies=cache)
+    job_routes = list(template.routes)  # get_openapi leaves out what is not in the schema
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = get_openapi(
+                title=app.title, version=app.version, summary=app.summary,
+                description="Each job's API (below, as the default job's paths) is also "
+                "served under `/api/jobs/{id}/` for job `id`, its page under `/jobs/{id}/`.",
+                routes=[*app.routes, *job_routes])
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.get("/api/jobs", tags=["jobs"], summary="Every job of this server")
     def list_jobs() -> dict[str, Any]:
@@ -232,7 +250,7 @@ async def _never(scope: Scope, receive: Receive, send: Send) -> None:  # pragma:
     raise AssertionError("not called")
 
 
-_OWN = ("/api/jobs", "/metrics", "/static/")
+_OWN = ("/api/jobs", "/metrics", "/static/", "/docs", "/openapi.json")
 
 
 class JobRouter:
