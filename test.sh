@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole test suite: lint, type check, tests. Sets up .venv on first use.
+# The whole test suite: lint, type check, the docs site, tests. Sets up .venv on first use.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$root"
@@ -8,6 +8,8 @@ echo "[test] ruff"
 .venv/bin/ruff check .
 echo "[test] mypy"
 .venv/bin/mypy
+echo "[test] docs site (mkdocs build --strict -> build/site)"
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
 echo "[test] pytest"
 .venv/bin/python -m pytest "$@"
 # the Flower integration in its own environment (flwr's pins; tests/conftest.py keeps

@@ -1,4 +1,6 @@
-"""The README's library quick start runs, and the simulation command works."""
+"""The README and the documentation site: the README's library quick start runs, the simulation
+command works, every local link resolves, every page of docs/ is in the site's navigation, and
+the pages are reference, not a work log (no issue numbers, no numbered work periods)."""
 
 from __future__ import annotations
 
@@ -70,9 +72,9 @@ def test_simulation_command_prints_every_estimator() -> None:
 
 
 def test_every_local_link_and_image_in_the_docs_exists() -> None:
-    # Markdown links and images ](path) in README.md and docs/*.md that are not URLs or
-    # anchors must name files of the repository (relative to the document).
-    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    # Markdown links and images ](path) in README.md, CHANGELOG.md and docs/**/*.md that are
+    # not URLs or anchors must name files of the repository (relative to the document).
+    pages = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
     missing = []
     for page in pages:
         for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
@@ -82,6 +84,24 @@ def test_every_local_link_and_image_in_the_docs_exists() -> None:
             if not path.exists():
                 missing.append(f"{page.relative_to(ROOT)}: {target}")
     assert not missing, missing
+
+
+def _nav_pages(nav: object) -> list[str]:
+    if isinstance(nav, str):
+        return [nav]
+    if isinstance(nav, list):
+        return [page for item in nav for page in _nav_pages(item)]
+    if isinstance(nav, dict):
+        return [page for value in nav.values() for page in _nav_pages(value)]
+    return []
+
+
+def test_every_docs_page_is_in_the_site_navigation() -> None:
+    yaml = pytest.importorskip("yaml")
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    listed = _nav_pages(config["nav"])
+    pages = sorted(p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md"))
+    assert sorted(set(listed)) == pages, set(pages) ^ set(listed)
 
 
 # -- the examples of docs/wire-format.md and docs/protocol.md ---------------------------------

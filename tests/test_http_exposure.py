@@ -417,11 +417,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def readme_blocks() -> tuple[str, dict[str, Any]]:
-    """The README's commands and Prometheus job for a published dashboard (its
-    "Dashboard and metrics" section): the bash block and the parsed YAML block."""
+    """The commands and Prometheus job for a published dashboard (docs/dashboard.md,
+    "Dashboard and metrics"): the bash block and the parsed YAML block."""
     yaml = pytest.importorskip("yaml")
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Dashboard and metrics"):]
+    text = (ROOT / "docs" / "dashboard.md").read_text()
+    section = text[text.index("# Dashboard and metrics"):]
     bash = section[section.index("```bash\n") + 8:]
     bash = bash[:bash.index("```")]
     block = section[section.index("```yaml\n") + 8:]
@@ -433,7 +433,7 @@ def readme_blocks() -> tuple[str, dict[str, Any]]:
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="make-test-ca.sh needs openssl")
 @pytest.mark.timeout(180)
 def test_prometheus_scrapes_over_https_with_its_token(tmp_path: Path) -> None:
-    # The README's set-up as written: the test CA of scripts/make-test-ca.sh, its commands
+    # docs/dashboard.md's set-up as written: the test CA of scripts/make-test-ca.sh, its commands
     # for the token files, its server flags (loopback instead of 0.0.0.0) and its scrape
     # job (the paths and the target put in); a second job without the token is refused.
     bash, readme = readme_blocks()
