@@ -6,12 +6,16 @@
 - A line ``<!-- argparse: package.module:function -->`` becomes the ``--help`` of the parser
   that function returns, and of each of its subcommands: the command-line reference is
   generated from the parsers the commands run, never copied.
+- A line ``<!-- openapi -->`` becomes the HTTP API's reference, rendered from the OpenAPI
+  schema of the server's app (built in memory, nothing served, on an in-memory database);
+  the schema itself is a file of the site, ``reference/openapi.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import logging
 import os
 import re
@@ -45,7 +49,85 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         return f"{text} (`{rel}`)"
 
     markdown = _LINK.sub(repo_file, markdown)
-    return _ARGPARSE.sub(lambda m: _parser_help(m.group(1), page.file.src_path), markdown)
+    markdown = _ARGPARSE.sub(lambda m: _parser_help(m.group(1), page.file.src_path), markdown)
+    if _OPENAPI.search(markdown):
+        if _SCHEMA:
+            markdown = _OPENAPI.sub(lambda _m: _render_openapi(_SCHEMA), markdown)
+        else:
+            log.warning("%s: no OpenAPI schema to render", page.file.src_path)
+    return markdown
+
+
+def on_files(files: Any, config: Any) -> Any:
+    from mkdocs.structure.files import File
+
+    _SCHEMA.clear()
+    try:
+        _SCHEMA.update(_openapi_schema())
+    except Exception as exc:  # the strict build fails, with the reason
+        log.warning("the server's OpenAPI schema: %s", exc)
+        return files
+    files.append(File.generated(config, OPENAPI_JSON,
+                                content=json.dumps(_SCHEMA, indent=2) + "\n"))
+    return files
+
+
+_OPENAPI = re.compile(r"^<!-- openapi -->$", re.M)
+_SCHEMA: dict[str, Any] = {}
+OPENAPI_JSON = "reference/openapi.json"  # in the site, beside reference/http.md
+
+
+def _openapi_schema() -> dict[str, Any]:
+    from rpsagg_server.config import load_config
+    from rpsagg_server.decodepool import DecodePool
+    from rpsagg_server.http.service import create_service_app
+    from rpsagg_server.jobhost import JobHost
+
+    cfg = load_config(["--insecure", "--db", ":memory:", "--n", "2", "--k", "1", "--d", "4"],
+                      env={})
+    schema: dict[str, Any] = create_service_app(JobHost(cfg, DecodePool(1))).openapi()
+    return schema
+
+
+def _type(schema: dict[str, Any]) -> str:
+    if "anyOf" in schema:
+        return " or ".join(_type(s) for s in schema["anyOf"])
+    if "$ref" in schema:
+        return str(schema["$ref"]).rsplit("/", 1)[-1]
+    kind = str(schema.get("type", "any"))
+    if "enum" in schema:
+        kind += " (" + ", ".join(f"`{v}`" for v in schema["enum"]) + ")"
+    return kind
+
+
+def _cell(text: object) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _render_openapi(schema: dict[str, Any]) -> str:
+    info = schema.get("info", {})
+    out = [_cell(info.get("summary", "")), "", _cell(info.get("description", "")), ""]
+    for path, methods in schema["paths"].items():
+        for method, op in methods.items():
+            out += [f"### `{method.upper()} {path}`", "", f"**{_cell(op.get('summary', ''))}**",
+                    ""]
+            if op.get("description"):
+                out += [op["description"].strip(), ""]
+            params = op.get("parameters", [])
+            if params:
+                out += ["| parameter | in | type | required | what |",
+                        "| --- | --- | --- | --- | --- |"]
+                for prm in params:
+                    kind = _cell(_type(prm.get("schema", {})))
+                    what = prm.get("description", prm.get("schema", {}).get("description", ""))
+                    needed = "yes" if prm.get("required") else "no"
+                    out.append(f"| `{prm['name']}` | {prm['in']} | {kind} | {needed}"
+                               f" | {_cell(what)} |")
+                out.append("")
+            codes = ", ".join(f"`{code}` {_cell(r.get('description', ''))}"
+                              for code, r in op.get("responses", {}).items())
+            out += [f"Responses: {codes}", ""]
+    return "\n".join(out)
 
 
 _ARGPARSE = re.compile(r"^<!-- argparse: ([\w.]+:\w+) -->$", re.M)
