@@ -3,7 +3,7 @@
 
 ``broken_adapter.py MISTAKE`` answers like conformance/adapters/rpsagg_adapter.py except for
 one mistake an implementer could plausibly make reading docs/wire-format.md; the runner must
-fail it. The mistakes are the points issue 26 found ambiguous, and a few classic ones.
+fail it. The mistakes are points a reader found ambiguous, and a few classic ones.
 """
 
 from __future__ import annotations

@@ -190,7 +190,7 @@ def test_ray_whole_vector_decode_equals_local_bitwise(ray_cluster: Cluster) -> N
 
 
 def test_ray_decodes_each_vector_with_its_own_estimator(ray_cluster: Cluster) -> None:
-    """transform=auto decodes vector j with slot j's prior (issue 12): a list of estimators
+    """transform=auto decodes vector j with slot j's prior: a list of estimators
     that differ in the prior gives each vector its own c and beta, bit for bit as locally."""
     for kwargs in ({"n": 6, "k": 100, "d": 1000},
                    {"n": 8, "k": 128, "d": 2 * 2**12 + 5, "block_size": 2**12, "method": "cg"}):

@@ -1,4 +1,4 @@
-"""Scheme names live in the estimator registry only (issue 14).
+"""Scheme names live in the estimator registry only.
 
 Everything outside the registry asks an estimator what it sends (``Estimator.wire``) or the
 registry what a scheme is (``rpsagg._estimators.scheme_traits``); a string literal naming a

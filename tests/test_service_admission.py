@@ -1,4 +1,4 @@
-"""Admission passes (issue 11, load): Submit requests are admitted in passes, many at once.
+"""Admission passes (under load): Submit requests are admitted in passes, many at once.
 
 Every request taken into one pass is answered on its own: a bad request beside good ones
 is refused alone, two requests of one client in the same pass are decided one after the

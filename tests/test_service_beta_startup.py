@@ -1,4 +1,4 @@
-"""beta before the first round (issue 11, item 11): computed at start-up, visibly.
+"""beta before the first round: computed at start-up, visibly.
 
 A slow beta is injected by holding ``RoundEngine._compute_beta`` (the start-up computation,
 in the decode thread) on a gate until the test opens it; it then computes the real beta.

@@ -1,5 +1,5 @@
-"""Acceptance 3 (kill -9 and restart on the same database), 4 (a straggler), and issue 11
-item 10 (a server stalled by SIGSTOP past a deadline still counts what reached it before).
+"""Faults of a running job: kill -9 and restart on the same database, a straggler, and a
+server stalled by SIGSTOP past a deadline (it still counts what reached it before).
 """
 
 from __future__ import annotations

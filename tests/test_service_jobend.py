@@ -1,4 +1,4 @@
-"""The job's end (issue 11, items 3 and 9): a drained job end, CANCELLED retried on reads,
+"""The job's end: a drained job end, CANCELLED retried on reads,
 and ``--max-failed-rounds``.
 
 The drained end is tested on the real ``rpsagg-server`` process with ``--linger 0`` (the

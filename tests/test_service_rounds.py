@@ -147,7 +147,7 @@ def test_auto_decodes_each_vector_with_its_own_prior_across_a_restart(tmp_path: 
         for t, batch in zip(slots, batches, strict=True):
             t.update(batch)
     # The slots learned different priors, so the bit-for-bit checks above tell slot 1's prior
-    # from slot 0's (a prior shared by the slots, the rule before issue 12's per-vector
+    # from slot 0's (a prior shared by the slots, the rule before per-vector
     # priors, fails them). Why the order is certain enough: at (n, k, d) = (4, 32, 128) the
     # clipped fraction R_hat/(n - 1) of one round, over 2,000 draws, was <= 0.52 for
     # independent vectors and >= 0.56 for identical ones in 99.95% of draws each; the

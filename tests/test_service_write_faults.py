@@ -1,4 +1,4 @@
-"""Faults injected through the store (issue 11, items 1, 2 and 12).
+"""Faults injected through the store (docs/reliability.md's fault table).
 
 Every test keeps a client-side ledger of acks and checks, at the end, the invariants of the
 submission state machine: zero acked submissions missing from the database, no committed

@@ -13,7 +13,7 @@ A submission of ``m`` vectors (k-means: one update per centroid) is tracked per 
 (:class:`VectorCorrelationTracker`): the slots' correlations differ (measured on k-means
 with Fashion-MNIST, non-IID n = 50: R/(n - 1) from 0.16 to 0.74 in the same round, as
 clusters are shared by more or fewer clients), so the c that fits slot 0 does not fit the
-others (``docs/reproduction.md``, issue 12).
+others (``docs/reproduction.md``, "Tasks").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Equal bits: squared error against bits per client for every scheme (issue 13).
+"""Equal bits: squared error against bits per client for every scheme.
 
 Schemes: Rand-k, Rand-k-Spatial and Rand-Proj-Spatial with ``value_bits`` 1, 2, 4, 8 and 32
 over a grid of k; EDEN (1, 2, 4, 8 bits) and QSGD (1, 2, 4, 8 bits). The cost of a point is
