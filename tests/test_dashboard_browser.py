@@ -3,8 +3,9 @@
 Headless Debian Chromium (``/usr/bin/chromium``) driven by Selenium through the matching
 ``/usr/bin/chromedriver`` (``scripts/setup-env.sh test`` installs both) loads ``/`` from a
 live ``rpsagg-server`` subprocess on loopback. Screenshots go to ``test-output/`` at the
-repository root (the README's images in ``docs/img`` are ``dashboard-overview.png``,
-``dashboard-round.png`` and ``dashboard-clients.png`` from there, reduced to 128 colours).
+repository root (the images of ``docs/dashboard.md`` in ``docs/img`` are
+``dashboard-overview.png``, ``dashboard-round.png`` and ``dashboard-clients.png`` from there,
+reduced to 128 colours).
 """
 
 from __future__ import annotations
