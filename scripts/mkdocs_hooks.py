@@ -3,6 +3,8 @@
 - A page of docs/ may link a file of the repository outside docs/ (``../proto/...``): the site
   has no copy of it, so the link becomes the repository path as code, and a target that does
   not exist is a warning (which fails ``mkdocs build --strict``).
+- A mention of another page as code, ```docs/scaling.md```, links that page in the site
+  (outside code blocks; the text stays as it is).
 - A line ``<!-- argparse: package.module:function -->`` becomes the ``--help`` of the parser
   that function returns, and of each of its subcommands: the command-line reference is
   generated from the parsers the commands run, never copied.
@@ -49,6 +51,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         return f"{text} (`{rel}`)"
 
     markdown = _LINK.sub(repo_file, markdown)
+    markdown = _link_mentions(markdown, docs, page.file.src_path)
     markdown = _ARGPARSE.sub(lambda m: _parser_help(m.group(1), page.file.src_path), markdown)
     if _OPENAPI.search(markdown):
         if _SCHEMA:
@@ -127,6 +130,25 @@ def _render_openapi(schema: dict[str, Any]) -> str:
             codes = ", ".join(f"`{code}` {_cell(r.get('description', ''))}"
                               for code, r in op.get("responses", {}).items())
             out += [f"Responses: {codes}", ""]
+    return "\n".join(out)
+
+
+_MENTION = re.compile(r"(?<![\[`])`docs/([\w/.-]+\.md)`(?![`\]])")
+
+
+def _link_mentions(markdown: str, docs: Path, src: str) -> str:
+    """```docs/x.md``` -> ``[`docs/x.md`](relative/x.md)`` outside fenced blocks, where the
+    page exists."""
+    depth = src.count("/")
+    out, fenced = [], False
+    for line in markdown.split("\n"):
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+        elif not fenced:
+            line = _MENTION.sub(
+                lambda m: f"[`docs/{m.group(1)}`]({'../' * depth}{m.group(1)})"
+                if (docs / m.group(1)).is_file() else m.group(0), line)
+        out.append(line)
     return "\n".join(out)
 
 
