@@ -52,6 +52,16 @@ QUANTIZER_NAMES = tuple(_QUANTIZERS)
 DEFAULT_ESTIMATOR = RandProjSpatial.name
 
 
+#: One byte per message scheme, for compact binary formats (rpsagg-flower's packed reply):
+#: fixed, a code is never reused for another scheme. Blockwise Rand-Proj-Spatial's message
+#: schemes (:data:`BLOCK_SCHEME_PREFIX` and the block size) have one code of their own.
+MESSAGE_SCHEME_CODES = {"full": 1, "rand-k": 2, "rand-k-spatial": 3, "rand-proj-spatial": 4,
+                        "rand-k-wangni": 5, "induced": 6, "eden": 7, "qsgd": 8,
+                        "rand-proj-spatial:dct": 9, "rand-proj-spatial:hblocks": 10}
+#: How blockwise Rand-Proj-Spatial's message schemes start (``rand-proj-spatial:block=<b>``).
+BLOCK_SCHEME_PREFIX = f"{RandProjSpatial.name}:block="
+
+
 def scheme_traits(name: str) -> SchemeTraits:
     """What the scheme ``name`` (an ``--estimator`` name) is; ``ValueError`` if unknown."""
     if name not in _TRAITS:
@@ -179,6 +189,7 @@ def make_estimator(
     projection: str = "auto",
     device: str | None = None,
     threads: int | None = None,
+    error_tol: float | None = None,
 ) -> Estimator:
     """Build an estimator by name.
 
@@ -222,6 +233,11 @@ def make_estimator(
         the ``rpsagg[torch]`` extra). None (default): numpy.
     threads : int, optional
         Rand-Proj-Spatial only: CPU threads of the numpy decode (default: all cores).
+    error_tol : float, optional
+        Rand-Proj-Spatial with the SRHT (blockwise too), numpy decode: the conjugate
+        gradients also stop once the solve moves the estimate by at most ``error_tol``
+        times a lower bound on the estimator's RMS error (``RandProjSpatial``); None
+        (default): ``rtol`` alone.
 
     Returns
     -------
@@ -250,8 +266,11 @@ def make_estimator(
         raise ValueError(f"{name!r} needs k=")
     if value_bits != 32 and name not in (*QUANTIZABLE, *_NAMED_PROJECTIONS):
         raise ValueError(f"value_bits applies to {', '.join(QUANTIZABLE)}, not {name!r}")
+    if error_tol is not None and name not in (SCHEME, *_NAMED_PROJECTIONS):
+        raise ValueError(f"error_tol applies to rand-proj-spatial only, not {name!r}")
     est = _make_float_estimator(
-        name, n, k, d, transform, prior_r, method, rtol, block_size, projection, device, threads
+        name, n, k, d, transform, prior_r, method, rtol, block_size, projection, device, threads,
+        error_tol,
     )
     if value_bits != 32:
         est._set_value_bits(value_bits)
@@ -271,6 +290,7 @@ def _make_float_estimator(
     projection: str,
     device: str | None,
     threads: int | None,
+    error_tol: float | None = None,
 ) -> Estimator:
     if name in _NAMED_PROJECTIONS:  # the message scheme names its projection
         name, projection = SCHEME, resolve_projection(_NAMED_PROJECTIONS[name], d)
@@ -285,11 +305,11 @@ def _make_float_estimator(
             )
         return BlockwiseRandProjSpatial(
             n, k, d, block_size, transform, prior_r, method, rtol, device=device,
-            threads=threads,
+            threads=threads, error_tol=error_tol,
         )
     if name == SCHEME:
         return RandProjSpatial(n, k, d, transform, prior_r, method, rtol, projection,
-                               device=device, threads=threads)
+                               device=device, threads=threads, error_tol=error_tol)
     if device is not None or threads is not None:
         raise ValueError(f"device and threads apply to rand-proj-spatial only, not {name!r}")
     if name == RandKSpatial.name:

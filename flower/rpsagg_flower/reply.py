@@ -52,6 +52,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
 
+from rpsagg._estimators import BLOCK_SCHEME_PREFIX, MESSAGE_SCHEME_CODES
 from rpsagg.quantize import packed_size
 from rpsagg_flower.payload import (
     MARK_ABSENT,
@@ -78,13 +79,11 @@ REPLY_VERSION = 2
 CONFIG_LIMIT = FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
 #: One byte per message scheme (fixed: a code is never reused for another scheme);
 #: :data:`BLOCK_CODE` and 0 are followed by more (:func:`_scheme_bytes`).
-SCHEME_CODES = {"full": 1, "rand-k": 2, "rand-k-spatial": 3, "rand-proj-spatial": 4,
-                "rand-k-wangni": 5, "induced": 6, "eden": 7, "qsgd": 8,
-                "rand-proj-spatial:dct": 9, "rand-proj-spatial:hblocks": 10}
+SCHEME_CODES = MESSAGE_SCHEME_CODES  # the registry's table
 #: Scheme code of blockwise Rand-Proj-Spatial, ``rand-proj-spatial:block=<2^e>``: one
 #: more byte, ``e``.
 BLOCK_CODE = 11
-_BLOCK_PREFIX = "rand-proj-spatial:block="
+_BLOCK_PREFIX = BLOCK_SCHEME_PREFIX
 _SCHEMES = {code: name for name, code in SCHEME_CODES.items()}
 _FIXED = struct.Struct("<BQQ4s")  # version, seed, nonce, layout digest
 _PER_LAYER, _SKETCH, _INDICES = 1, 1, 2
