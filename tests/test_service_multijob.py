@@ -220,6 +220,7 @@ def test_three_jobs_beside_the_default_job(insecure: Service) -> None:
     assert {"/api/jobs", "/api/jobs/{job_id}", "/api/jobs/{job_id}/cancel", "/api/rounds",
             "/api/rounds/{round_id}/estimate", "/api/status"} <= set(schema["paths"])
     assert svc.api("/docs")[0] == 200
+    assert schema["paths"]["/api/jobs"]["get"]["summary"] == "Every job of this server"
 
 
 def _check_max_transform(db: str, spec: dict[str, Any]) -> None:

@@ -1,4 +1,4 @@
-"""beta for n, computed when the server starts, visibly (issue 11, item 11).
+"""beta for n, computed when the server starts, visibly.
 
 The unbiasing scalar beta of the spatial estimators comes from a Monte Carlo on a cold cache
 (minutes at large n). :class:`BetaWarmup` runs it in the decode thread ahead of the first

@@ -98,7 +98,7 @@ class RoundEngine:
         self.task: Task = make_task(config.task, config.d, config.params)
         self.m = self.task.m
         #: transform=auto: one correlation tracker per vector slot; vector j of a round is
-        #: decoded with slot j's prior (``docs/reproduction.md``, issue 12)
+        #: decoded with slot j's prior (``docs/reproduction.md``)
         self.tracker = (VectorCorrelationTracker(self.m)
                         if config.transform == "auto" or config.target_rel_error > 0 else None)
         #: Rand-Proj-Spatial's projection: "auto" (by d) for a new job; a recovered job keeps

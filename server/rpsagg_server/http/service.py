@@ -137,15 +137,22 @@ def create_service_app(host: JobHost, registry: CollectorRegistry | None = None,
     # under /api/jobs/{id}/), from a template app that is never served
     template = create_app(ServerState(host.cfg.public_dict()), CollectorRegistry(),
                           bodies=cache)
-    job_routes = list(template.routes)  # get_openapi leaves out what is not in the schema
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = get_openapi(
+            own = get_openapi(
                 title=app.title, version=app.version, summary=app.summary,
                 description="Each job's API (below, as the default job's paths) is also "
                 "served under `/api/jobs/{id}/` for job `id`, its page under `/jobs/{id}/`.",
-                routes=[*app.routes, *job_routes])
+                routes=app.routes)
+            job = template.openapi()
+            # the service's paths win (its /api/jobs lists every job, with the past ones)
+            own["paths"] = {**job.get("paths", {}), **own.get("paths", {})}
+            schemas = {**job.get("components", {}).get("schemas", {}),
+                       **own.get("components", {}).get("schemas", {})}
+            if schemas:
+                own.setdefault("components", {})["schemas"] = schemas
+            app.openapi_schema = own
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
