@@ -72,7 +72,7 @@ class BlockwiseRandProjSpatial(Estimator):
         Clients, floats per client (``k >= ceil(d / block_size)``), dimension.
     block_size : int
         A power of two; ``d`` is cut into ``ceil(d / block_size)`` blocks.
-    transform, prior_r, method, rtol, device, threads
+    transform, prior_r, method, rtol, device, threads, error_tol
         As for :class:`~rpsagg._estimators.RandProjSpatial`, applied in every block.
     """
 
@@ -92,6 +92,7 @@ class BlockwiseRandProjSpatial(Estimator):
         rtol: float = DEFAULT_RTOL,
         device: str | None = None,
         threads: int | None = None,
+        error_tol: float | None = None,
     ) -> None:
         super().__init__(n, k, d)
         if isinstance(block_size, bool) or not isinstance(block_size, int | np.integer):
@@ -112,7 +113,7 @@ class BlockwiseRandProjSpatial(Estimator):
         self._sub = {
             kb: RandProjSpatial(
                 self.n, kb, self.block_size, transform, prior_r, method=method, rtol=rtol,
-                device=device, threads=threads,
+                device=device, threads=threads, error_tol=error_tol,
             )
             for kb in set(self.budgets)
         }
@@ -301,7 +302,7 @@ class BlockwiseRandProjSpatial(Estimator):
         sub = next(iter(self._sub.values()))
         other = BlockwiseRandProjSpatial(
             self.n, self.k, self.d, self.block_size, "auto", prior_r, sub.method, sub.rtol,
-            device=sub.device, threads=sub.threads,
+            device=sub.device, threads=sub.threads, error_tol=sub.error_tol,
         )
         if self.value_bits != 32:
             other._set_value_bits(self.value_bits)

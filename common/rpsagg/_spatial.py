@@ -121,6 +121,12 @@ class RandProjSpatial(Estimator, _SpatialMixin):
     threads : int, optional
         CPU threads of the numpy SRHT decode (default: every core this process may use);
         the estimate does not depend on it, bit for bit.
+    error_tol : float, optional
+        The SRHT's numpy decode only: conjugate gradients also stop once their bound on
+        the solve's error in the estimate is at most ``error_tol`` times a lower bound on
+        the estimator's RMS error (:func:`rpsagg._decode.error_stop_scale`; e.g. 1e-3:
+        the estimate moves by at most a thousandth of its own error). None (default):
+        the residual target ``rtol`` alone.
     """
 
     name = SCHEME
@@ -140,6 +146,7 @@ class RandProjSpatial(Estimator, _SpatialMixin):
         projection: str = "auto",
         device: str | None = None,
         threads: int | None = None,
+        error_tol: float | None = None,
     ) -> None:
         super().__init__(n, k, d)
         self._init_transform(transform, self.n, prior_r)
@@ -165,6 +172,13 @@ class RandProjSpatial(Estimator, _SpatialMixin):
                              f"uses {self.projection!r} (d = {self.d}); pass projection='srht' "
                              "to decode on a device")
         self.device = device
+        if error_tol is not None:
+            if isinstance(error_tol, bool) or not 0 < float(error_tol) < 1:
+                raise ValueError(f"error_tol must be in (0, 1); got {error_tol!r}")
+            if self.projection != "srht" or device is not None:
+                raise ValueError("error_tol applies to the SRHT's numpy decode only")
+            error_tol = float(error_tol)
+        self.error_tol = error_tol
 
     def _encode(self, x: FloatArray, seed: int) -> tuple[FloatArray, NDArray[np.int64] | None]:
         return encode(self.projection, x, seed, self.k), None
@@ -187,7 +201,8 @@ class RandProjSpatial(Estimator, _SpatialMixin):
         else:
             op = joint_operator(self.projection, seeds, self.k, self.d_pad,
                                 threads=self.threads)
-            xt, info = joint_solve(op, y, c, method=self.method, rtol=self.rtol)
+            xt, info = joint_solve(op, y, c, method=self.method, rtol=self.rtol,
+                                   error_tol=self.error_tol)
         beta = self._beta(n_prime) if beta is None else beta
         adjoint_sq = info.adjoint_sq
         if adjoint_sq is None:  # a solver that did not record it: one more adjoint product
@@ -255,6 +270,8 @@ class RandProjSpatial(Estimator, _SpatialMixin):
     def with_device(self, device: str | None) -> Self:
         """A copy that decodes on ``device`` (a PyTorch device, or None for numpy)."""
         other = copy.copy(self)
+        if device is not None and self.error_tol is not None:
+            raise ValueError("error_tol applies to the SRHT's numpy decode only")
         if device is not None:
             from rpsagg._torch import resolve_device
 

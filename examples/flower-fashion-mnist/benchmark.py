@@ -194,7 +194,7 @@ def client_app(task: Task, seed: int) -> ClientApp:
 
 
 def run(task: Task, cfg: Config, clients: int, rounds: int, seed: int,
-        solver: str = "auto") -> dict[str, Any]:
+        solver: str = "auto", error_tol: float | None = None) -> dict[str, Any]:
     strategy: FedAvg
     common = {"fraction_evaluate": 0.0, "min_train_nodes": clients,
               "min_available_nodes": clients}
@@ -206,7 +206,7 @@ def run(task: Task, cfg: Config, clients: int, rounds: int, seed: int,
             cfg.method, k=cfg.k, value_bits=cfg.value_bits, bits=cfg.bits,
             nonces=lambda: mix64(mix64(seed) + next(counter)),
             server_optimizer=cfg.optimizer() if cfg.optimizer else None,
-            error_feedback=cfg.error_feedback, solver=solver,
+            error_feedback=cfg.error_feedback, solver=solver, error_tol=error_tol,
             uncompressed=task.uncompressed, **cfg.extra,
             **common)  # type: ignore[arg-type]
     # Flower's node sampling (strategy_utils.sample_nodes) draws from Python's global
@@ -246,7 +246,8 @@ def run(task: Task, cfg: Config, clients: int, rounds: int, seed: int,
               f"{task.metric} {entry[task.metric]:.4f}, {up:,} B up "
               f"({payload:,} B payload)"
               + (f", decode {decode:.3f} s" if decode is not None else ""), flush=True)
-    return {"task": task.name, "label": cfg.label, "solver": solver, "method": cfg.method,
+    return {"task": task.name, "label": cfg.label, "solver": solver, "error-tol": error_tol,
+            "method": cfg.method,
             "budget": cfg.budget,
             "k": cfg.k,
             "value-bits": cfg.value_bits, "bits": cfg.bits, "control": cfg.control,
@@ -512,6 +513,10 @@ def main(argv: list[str] | None = None) -> int:
                          "always runs)")
     ap.add_argument("--solver", default="auto", choices=["auto", "exact", "cg"],
                     help="the spatial decoders' joint solver (RandProjSpatialFedAvg(solver=))")
+    ap.add_argument("--error-tol", type=float, default=None,
+                    help="RandProjSpatialFedAvg(error_tol=): the SRHT decodes' conjugate "
+                         "gradients also stop once the solve moves the estimate by at most "
+                         "this times a bound below the estimator's RMS error (default: off)")
     ap.add_argument("--quick", action="store_true",
                     help="5 clients; fmnist 5 rounds on 1,000 images each, wide 3 rounds on "
                          "200 examples each")
@@ -542,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
                 chosen = [cfg for cfg in configs(name, compressed_size(task), clients)
                           if cfg.method == "fedavg" or not args.only
                           or any(text in cfg.label for text in args.only)]
-                results += [run(task, cfg, clients, rounds, seed, args.solver)
+                results += [run(task, cfg, clients, rounds, seed, args.solver, args.error_tol)
                             for cfg in chosen]
             path.write_text(json.dumps(results, indent=1))
         results = json.loads(path.read_text())

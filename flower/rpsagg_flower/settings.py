@@ -118,12 +118,17 @@ class RoundEncoding:
 
     def estimator(
         self, n: int, transform: str | float = "avg", prior_r: float | None = None,
-        method: str = "auto",
+        method: str = "auto", error_tol: float | None = None,
     ) -> Estimator:
         """The estimator for ``n`` clients (the clients' choice of ``n`` does not matter:
         an encode depends on neither ``n`` nor the transform, nor the decoder's joint
-        solver ``method``)."""
+        solver ``method`` and ``error_tol``). ``error_tol`` goes to the decoders it
+        applies to (Rand-Proj-Spatial with the SRHT, blockwise included); the others
+        decode with ``rtol`` alone."""
         spatial = scheme_traits(self.scheme).takes_transform
+        srht = self.scheme == "rand-proj-spatial" and (
+            self.block_size is not None or self.projection == "srht"
+            or (self.projection == "auto" and self.d & (self.d - 1) == 0))
         return make_estimator(
             self.scheme,
             n=n,
@@ -136,6 +141,7 @@ class RoundEncoding:
             value_bits=self.value_bits,
             projection=self.projection,
             method=method if spatial else "auto",
+            error_tol=error_tol if srht else None,
         )
 
     def reduced(self, d: int) -> RoundEncoding:
@@ -150,7 +156,7 @@ class RoundEncoding:
 
     def layer_estimators(
         self, sizes: tuple[int, ...], n: int, transform: str | float = "avg",
-        prior_r: float | None = None, method: str = "auto",
+        prior_r: float | None = None, method: str = "auto", error_tol: float | None = None,
     ) -> list[Estimator]:
         """Per-layer compression: one estimator per compressed array of ``sizes``
         coordinates (``ValueError`` when ``sizes`` does not match ``layer_k``)."""
@@ -163,7 +169,7 @@ class RoundEncoding:
         for size, k, block in zip(sizes, self.layer_k, self.layer_block, strict=True):
             layer = RoundEncoding(self.scheme, k or None, size, self.nonce, self.value_bits,
                                   self.bits, block or None, self.projection, self.weight_key)
-            out.append(layer.estimator(n, transform, prior_r, method))
+            out.append(layer.estimator(n, transform, prior_r, method, error_tol))
         return out
 
     def to_config(self, config: ConfigRecord) -> None:

@@ -177,6 +177,12 @@ class RandProjSpatialFedAvg(FedAvg):
         ``"auto"`` builds the dense ``nk x nk`` Gram matrix of a small system only where
         that is cheaper than the Krylov solver (``docs/flower.md``, "Decode time");
         ``"cg"`` and ``"exact"`` force one or the other.
+    error_tol : float, optional
+        Rand-Proj-Spatial with the SRHT (blockwise included): the conjugate gradients also
+        stop once the solve moves the estimate by at most ``error_tol`` times a lower
+        bound on the estimator's RMS error (``rpsagg.make_estimator``'s ``error_tol``;
+        1e-3 takes the wide model's 8-bit decode from 10 to 6 iterations a block). None
+        (default): the residual target alone. The other decoders ignore it.
     error_feedback : bool
         Clients keep the part of their update the server did not apply in their context
         state and add it to the next round's update (error feedback); the server applies
@@ -214,6 +220,7 @@ class RandProjSpatialFedAvg(FedAvg):
         server_optimizer: ServerOptimizer | None = None,
         error_feedback: bool = False,
         solver: str = "auto",
+        error_tol: float | None = None,
         per_layer: bool | Mapping[str, int] = False,
         target_rel_error: float | None = None,
         k_min: int = 1,
@@ -258,6 +265,10 @@ class RandProjSpatialFedAvg(FedAvg):
         if solver not in ("auto", "exact", "cg"):
             raise ValueError(f"solver must be 'auto', 'exact' or 'cg'; got {solver!r}")
         self.solver = solver
+        if error_tol is not None and (isinstance(error_tol, bool)
+                                      or not 0 < float(error_tol) < 1):
+            raise ValueError(f"error_tol must be in (0, 1); got {error_tol!r}")
+        self.error_tol = None if error_tol is None else float(error_tol)
         self.per_layer = dict(per_layer) if isinstance(per_layer, Mapping) else bool(per_layer)
         if target_rel_error is not None:
             if not (isinstance(target_rel_error, int | float) and target_rel_error > 0):
@@ -386,8 +397,10 @@ class RandProjSpatialFedAvg(FedAvg):
             prior = self.tracker.prior(n) if self.transform == "auto" else None
             layout = Layout.of(arrays, self.uncompressed, self.frozen)
             layers = (enc.layer_estimators(layout.compressed_sizes, n, self.transform, prior,
-                                           self.solver) if enc.layer_k else None)
-            est = layers[0] if layers else enc.estimator(n, self.transform, prior, self.solver)
+                                           self.solver, self.error_tol)
+                      if enc.layer_k else None)
+            est = layers[0] if layers else enc.estimator(n, self.transform, prior, self.solver,
+                                                         self.error_tol)
             self._plan = _RoundPlan(server_round, enc, est, layout, arrays, layers, n, prior)
         return messages
 
@@ -522,7 +535,7 @@ class RandProjSpatialFedAvg(FedAvg):
         if est is None:
             d = int(plan.layout.coordinate_mask(included).sum())
             est = plan.encoding.reduced(d).estimator(plan.n, self.transform, plan.prior,
-                                                     self.solver)
+                                                     self.solver, self.error_tol)
             plan.reduced[included] = est
         return est
 

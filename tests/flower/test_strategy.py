@@ -451,3 +451,49 @@ def test_target_rel_error_settings_are_checked(bad: dict) -> None:  # type: igno
     args.update(bad)
     with pytest.raises(ValueError):
         RandProjSpatialFedAvg(**args)
+
+
+def test_error_tol_reaches_the_srht_decoders_only() -> None:
+    """``error_tol`` goes to the SRHT decoders (blockwise, or d' = d a power of two); the
+    other projections and estimators decode with ``rtol`` alone (a strategy's round may
+    use any of them)."""
+    def built(**kw: object) -> object:
+        enc = RoundEncoding(**{"scheme": "rand-proj-spatial", "k": 40, "nonce": 1,
+                               **kw})  # type: ignore[arg-type]
+        return enc.estimator(5, error_tol=1e-3)
+
+    blockwise = built(d=3 * 256, block_size=256, value_bits=8)
+    assert all(sub.error_tol == 1e-3 for sub in blockwise._sub.values())  # type: ignore[attr-defined]
+    assert built(d=1024).error_tol == 1e-3  # type: ignore[attr-defined]
+    assert built(d=1000).error_tol is None  # type: ignore[attr-defined]  # hblocks
+    assert built(d=1000, projection="srht").error_tol == 1e-3  # type: ignore[attr-defined]
+    rand_k = RoundEncoding("rand-k", 40, 1000, 1).estimator(5, error_tol=1e-3)
+    assert not hasattr(rand_k, "error_tol")
+    with pytest.raises(ValueError, match="error_tol must be"):
+        RandProjSpatialFedAvg("rand-proj-spatial", k=10, error_tol=2.0)
+
+
+def test_error_tol_round_decodes_close_to_the_default() -> None:
+    """A blockwise round (a model of 2^20 + 64 coordinates, blocks of 2^18, k = 4,096:
+    nk / b = 0.05 with 3 clients: c = 3/4, conjugate gradients) decoded with
+    ``error_tol=1e-3`` against the default solve: the solve's bound
+    (``rpsagg._decode.error_stop_scale``) keeps every block's decode within
+    1e-3 sqrt((1 - rho) / (2 - rho)) of its own norm, so the mean update (the model's
+    change) within 1e-3 of its norm; checked at 1e-3, and that the option took effect."""
+    shapes = {"emb": ((1 << 20,), "float32"), "head": ((64,), "float32")}
+    arrays = model(shapes)
+    rng = np.random.default_rng(4)
+    ups = {n: rng.standard_normal((1 << 20) + 64).astype(np.float32).astype(np.float64)
+           for n in NODES[:3]}
+    got = []
+    for error_tol in (None, 1e-3):
+        strategy = RandProjSpatialFedAvg("rand-proj-spatial", k=4096, weighted=False,
+                                         value_bits=8, error_tol=error_tol,
+                                         nonces=iter(seeds(3)).__next__)
+        by_node = make_rpsagg_mod(context_seeds=lambda msg, ctxt: mix64(9 + ctxt.node_id))
+        rnd = run_round(strategy, arrays, ups, mod=by_node)
+        assert rnd.arrays is not None
+        new = np.concatenate([a.ravel() for a in rnd.arrays.to_numpy_ndarrays()])
+        old = np.concatenate([a.ravel() for a in arrays.to_numpy_ndarrays()])
+        got.append(new.astype(np.float64) - old)
+    assert 0 < np.linalg.norm(got[1] - got[0]) <= 1e-3 * np.linalg.norm(got[0])
