@@ -20,7 +20,9 @@ Examples
 """
 
 from rpsagg._estimators import (
+    BLOCK_SCHEME_PREFIX,
     DEFAULT_ESTIMATOR,
+    MESSAGE_SCHEME_CODES,
     estimator_from_options,
     message_codebook,
     message_traits,
@@ -32,7 +34,9 @@ from rpsagg._validation import check_batch
 from rpsagg._wireprofile import SchemeTraits, WireProfile
 
 __all__ = [
+    "BLOCK_SCHEME_PREFIX",
     "DEFAULT_ESTIMATOR",
+    "MESSAGE_SCHEME_CODES",
     "SchemeTraits",
     "WireProfile",
     "check_batch",

@@ -52,8 +52,8 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
 
-from rpsagg._estimators import BLOCK_SCHEME_PREFIX, MESSAGE_SCHEME_CODES
 from rpsagg.quantize import packed_size
+from rpsagg.schemes import BLOCK_SCHEME_PREFIX, MESSAGE_SCHEME_CODES
 from rpsagg_flower.payload import (
     MARK_ABSENT,
     MARK_ZERO,

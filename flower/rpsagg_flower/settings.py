@@ -126,7 +126,7 @@ class RoundEncoding:
         applies to (Rand-Proj-Spatial with the SRHT, blockwise included); the others
         decode with ``rtol`` alone."""
         spatial = scheme_traits(self.scheme).takes_transform
-        srht = self.scheme == "rand-proj-spatial" and (
+        srht = scheme_traits(self.scheme).takes_projection and (
             self.block_size is not None or self.projection == "srht"
             or (self.projection == "auto" and self.d & (self.d - 1) == 0))
         return make_estimator(
