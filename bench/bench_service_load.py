@@ -35,6 +35,32 @@ database (``<db>.d/<id>.db``) and every round of every job decoded with n' = n.
     python bench/bench_service_load.py --jobs 20 --rounds 3            # 20 jobs of n=10, k=64
     python bench/bench_service_load.py --jobs 20 --repeat 3            # 3 (one job, 20 jobs) pairs
     python bench/bench_service_load.py --jobs 20 --profile /tmp/jobs.txt  # py-spy, 20-job run
+
+That is ``--arrivals lockstep`` (the default): the worst case, every job's burst in the same
+instant, so the last job's round waits for the whole burst of N x n submissions. With
+``--arrivals staggered`` each job runs its rounds on a task of its own, as independent jobs
+with clients of their own would: after ``--warmup`` rounds (default 1, all jobs back to back,
+not measured), job x starts its ``--rounds`` measured rounds (default 10) at an offset drawn
+uniformly within one round period (``--seed``, plus the repeat's number), then runs them back
+to back (no ``--round-rate``, or 0) or one every 1 / R s (``--round-rate R``, rounds per second
+per job; ``--schedule poisson``: at exponential gaps of mean 1 / R s instead, so that the
+jobs' phases change from round to round). A round that comes due while the job's previous
+round still runs starts when that one is done. A round's submissions are encoded and its
+``GetResult`` sent before it is due; when it is due its n submissions go out at once (a
+burst, as in lockstep). For each rate it runs one job, then N jobs, each on a fresh server,
+and prints per run: the offered load (N x n x R submissions/s), the load as sent, the
+ingest, the round latency (first submission sent -> GetResult back) p50, the worst job's
+p50, p99 and max over all rounds, how late rounds started, CPU per submission of the
+server and of this generator, and how busy other processes kept the machine meanwhile
+(cores, from /proc/stat; CPU and I/O pressure, from /proc/pressure); per pair, target (b)
+as the worst job's p50 / the one job's p50 and the worst job's max / the one job's max (both
+<= 2 to hold), and back to back (a).
+``--load F,F...`` first measures the capacity (N jobs back to back: their ingest) and then
+runs at those fractions of it (the rates derived from the first repeat's capacity).
+
+    python bench/bench_service_load.py --jobs 20 --arrivals staggered --load 0.1,0.3,0.5
+    python bench/bench_service_load.py --jobs 20 --arrivals staggered --round-rate 1,2 \
+        --schedule poisson --repeat 2 --json /tmp/jobs.json   # raw latencies of every round
 """
 
 from __future__ import annotations
@@ -95,6 +121,26 @@ def _thread_cpu(pid: int) -> dict[str, float]:
         except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
             continue
         out["main" if task.name == str(pid) else "other"] += ns / 1e9
+    return out
+
+
+def _machine_busy() -> float:
+    """CPU seconds the whole machine has been busy (all cores; /proc/stat: all but idle
+    and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / TICK
+
+
+def _pressure() -> dict[str, float]:
+    """Seconds some task waited for a CPU and for I/O, machine-wide, since boot (Linux PSI,
+    ``/proc/pressure/{cpu,io}``, the ``some`` line; absent where the kernel has no PSI)."""
+    out = {}
+    for what in ("cpu", "io"):
+        try:
+            line = Path(f"/proc/pressure/{what}").read_text().split("\n", 1)[0]
+            out[what] = int(line.rsplit("total=", 1)[1]) / 1e6
+        except (OSError, ValueError, IndexError):
+            pass
     return out
 
 
@@ -287,6 +333,21 @@ def start_service(work: Path, db: str, max_jobs: int, server_loop: str,
     return server, http_port
 
 
+def wait_running(http_port: int, ids: list[str], timeout: float = 60.0) -> None:
+    """Until every job of ``ids`` is ``running`` (a created job may answer ``queued`` and
+    start right after its answer)."""
+    end = time.monotonic() + timeout
+    for job in ids:
+        while True:
+            status, body = http_json(http_port, "GET", f"/api/jobs/{job}")
+            state = body.get("state") if isinstance(body, dict) else None
+            if status == 200 and state == "running":
+                break
+            if state not in ("queued", "running") or time.monotonic() > end:
+                raise SystemExit(f"job {job} did not start: {status} {body}")
+            time.sleep(0.01)
+
+
 class Stubs:
     """Join, GetRound, GetResult and Submit (bytes as they are) over ``channels_n`` HTTP/2
     connections to 127.0.0.1:``port``; call ``i`` of a kind goes on connection ``i % n``."""
@@ -383,41 +444,171 @@ async def burst(stubs: Stubs, ids: list[str], infos: list[Any], subs: dict[str, 
             "acked": len(ack_at)}
 
 
+async def staggered(stubs: Stubs, ids: list[str], clients: list[str], xs: np.ndarray, est: Any,
+                    rounds: int, warmup: int, rate: float, period: float, seed: int,
+                    schedule: str, pid: int, round_ids: dict[str, list[int]],
+                    failures: list[str]) -> dict[str, Any]:
+    """``--arrivals staggered``: every job runs its rounds on a task of its own.
+
+    First each job runs ``warmup`` rounds back to back (all jobs at once, not measured: the
+    server's first rounds warm its code paths). Then job ``x`` starts its measured rounds at
+    ``t0 + offset[x]``, the offsets drawn uniformly in ``[0, period)`` (``seed``; zero for a
+    single job), and its round ``m`` is due at ``t0 + offset[x] + m / rate`` (``rate`` rounds/s
+    per job; ``schedule`` periodic), or after gaps drawn from an exponential distribution
+    of mean ``1 / rate`` (``schedule`` poisson: each job's rounds a Poisson process, so the
+    jobs' relative phases change from round to round), or at once when its previous round
+    is done (``rate`` 0: back to back). A round that comes due while the job's previous
+    round is still running starts when that one is done (its lateness is recorded). Before
+    a round is due its submissions are encoded and its ``GetResult`` is sent; when it is
+    due, its ``n`` submissions go out at once (a burst, as in lockstep). A round's latency
+    is its first submission sent -> its ``GetResult`` back. Returns the measured phase's
+    figures."""
+    channels_n = len(stubs.channels)
+    n = len(clients)
+    jobs = len(ids)
+    rng = np.random.default_rng(seed)
+    offsets = rng.uniform(0.0, period, jobs) if jobs > 1 else np.zeros(1)
+    if rate and schedule == "poisson":
+        gaps = rng.exponential(1.0 / rate, (jobs, rounds))
+        gaps[:, 0] = 0.0
+        dues = offsets[:, None] + np.cumsum(gaps, axis=1)
+    else:
+        dues = offsets[:, None] + (np.arange(rounds) / rate if rate else np.zeros(rounds))
+    lat = np.zeros((jobs, rounds))
+    starts = np.zeros((jobs, rounds))
+    late = np.zeros((jobs, rounds))
+    sends: list[float] = []
+    ack_at: list[float] = []
+    sub_lat: list[float] = []
+    infos: list[Any] = list(await asyncio.gather(*(next_round(stubs, j, 0) for j in ids)))
+
+    async def one_round(x: int, due: float | None) -> tuple[float, float]:
+        """Job ``x``'s current round, sent at ``due`` (None: at once); (start, latency)."""
+        job, info = ids[x], infos[x]
+        round_ids[job].append(info.round_id)
+        subs = encode_round(job, info, clients, xs, est)
+        ch = x % channels_n
+        waiter = asyncio.ensure_future(stubs.get_result[ch](
+            GetResultRequest(info.round_id, True, job=job), timeout=600))
+        if due is not None:
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+
+        async def one(i: int) -> None:
+            t = time.perf_counter()
+            sends.append(t)
+            await stubs.submit[(x * n + i) % channels_n](subs[i], timeout=120)
+            ack_at.append(time.perf_counter())
+            sub_lat.append(ack_at[-1] - t)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(n)))
+        res = await waiter
+        t1 = time.perf_counter()
+        if res.state != "done" or res.n_prime != n:
+            failures.append(f"job {job} round {info.round_id}: {res.state} n'={res.n_prime} "
+                            f"{res.reason}")
+        return t0, t1 - t0
+
+    async def advance(x: int) -> None:
+        infos[x] = await next_round(stubs, ids[x], infos[x].round_id)
+
+    async def warm(x: int) -> None:
+        for _ in range(warmup):
+            await one_round(x, None)
+            await advance(x)
+
+    await asyncio.gather(*(warm(x) for x in range(jobs)))
+    sends.clear()
+    ack_at.clear()
+    sub_lat.clear()
+    load = os.getloadavg()[0]
+    busy0 = _machine_busy()
+    psi0 = _pressure()
+    cpu0 = _thread_cpu(pid)
+    self0 = time.process_time()
+    t_start = time.perf_counter() + 0.05
+
+    async def job_task(x: int) -> None:
+        for m in range(rounds):
+            # back to back (rate 0): the first round at the job's offset, then at once
+            due = (t_start + float(dues[x, m]) if rate or m == 0 else time.perf_counter())
+            t0, lat[x, m] = await one_round(x, due)
+            starts[x, m] = t0
+            late[x, m] = max(0.0, t0 - due)
+            if m < rounds - 1:
+                await advance(x)
+
+    await asyncio.gather(*(job_task(x) for x in range(jobs)))
+    cpu1 = _thread_cpu(pid)
+    gen_cpu = time.process_time() - self0
+    busy = _machine_busy() - busy0
+    psi = {w: (t - psi0[w]) for w, t in _pressure().items() if w in psi0}
+    cpu = {name: t - cpu0.get(name, 0.0) for name, t in cpu1.items()}
+    span = time.perf_counter() - t_start
+    others = max(0.0, busy - sum(cpu.values()) - gen_cpu) / span
+    psi = {w: t / span for w, t in psi.items()}  # share of the run's wall time
+    total = jobs * n * rounds
+    acks = sorted(ack_at)
+    first = min(sends)
+    # the load as sent: each job's rounds after its first over the time they spanned
+    spans = starts[:, -1] - starts[:, 0]
+    sent = (jobs * n * (rounds - 1) / float(spans.mean()) if rounds > 1 and spans.mean() > 0
+            else float("nan"))
+    return {"lat": lat, "late": late, "starts": starts - t_start, "sent": sent,
+            "t0_unix": time.time() - (time.perf_counter() - t_start),
+            "load": load, "load_end": os.getloadavg()[0],
+            "cpu": cpu, "gen_cpu_ms": gen_cpu * 1000 / total, "acked": len(ack_at),
+            "others": others, "psi": psi,
+            "ingest": len(ack_at) / (acks[-1] - first), "window": acks[-1] - first,
+            "sub_p99": float(np.percentile(np.array(sub_lat) * 1000, 99)),
+            "offsets": offsets}
+
+
 async def run_jobs(jobs: int, n: int, k: int, d: int, rounds: int, channels_n: int,
                    profile: str | None, db_path: str | None,
-                   server_loop: str = "auto") -> dict[str, Any]:
+                   server_loop: str = "auto", arrivals: str = "lockstep", rate: float = 0.0,
+                   period: float = 0.0, seed: int = 0, warmup: int = 1,
+                   schedule: str = "periodic") -> dict[str, Any]:
     """One server, ``jobs`` jobs created over the API, ``rounds`` rounds of ``n``
-    submissions each, the jobs in step; returns the figures (module docstring)."""
+    submissions each, the jobs in step (``arrivals`` lockstep) or each on its own
+    (staggered: :func:`staggered`, with ``rate``, ``period``, ``seed``, ``warmup`` and
+    ``schedule``);
+    returns the figures (module docstring)."""
     work = Path(tempfile.mkdtemp(prefix="rpsagg-jobs-"))
     try:
         return await _jobs_in(work, jobs, n, k, d, rounds, channels_n, profile,
-                              db_path or str(work / "jobs.db"), server_loop)
+                              db_path or str(work / "jobs.db"), server_loop, arrivals, rate,
+                              period, seed, warmup, schedule)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 async def _jobs_in(work: Path, jobs: int, n: int, k: int, d: int, rounds: int,
                    channels_n: int, profile: str | None, db: str,
-                   server_loop: str) -> dict[str, Any]:
+                   server_loop: str, arrivals: str, rate: float, period: float, seed: int,
+                   warmup: int, schedule: str) -> dict[str, Any]:
     server, http_port = await asyncio.to_thread(start_service, work, db, max(16, jobs),
                                                 server_loop)
     assert server.proc is not None
     pid = server.proc.pid
     spy: subprocess.Popen[bytes] | None = None
-    settings = dict(JOB_SETTINGS, n=n, k=k, d=d, rounds=rounds)
+    warmup = warmup if arrivals == "staggered" else 0
+    settings = dict(JOB_SETTINGS, n=n, k=k, d=d, rounds=rounds + warmup)
     ids: list[str] = []
     clients = [f"load-{i:04d}" for i in range(n)]  # the same ids in every job (allowed)
     round_ids: dict[str, list[int]] = {}
     # per round: latency of each job (s), Submit latencies, ack times, the burst's wall
     per_round: list[dict[str, Any]] = []
+    stag: dict[str, Any] = {}
     failures: list[str] = []
     try:
         for _ in range(jobs):  # one after another, as an operator would
             status, body = await asyncio.to_thread(http_json, http_port, "POST", "/api/jobs",
                                                    settings)
-            if status != 201 or body.get("state") != "running":
+            if status != 201 or body.get("state") not in ("running", "queued"):
                 raise SystemExit(f"job creation answered {status}: {body}")
             ids.append(body["id"])
+        await asyncio.to_thread(wait_running, http_port, ids)
         round_ids = {j: [] for j in ids}
         stubs = Stubs(server.port, channels_n)
         await asyncio.gather(*(stubs.join[x % channels_n](JoinRequest(cid, job=j), timeout=60)
@@ -432,7 +623,14 @@ async def _jobs_in(work: Path, jobs: int, n: int, k: int, d: int, rounds: int,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             await asyncio.sleep(1.0)
         cpu_server: dict[str, float] = {}
-        for _ in range(rounds):
+        if arrivals == "staggered":
+            stag = await staggered(stubs, ids, clients, xs, est, rounds, warmup, rate,
+                                   period, seed, schedule, pid, round_ids, failures)
+            cpu_server = stag.pop("cpu")
+        busy0, psi0, self0, t_lock = (_machine_busy(), _pressure(), time.process_time(),
+                                      time.perf_counter())
+        all0 = _thread_cpu(pid)  # the server's CPU over the whole span, not the bursts only
+        for _ in range(rounds if arrivals == "lockstep" else 0):
             infos = await asyncio.gather(*(next_round(stubs, j, (round_ids[j] or [0])[-1])
                                            for j in ids))
             for j, info in zip(ids, infos, strict=True):
@@ -443,6 +641,13 @@ async def _jobs_in(work: Path, jobs: int, n: int, k: int, d: int, rounds: int,
             for name, t in rnd.pop("cpu").items():
                 cpu_server[name] = cpu_server.get(name, 0.0) + t
             per_round.append(rnd)
+        if arrivals == "lockstep":  # the other processes' share of the machine meanwhile
+            span = time.perf_counter() - t_lock
+            busy = (_machine_busy() - busy0 - sum(_thread_cpu(pid).values())
+                    + sum(all0.values()) - (time.process_time() - self0))
+            stag = {"others": max(0.0, busy) / span,
+                    "psi": {w: (t - psi0[w]) / span for w, t in _pressure().items()
+                            if w in psi0}}
         rss, hwm = _rss_mib(pid)
         if spy is not None:
             spy.send_signal(signal.SIGINT)
@@ -467,17 +672,20 @@ async def _jobs_in(work: Path, jobs: int, n: int, k: int, d: int, rounds: int,
                                     f"n'={n_prime}")
         finally:
             store.close()
-    acked = sum(r["acked"] for r in per_round)
+    acked = stag["acked"] if "acked" in stag else sum(r["acked"] for r in per_round)
     if failures or acked != jobs * n * rounds:
         raise SystemExit("LOST SUBMISSIONS OR ROUNDS: acked "
                          f"{acked} of {jobs * n * rounds}; " + "; ".join(failures))
     total = jobs * n * rounds
-    return {"jobs": jobs, "n": n, "k": k, "d": d, "rounds": per_round,
-            "rate": total / sum(r["wall"] for r in per_round),
-            "lat": np.array([r["lat"] for r in per_round]),  # [round, job], seconds
-            "server_cpu_ms": sum(cpu_server.values()) * 1000 / total,
-            "threads_ms": {name: t * 1000 / total for name, t in cpu_server.items()},
-            "rss": rss, "hwm": hwm}
+    out = {"jobs": jobs, "n": n, "k": k, "d": d, "arrivals": arrivals,
+           "server_cpu_ms": sum(cpu_server.values()) * 1000 / total,
+           "threads_ms": {name: t * 1000 / total for name, t in cpu_server.items()},
+           "rss": rss, "hwm": hwm}
+    if arrivals == "staggered":  # lat: [job, round], seconds
+        return dict(out, **stag, rate=stag["ingest"], round_rate=rate)
+    return dict(out, rounds=per_round, others=stag["others"], psi=stag["psi"],
+                rate=total / sum(r["wall"] for r in per_round),
+                lat=np.array([r["lat"] for r in per_round]))  # [round, job], seconds
 
 
 def print_jobs_run(r: dict[str, Any]) -> None:
@@ -495,7 +703,9 @@ def print_jobs_run(r: dict[str, Any]) -> None:
               f"{rnd['load']:5.1f}", flush=True)
     t = r["threads_ms"]
     print(f"     server CPU ms per submission: event-loop thread {t.get('main', 0):.3f}, "
-          f"other threads {t.get('other', 0):.3f}")
+          f"other threads {t.get('other', 0):.3f}; other processes meanwhile: "
+          f"{r['others']:.2f} cores busy, psi cpu {r['psi'].get('cpu', float('nan')):.0%}, io "
+          f"{r['psi'].get('io', float('nan')):.0%} of the time")
 
 
 def compare_jobs(one: dict[str, Any], many: dict[str, Any]) -> tuple[float, float, float]:
@@ -508,6 +718,129 @@ def compare_jobs(one: dict[str, Any], many: dict[str, Any]) -> tuple[float, floa
     return a, b, b50
 
 
+def print_staggered_run(r: dict[str, Any]) -> None:
+    """One line for a ``run_jobs`` result with staggered arrivals."""
+    lat = r["lat"] * 1000  # [job, round], ms
+    rate = r["round_rate"]
+    offered = f"{r['jobs'] * r['n'] * rate:8.0f}" if rate else "   b2b  "
+    t = r["threads_ms"]
+    print(f"{r['jobs']:4d} {r['n']:7d} {r['k']:4d} {r['d']:5d} {lat.shape[1]:6d} "
+          f"{rate:7.2f} {offered} {r['sent']:6.0f} {r['ingest']:7.0f} {r['sub_p99']:7.1f} "
+          f"{np.median(lat):7.1f} {np.median(lat, axis=1).max():8.1f} "
+          f"{np.percentile(lat, 99):7.1f} {lat.max():7.1f} {r['late'].max() * 1000:7.1f} "
+          f"{r['server_cpu_ms']:6.3f} ({t.get('main', 0):.2f}+{t.get('other', 0):.2f}) "
+          f"{r['gen_cpu_ms']:5.3f} {r['rss']:5.0f}/{r['hwm']:<5.0f} "
+          f"{r['load']:4.1f}-{r['load_end']:<4.1f} {r['others']:5.2f} "
+          f"{r['psi'].get('cpu', float('nan')) * 100:4.0f}% "
+          f"{r['psi'].get('io', float('nan')) * 100:3.0f}%", flush=True)
+
+
+def compare_staggered(one: dict[str, Any], many: dict[str, Any]) -> dict[str, float]:
+    """(b) for staggered arrivals: the worst job's round latency p50 over the one job's p50
+    (``b50``), and the worst job's max over the one job's max (``bmax``); (a) ingest of many
+    jobs / ingest of one (meaningful back to back only: at a set rate both follow it)."""
+    return {"a": many["ingest"] / one["ingest"],
+            "b50": float(np.median(many["lat"], axis=1).max() / np.median(one["lat"])),
+            "bmax": float(many["lat"].max() / one["lat"].max())}
+
+
+def _ok(met: bool) -> str:
+    return "met" if met else "MISSED"
+
+
+def main_staggered(args: argparse.Namespace, n: int, k: int, d: int, rounds: int) -> None:
+    """``--jobs N --arrivals staggered``: per offered load, a run of one job, then one of N
+    jobs, each job running its rounds on its own; ``--repeat`` times."""
+    rates = ([] if args.round_rate is None
+             else [float(x) for x in args.round_rate.split(",")])
+    loads = [] if args.load is None else [float(x) for x in args.load.split(",")]
+    if loads and 0.0 not in rates:
+        rates.insert(0, 0.0)  # the capacity: N jobs back to back
+    rates = rates or [0.0]
+    print(f"arrivals staggered, schedule {args.schedule}: each job runs {args.warmup} warm-up "
+          f"round(s) back to back (all jobs, not measured), then {rounds} measured rounds on "
+          "its own task, starting at an offset drawn uniformly within one round period (seed "
+          f"{args.seed} + repeat: 1/rate, or back to back the one job's mean cycle), then "
+          + ("every 1/rate s" if args.schedule == "periodic" else
+             "after exponential gaps of mean 1/rate s")
+          + " (or when its previous round is done, if later); a round's n submissions go out "
+          "at once")
+    print("per run: rounds/s = each job's round rate (0: back to back, b2b); offered = jobs x "
+          "n x rounds/s; sent = the load as sent: jobs x n x (rounds - 1) / the mean span of a "
+          "job's round starts; ingest = acked submissions / (last ack - first send); round "
+          "latency = a job's first submission sent -> its GetResult back: p50 and p99 and max "
+          "over all jobs' rounds, worst p50 = the highest job's p50; late = how long a round "
+          "started after it was due (max); CPU ms per submission: server (event-loop thread + "
+          "others) and this generator; load = 1-min load average at the start-end; others = "
+          "cores busy with other processes during the run (/proc/stat less the server and this "
+          "generator); psi cpu, io = share of the run's time some task waited for a CPU, for "
+          "I/O (/proc/pressure)")
+    print("jobs clients    k     d rounds rounds/s  offered   sent  ingest Sub p99 rnd p50 "
+          "worst p50 "
+          "rnd p99 rnd max late ms server CPU/sub     gen RSS/peak  load    others psi cpu, io")
+    capacity = 0.0
+    results: dict[float, list[dict[str, float]]] = {}
+    records: list[dict[str, Any]] = []
+    for rep in range(args.repeat):
+        plan = list(rates)
+        x = 0
+        while x < len(plan):
+            rate = plan[x]
+            runs: list[dict[str, Any]] = []
+            for jobs in (1, args.jobs):
+                db = None if args.db is None else f"{args.db}.{jobs}jobs.{rep}.{x}"
+                period = (1.0 / rate if rate else
+                          runs[0]["window"] / rounds if runs else 0.0)
+                r = eventloop.run(run_jobs(jobs, n, k, d, rounds, args.channels,
+                                           args.profile if jobs > 1 else None, db,
+                                           args.server_loop, "staggered", rate, period,
+                                           args.seed + rep, args.warmup, args.schedule),
+                                  args.loop)
+                print_staggered_run(r)
+                runs.append(r)
+                records.append({"repeat": rep, "jobs": jobs, "round_rate": rate,
+                                "schedule": args.schedule, "lat_ms": (r["lat"] * 1000).tolist(),
+                                "starts_s": r["starts"].tolist(), "sent": r["sent"],
+                                "t0_unix": r["t0_unix"],
+                                "ingest": r["ingest"], "load": [r["load"], r["load_end"]],
+                                "others": r["others"], "psi": r["psi"],
+                                "server_cpu_ms": r["server_cpu_ms"]})
+            c = compare_staggered(runs[0], runs[1])
+            results.setdefault(rate, []).append(c)
+            offered = args.jobs * n * rate
+            what = (f"{rate:.2f} rounds/s per job, offered {offered:.0f} submissions/s"
+                    + (f" = {offered / capacity:.2f} of capacity" if capacity else "")
+                    if rate else "back to back")
+            print(f"  {args.jobs} jobs vs one, {what}: (b) worst job's p50 / one job's p50 "
+                  f"= {c['b50']:.2f} ({_ok(c['b50'] <= 2)}), worst job's max / one job's max "
+                  f"= {c['bmax']:.2f} ({_ok(c['bmax'] <= 2)}); ingest "
+                  f"{runs[1]['ingest']:.0f}/s" + (f", (a) vs one job's {runs[0]['ingest']:.0f}"
+                                                  f"/s = {c['a']:.2f}" if not rate else ""),
+                  flush=True)
+            if not rate and loads and rep == 0:
+                capacity = runs[1]["ingest"]
+                derived = [f * capacity / (args.jobs * n) for f in loads]
+                print(f"  capacity: {capacity:.0f} submissions/s ({args.jobs} jobs back to "
+                      "back); loads " + ", ".join(f"{f:g} -> {r:.3f} rounds/s per job"
+                                                  for f, r in zip(loads, derived, strict=True)),
+                      flush=True)
+                rates.extend(derived)
+                plan.extend(derived)
+            x += 1
+    print(f"over {args.repeat} repeat(s)"
+          + (f", capacity {capacity:.0f} submissions/s:" if capacity else ":"))
+    for rate, cs in results.items():
+        b50 = [c["b50"] for c in cs]
+        bmax = [c["bmax"] for c in cs]
+        load = f" ({args.jobs * n * rate / capacity:.2f} of capacity)" if capacity and rate else ""
+        print(f"  {'back to back' if not rate else f'{rate:.3f} rounds/s per job'}{load}: "
+              f"(b) p50 ratio {min(b50):.2f}-{max(b50):.2f} (met in {sum(v <= 2 for v in b50)}),"
+              f" max ratio {min(bmax):.2f}-{max(bmax):.2f} (met in "
+              f"{sum(v <= 2 for v in bmax)})")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"capacity": capacity, "runs": records}))
+
+
 def main_jobs(args: argparse.Namespace) -> None:
     """``--jobs N``: a run of one job, then one of N jobs, ``--repeat`` times."""
     n = args.clients or 10
@@ -516,6 +849,10 @@ def main_jobs(args: argparse.Namespace) -> None:
     print(f"{os.cpu_count()} CPUs; generator loop {args.loop}, server --event-loop "
           f"{args.server_loop}; every job created over POST /api/jobs on a server with "
           "--no-default-job")
+    if args.arrivals == "staggered":
+        main_staggered(args, n, k, d, args.rounds or 10)
+        return
+    rounds = args.rounds or 3
     print("per round: subs/s = all jobs' submissions / (last ack - first send); acks/s = "
           "(submissions - 1) / (last ack - first ack); round latency = a job's first "
           "submission sent -> its GetResult back, p50 and max over the jobs; load = 1-min "
@@ -527,7 +864,7 @@ def main_jobs(args: argparse.Namespace) -> None:
         runs = []
         for jobs in ((1, args.jobs) if args.jobs > 1 else (1,)):
             db = None if args.db is None else f"{args.db}.{jobs}jobs.{rep}"
-            r = eventloop.run(run_jobs(jobs, n, k, d, args.rounds, args.channels,
+            r = eventloop.run(run_jobs(jobs, n, k, d, rounds, args.channels,
                                        args.profile if jobs > 1 else None, db,
                                        args.server_loop), args.loop)
             print_jobs_run(r)
@@ -560,8 +897,32 @@ def main() -> None:
                    help="N jobs in one server, created over the HTTP API, each of --clients "
                         "(default 10) clients, --k (default 64) and --d, all submitting at "
                         "once, after a run of one such job (module docstring)")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="rounds per job with --jobs (default 3)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="rounds per job with --jobs (default 3 in lockstep, 10 measured "
+                        "rounds staggered)")
+    p.add_argument("--arrivals", choices=("lockstep", "staggered"), default="lockstep",
+                   help="with --jobs: lockstep (default) = every job's round sent at the same "
+                        "instant, round by round; staggered = each job runs its rounds on "
+                        "its own, the jobs' starts offset at random (module docstring)")
+    p.add_argument("--round-rate", default=None, metavar="R[,R...]",
+                   help="with --arrivals staggered: rounds per second per job, comma-separated "
+                        "(0 = back to back; default 0)")
+    p.add_argument("--load", default=None, metavar="F[,F...]",
+                   help="with --arrivals staggered: offered loads as fractions of the "
+                        "capacity, which is measured first in the same invocation (N jobs "
+                        "back to back), e.g. 0.1,0.3,0.5")
+    p.add_argument("--schedule", choices=("periodic", "poisson"), default="periodic",
+                   help="with --arrivals staggered and a round rate: each job's rounds every "
+                        "1/rate s (periodic, default) or at exponential gaps of mean 1/rate s "
+                        "(poisson)")
+    p.add_argument("--json", default=None, metavar="FILE",
+                   help="with --arrivals staggered: write every run's round latencies and "
+                        "start times to FILE")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="with --arrivals staggered: unmeasured rounds per job first (default 1)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="with --arrivals staggered: seed of the jobs' start offsets (repeat r "
+                        "uses seed + r)")
     p.add_argument("--channels", type=int, default=8, help="client-side HTTP/2 connections")
     p.add_argument("--repeat", type=int, default=1, help="runs per configuration")
     p.add_argument("--db", default=None)
@@ -582,8 +943,10 @@ def main() -> None:
     if args.jobs:
         if args.rate is not None:
             p.error("--jobs sends bursts only (no --rate)")
-        if args.jobs < 1 or args.rounds < 1:
+        if args.jobs < 1 or (args.rounds is not None and args.rounds < 1):
             p.error("--jobs and --rounds must be >= 1")
+        if args.arrivals == "lockstep" and (args.round_rate or args.load):
+            p.error("--round-rate and --load go with --arrivals staggered")
         main_jobs(args)
         return
     k = 128 if args.k is None else args.k
