@@ -21,7 +21,10 @@ them is the data and keys alone (Flower's ``count_bytes`` of every reply's ``Arr
 or, for compressed replies, of the record that carries the packed reply:
 ``rpsagg_flower.reply.payload_bytes``). Decode time is the strategy's
 ``rpsagg.decode-seconds``. Seeds are fixed (``--seed``/``--seeds``): model
-initialization, nonces, client seeds and minibatch order.
+initialization, nonces, client seeds, minibatch order and Flower's node sampling. The
+thread pools are pinned (``--threads``, default 2: torch's, OpenMP's and BLAS's), since the
+thread count orders the float sums; each run's JSON records its command and
+``environment`` (threads, machine, library versions).
 
 Tasks:
 
@@ -38,21 +41,47 @@ Tasks:
 
 from __future__ import annotations
 
-import argparse
-import json
-import random
+import os
 import sys
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
-import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
-from flwr.clientapp import ClientApp
-from flwr.serverapp.strategy import FedAvg
-from flwr.supercore.task_identity import TaskIdentity
+#: the environment variables that size the OpenMP, MKL and OpenBLAS thread pools: read once,
+#: when numpy and torch load them, so they are set here, before those imports
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+DEFAULT_THREADS = 2
+
+
+def _argv_threads(argv: list[str]) -> int:
+    """``--threads N`` (or ``--threads=N``) of a command line, else :data:`DEFAULT_THREADS`."""
+    for i, arg in enumerate(argv):
+        if arg == "--threads" and i + 1 < len(argv) and argv[i + 1].isdigit():
+            return int(argv[i + 1])
+        if arg.startswith("--threads=") and arg[10:].isdigit():
+            return int(arg[10:])
+    return DEFAULT_THREADS
+
+
+if __name__ == "__main__":  # as a script: the pools are sized before numpy and torch start
+    for _var in THREAD_VARS:
+        os.environ[_var] = str(_argv_threads(sys.argv[1:]))
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import random  # noqa: E402
+import shlex  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from importlib import metadata  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict  # noqa: E402
+from flwr.clientapp import ClientApp  # noqa: E402
+from flwr.serverapp.strategy import FedAvg  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -66,6 +95,52 @@ from rpsagg_flower.optim import ServerOptimizer  # noqa: E402
 from rpsagg_flower.payload import Layout  # noqa: E402
 from rpsagg_flower.reply import payload_bytes  # noqa: E402
 from rpsagg_flower.wire import wire_bytes  # noqa: E402
+
+
+def pin_threads(threads: int) -> None:
+    """Size every thread pool the runs use: torch's intra-op pool (``torch.set_num_threads``)
+    and, through threadpoolctl, the OpenMP and BLAS pools numpy and torch loaded (as a script,
+    ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS`` and ``OPENBLAS_NUM_THREADS`` were also set
+    before they loaded). The thread count changes the order of torch's and BLAS's float
+    sums, and so the trained models: a result repeats bit for bit at the same count on the
+    same machine and library builds."""
+    torch.set_num_threads(threads)
+    for var in THREAD_VARS:
+        os.environ[var] = str(threads)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # torch's pool is pinned all the same
+        return
+    threadpool_limits(threads)
+
+
+def environment(threads: int) -> dict[str, Any]:
+    """What a rerun elsewhere can differ by: the machine, the library versions and the
+    thread counts the run used (the JSON's ``environment``)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f
+                        if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    versions = {}
+    for name in ("torch", "numpy", "flwr", "rpsagg", "rpsagg-flower"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "-"
+    pools: dict[str, int] = {}
+    try:
+        from threadpoolctl import threadpool_info
+
+        pools = {f"{p['internal_api']} ({p.get('user_api', '')})": int(p["num_threads"])
+                 for p in threadpool_info()}
+    except ImportError:
+        pass
+    return {"threads": threads, "torch-threads": torch.get_num_threads(), "pools": pools,
+            "platform": platform.platform(), "python": platform.python_version(),
+            "cpu": cpu, "cpu-count": os.cpu_count(), "versions": versions}
 
 
 class Nodes:
@@ -173,7 +248,7 @@ class Config:
     optimizer: Callable[[], ServerOptimizer] | None = None
     error_feedback: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
-    budget: str = ""  # the plot's panel: "~30x", "~100x", "1-bit"
+    budget: str = ""  # the plot's panel: "~30x", "~80x", "1-bit"
 
 
 def client_app(task: Task, seed: int) -> ClientApp:
@@ -213,6 +288,7 @@ def run(task: Task, cfg: Config, clients: int, rounds: int, seed: int,
     # random: its order is the order of the replies and so of FedAvg's float sums, which
     # chaotic training amplifies (unseeded, four FedAvg runs ended 0.8438 to 0.8458).
     random.seed(seed)
+    torch.manual_seed(seed)  # nothing here draws from it (the CNN's seeds are explicit)
     app = client_app(task, seed)
     contexts = {n: Context(run_id=1, node_id=n, node_config={}, state=RecordDict(),
                            run_config={}) for n in range(1, clients + 1)}
@@ -261,21 +337,20 @@ def compressed_size(task: Task) -> int:
 
 def budgets(task: str, d: int) -> list[tuple[int, int, int, int]]:
     """``(ratio, k, k8, k4)``: the budgets of the sparsifiers and projections, as k float32
-    values, k8 8-bit or k4 4-bit codes per reply, for about ``ratio`` times fewer bytes up
-    than FedAvg (the table prints the ratio counted from the replies).
+    values, k8 8-bit or k4 4-bit codes per reply, for about ``ratio`` times fewer wire bytes
+    up than FedAvg (the table prints the ratio counted from the replies).
 
-    fmnist: FedAvg's reply is 84,996 B (the state_dict in NumPy's format); a compressed
-    reply carried about 640 B besides its values (BatchNorm's statistics and counters raw,
-    400 B, their keys, the rpsagg config record), so >= 30x left 2,833 - 640 B for values
-    (k = 540, k8 = 2,160, k4 = 4,320) and ~100x left 850 - 640 B (k = 50, k8 = 200,
-    k4 = 400): budgets set on that payload. On the wire FedAvg's reply is 90,113 B and a
-    packed reply carries about 945 B besides its values or codes (the 400 B, a scale,
-    68-69 B of rpsagg framing and the 474 B of Flower's objects FedAvg's reply has too), so
-    these budgets are 29.0x and 79x there; 30x on the wire would be k = 515, k8 = 2,056,
-    k4 = 4,112.
+    fmnist: on the wire (``rpsagg_flower.wire.wire_bytes``) FedAvg's reply is 90,113 B and a
+    packed compressed reply carries about 945 B besides its values or codes (BatchNorm's
+    statistics and counters raw, 400 B; a scale; 69 B of rpsagg framing; the 474 B of
+    Flower's ``Message``, ``RecordDict`` and metrics that FedAvg's reply has too). ~30x
+    leaves 3,004 - 945 B: 2,048 B of values or codes, k = 512 float32 values, k8 = 2,048
+    8-bit or k4 = 4,096 4-bit codes (30.1x). 100x (901 B a reply) is below the overhead
+    alone, so the second budget is ~80x: k = 50, k8 = 200, k4 = 400 (200 B; 79.0x and
+    78.6x).
     wide: the overhead is negligible beside d = 2,002,001 floats (k = d/100)."""
     if task == "fmnist":
-        return [(30, 540, 2160, 4320), (100, 50, 200, 400)]
+        return [(30, 512, 2048, 4096), (80, 50, 200, 400)]
     k = d // 100
     return [(100, k, 4 * k, 8 * k)]
 
@@ -319,7 +394,7 @@ def _control(task: str, cfg_method: str, kw: dict[str, Any], d: int, n: int
     decoders only do better), where ``q`` is the b-bit codes' rounding: stochastic rounding
     to ``2^b - 1`` steps over ``[-s, s]`` (s the largest of k near-Gaussian values, s^2 about
     ``2 ln(k)`` times their mean square) adds at most ``s^2 / (2^b - 1)^2`` per value, so
-    ``q = 2 ln(k) / (2^b - 1)^2`` (0.075 at 4 bits, k = 4,320; 2e-4 at 8 bits; 0 for
+    ``q = 2 ln(k) / (2^b - 1)^2`` (0.074 at 4 bits, k = 4,096; 2e-4 at 8 bits; 0 for
     float32); QSGD with one level ``sqrt(d)``; EDEN 1-bit about 0.6 (its paper's bound).
     Rand-k additionally keeps error feedback at ``lr = k/d`` (its contractive form)."""
     k = kw.get("k")
@@ -350,7 +425,7 @@ def table(results: list[dict[str, Any]]) -> str:
     base = {r["seed"]: r for r in results if r["method"] == "fedavg"}
     base_up = np.mean([base[seeds[0]]["rounds"][str(r)]["bytes-up"] for r in range(1, last + 1)])
     head = ["method", "variance control", *[f"{metric} r{r}" for r in range(0, last + 1)],
-            "bytes up / round", "vs FedAvg", f"gap to FedAvg (r{last})",
+            "bytes up / round", "payload / round", "vs FedAvg", f"gap to FedAvg (r{last})",
             "decode s / round (after r1)"]
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for res in results:
@@ -361,6 +436,9 @@ def table(results: list[dict[str, Any]]) -> str:
             return float(np.mean([x["rounds"][str(r)][key] for x in runs]))
 
         up = np.mean([mean(r, "bytes-up") for r in range(1, last + 1)])
+        payload = [x["rounds"][str(r)].get("payload-bytes-up") for x in runs
+                   for r in range(1, last + 1)]
+        payload_s = "-" if None in payload else f"{np.mean(payload):,.0f}"
         dec = [x["rounds"][str(r)].get("rpsagg.decode-seconds") for x in runs
                for r in range(2, last + 1)]
         dec_s = "-" if not dec or dec[0] is None else f"{np.mean(dec):.3f} (max {max(dec):.3f})"
@@ -368,14 +446,22 @@ def table(results: list[dict[str, Any]]) -> str:
                 for x in runs]
         scale, unit = (100, " pt") if metric == "test-accuracy" else (1, "")
         gap_s = f"{scale * np.mean(gaps):+.2f}{unit}" if unit else f"{np.mean(gaps):+.4g}"
-        if len(gaps) > 1:
+        cells = [f"{mean(r):.4g}" for r in range(0, last + 1)]
+        if len(gaps) > 1:  # the spread across seeds: the sample standard deviation
+            spread = np.std([x["rounds"][str(last)][metric] for x in runs], ddof=1)
+            cells[-1] += f" ± {spread:.2g}"
+            gap_s += (f" ± {scale * np.std(gaps, ddof=1):.2f}" if unit
+                      else f" ± {np.std(gaps, ddof=1):.3g}")
             gap_s += " (" + ", ".join(f"{scale * g:+.2f}" if unit else f"{g:+.3g}"
                                       for g in gaps) + ")"
-        rows.append([label, control, *[f"{mean(r):.4g}" for r in range(0, last + 1)],
-                     f"{up:,.0f}", f"{base_up / up:.1f}x less" if up < base_up else "1x",
+        rows.append([label, control, *cells,
+                     f"{up:,.0f}", payload_s,
+                     f"{base_up / up:.1f}x less" if up < base_up else "1x",
                      gap_s, dec_s])
     seeds_s = f"seed {seeds[0]}" if len(seeds) == 1 else (
-        f"seeds {', '.join(map(str, seeds))} (metric: the mean; gap: the mean, then per seed)")
+        f"seeds {', '.join(map(str, seeds))} (metric: the mean, ± the standard deviation "
+        f"across seeds in the last round; gap: the mean ± its standard deviation, then per "
+        f"seed)")
     lines = [f"**{task}**, {results[0]['clients']} clients, {last} rounds, {seeds_s}", "",
              "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -432,7 +518,13 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         ax.grid(alpha=0.3)
         if metric == "test-loss":
             ax.set_yscale("log")
-    fig.tight_layout()
+    env = results[0].get("environment")
+    if env:  # the figure carries its command and machine
+        fig.text(0.005, 0.005, f"{results[0].get('command', 'benchmark.py')}; "
+                 f"{env['threads']} thread(s), {env['cpu']}, {env['cpu-count']} CPUs; "
+                 + ", ".join(f"{k} {v}" for k, v in env["versions"].items()),
+                 fontsize=7, color="0.35", ha="left", va="bottom")
+    fig.tight_layout(rect=(0, 0.03, 1, 1) if env else (0, 0, 1, 1))
     fig.savefig(path, dpi=90)
     plt.close(fig)
 
@@ -517,6 +609,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="RandProjSpatialFedAvg(error_tol=): the SRHT decodes' conjugate "
                          "gradients also stop once the solve moves the estimate by at most "
                          "this times a bound below the estimator's RMS error (default: off)")
+    ap.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                    help="torch's, OpenMP's and BLAS's threads (default %(default)s: the "
+                         "count the measured tables were run with; the same count repeats "
+                         "a run bit for bit, another count changes the float sums' order)")
     ap.add_argument("--quick", action="store_true",
                     help="5 clients; fmnist 5 rounds on 1,000 images each, wide 3 rounds on "
                          "200 examples each")
@@ -526,6 +622,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also time the spatial decoders at fmnist's d for k from 1 to d/2 "
                          "(n = 5 and 10), without training")
     args = ap.parse_args(argv)
+    if args.threads < 1:
+        ap.error("--threads must be at least 1")
+    pin_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.decode_sweep:
         sweep = args.out / "decode-sweep.json"
@@ -549,9 +648,19 @@ def main(argv: list[str] | None = None) -> int:
                           or any(text in cfg.label for text in args.only)]
                 results += [run(task, cfg, clients, rounds, seed, args.solver, args.error_tol)
                             for cfg in chosen]
+            env = environment(args.threads)
+            command = "benchmark.py " + " ".join(
+                shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+            for res in results:
+                res["environment"], res["command"] = env, command
             path.write_text(json.dumps(results, indent=1))
         results = json.loads(path.read_text())
         print(table(results))
+        env = results[0].get("environment")
+        if env:
+            print(f"\n{env['threads']} thread(s); {env['cpu']}, {env['cpu-count']} CPUs, "
+                  f"{env['platform']}; " + ", ".join(f"{k} {v}"
+                                                      for k, v in env["versions"].items()))
         plot(results, args.out / f"{name}.png")
         print(f"[bench] {path}, {args.out / f'{name}.png'}")
     return 0
