@@ -16,17 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_dashboard_browser import (  # the browser fixture and its skip rule
+    browser,
+    pytestmark,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
 OUTPUT = ROOT / "test-output"
-
-pytestmark = pytest.mark.skipif(
-    not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
-    reason="needs Debian's chromium and chromium-driver (/usr/bin/chromium, "
-    "/usr/bin/chromedriver); scripts/setup-env.sh test installs them as root",
-)
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -55,23 +51,6 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server.server_close()
 
 
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = str(CHROMIUM)
-    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                "--no-first-run", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-                f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1280,900"):
-        opts.add_argument(arg)
-    driver = webdriver.Chrome(options=opts, service=Service(str(CHROMEDRIVER)))
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 def test_site_opens_and_its_search_finds_pages(browser: Any, site: str) -> None:
@@ -103,3 +82,6 @@ def test_site_opens_and_its_search_finds_pages(browser: Any, site: str) -> None:
     browser.find_element(By.CSS_SELECTOR, "li.md-search-result__item a").click()
     WebDriverWait(browser, 20).until(lambda d: d.current_url != site)
     assert browser.find_element(By.CSS_SELECTOR, "article h1").text
+
+
+__all__ = ["browser", "pytestmark"]  # used by pytest, not by name

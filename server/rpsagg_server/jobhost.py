@@ -30,7 +30,7 @@ from typing import Any
 from rpsagg.schemes import WireProfile, estimator_from_options
 from rpsagg.tasks import make_task
 from rpsagg_server import jobs
-from rpsagg_server.catalog import ENDED, Catalog, CatalogError, JobRecord
+from rpsagg_server.catalog import ENDED, JOB_STATES, Catalog, CatalogError, JobRecord
 from rpsagg_server.config import (
     BYTES_PER_COORDINATE,
     JOB_KEYS,
@@ -492,8 +492,7 @@ class JobHost:
         else:
             assert rt is not None
             p = rt.engine.progress
-            state = ("cancelled" if p.cancelled else "failed" if p.job_failure
-                     else "done" if p.job_done else "running")
+            state = self._state(job_id)
             finished = None
             if p.job_done:
                 finished = max((r.finished_at for r in rt.state.rounds(limit=1)
@@ -537,11 +536,21 @@ class JobHost:
             [r.id for r in sorted(self._records.values(), key=lambda r: r.seq)]
         return [self.describe(i) for i in ids]
 
+    def _state(self, job_id: str) -> str:
+        """A job's state: its catalog row's, or the default job's engine's."""
+        rec = self._records.get(job_id)
+        if rec is not None:
+            return rec.state
+        p = self.jobs[job_id].engine.progress
+        return ("cancelled" if p.cancelled else "failed" if p.job_failure
+                else "done" if p.job_done else "running")
+
     def counts(self) -> dict[str, int]:
-        """Jobs by state."""
-        out = {s: 0 for s in ("queued", "running", "done", "failed", "cancelled")}
-        for job in self.list():
-            out[job["state"]] = out.get(job["state"], 0) + 1
+        """Jobs by state (what ``/metrics`` shows at every scrape: no job is described)."""
+        out = dict.fromkeys(JOB_STATES, 0)
+        ids = ([self.default_id] if self.default_id else []) + list(self._records)
+        for job_id in ids:
+            out[self._state(job_id)] += 1
         return out
 
     async def wait_idle(self) -> None:

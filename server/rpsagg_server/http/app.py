@@ -105,6 +105,12 @@ def create_app(state: ServerState, registry: CollectorRegistry | None = None,
     app.include_router(routes_estimate.router)
     app.include_router(routes_health.router)
     app.include_router(routes_jobs.router)
+    mount_page(app, registry)
+    return app
+
+
+def mount_page(app: FastAPI, registry: CollectorRegistry) -> None:
+    """Add ``/metrics`` (``registry``), ``/static/*`` and the dashboard page at ``/``."""
     app.router.routes.append(
         Route("/metrics", _Mounted(make_asgi_app(registry)), include_in_schema=False))
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
@@ -112,5 +118,3 @@ def create_app(state: ServerState, registry: CollectorRegistry | None = None,
     @app.get("/", include_in_schema=False)
     def index() -> FileResponse:
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
-
-    return app

@@ -27,17 +27,15 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import FileResponse, JSONResponse
-from fastapi.staticfiles import StaticFiles
-from prometheus_client import CollectorRegistry, make_asgi_app
+from fastapi.responses import JSONResponse
+from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
-from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import rpsagg
 from rpsagg_server.archive import ArchiveCollector
-from rpsagg_server.http.app import STATIC, _Mounted, create_app
+from rpsagg_server.http.app import create_app, mount_page
 from rpsagg_server.http.auth import BearerAuth, HttpTokens
 from rpsagg_server.http.renders import DEFAULT_MAX_BYTES, BodyCache, BodyCacheCollector
 from rpsagg_server.jobhost import JobHost, JobRefused, JobRuntime
@@ -212,13 +210,7 @@ def create_service_app(host: JobHost, registry: CollectorRegistry | None = None,
         """The same as ``POST /api/jobs/{job_id}/cancel`` (the job's record stays)."""
         return await cancel(request, job_id)
 
-    app.router.routes.append(
-        Route("/metrics", _Mounted(make_asgi_app(registry)), include_in_schema=False))
-    app.mount("/static", StaticFiles(directory=STATIC), name="static")
-
-    @app.get("/", include_in_schema=False)
-    def index() -> FileResponse:
-        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+    mount_page(app, registry)
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, str]:
