@@ -10,8 +10,12 @@ import subprocess
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
-from service_util import base_config, client_command, in_process_server, kill_all
+from service_util import base_config, client_command, in_process_server, kill_all, wait_until
+
+from rpsagg_client import AggregationClient
+from rpsagg_client.cli import round_line
 
 ROUNDS = 3
 LINE = re.compile(r"^\[client-0\] round (\d+): sent (\d+) B \((\d+) floats \+ seed\), "
@@ -70,19 +74,39 @@ def test_refusals_for_good_exit_3_or_4_with_one_line(tmp_path: Path) -> None:
     tokens.write_text("right-token\n")
     cfg = replace(base_config(n=1, rounds=50), insecure=False, tls_cert=certs.server_cert,
                   tls_key=certs.server_key, tokens=str(tokens))
-    with in_process_server(cfg) as srv:
-        from rpsagg_client import AggregationClient
+    with in_process_server(cfg) as srv, \
+            AggregationClient(f"localhost:{srv.port}", "first", token="right-token",
+                              tls_ca=certs.ca) as first:
+        first.join()  # the only slot
+        for cid, token, status, code in (("second", "right-token", 3, "RESOURCE_EXHAUSTED"),
+                                         ("first", "wrong-token", 4, "UNAUTHENTICATED")):
+            out = subprocess.run(client_command([
+                "--server", f"localhost:{srv.port}", "--client-id", cid, "--token", token,
+                "--tls-ca", certs.ca]), capture_output=True, text=True, timeout=60)
+            assert out.returncode == status, out.stderr[-2000:]
+            lines = out.stderr.strip().splitlines()
+            assert len(lines) == 1, lines
+            assert lines[0].startswith(f"rpsagg-client: {cid}: {code}: ")
+            assert lines[0].endswith("(refused for good: not retrying)")
 
-        with AggregationClient(f"localhost:{srv.port}", "first", token="right-token",
-                               tls_ca=certs.ca) as first:
-            first.join()  # the only slot
-            for cid, token, status, code in (("second", "right-token", 3, "RESOURCE_EXHAUSTED"),
-                                             ("first", "wrong-token", 4, "UNAUTHENTICATED")):
-                out = subprocess.run(client_command([
-                    "--server", f"localhost:{srv.port}", "--client-id", cid, "--token", token,
-                    "--tls-ca", certs.ca]), capture_output=True, text=True, timeout=60)
-                assert out.returncode == status, out.stderr[-2000:]
-                lines = out.stderr.strip().splitlines()
-                assert len(lines) == 1, lines
-                assert lines[0].startswith(f"rpsagg-client: {cid}: {code}: ")
-                assert lines[0].endswith("(refused for good: not retrying)")
+
+@pytest.mark.timeout(120)
+def test_last_line_has_the_result_when_the_job_ends_before_the_next_look() -> None:
+    """The job can end between a client's last submission and its next GetRound (the
+    submission completed the last round): the client still reports that round's result.
+    Forced here: one client, one round, and the client looks only once the job is done."""
+    cfg = base_config(n=1, k=8, d=64, rounds=1, task="mean")
+    with in_process_server(cfg) as srv, \
+            AggregationClient(f"127.0.0.1:{srv.port}", "only", insecure=True) as c, \
+            AggregationClient(f"127.0.0.1:{srv.port}", "observer", insecure=True) as observer:
+        c.join()
+        rounds = c.rounds()
+        rnd = next(rounds)
+        sub = c.encode(rnd, np.ones(64))
+        assert c.submit_encoded(sub).received == 1
+        wait_until(lambda: observer.current_round().job_done, 30, "the job to end")
+        assert list(rounds) == []  # the job is over
+        res = c.finished_result(rnd.round_id)
+        assert res is not None and res.state == "done" and res.n_prime == 1
+        line = round_line("only", rnd.round_id, sub, "acked as 1 of 1", res, 1)
+        assert "; round done with 1/1 clients, estimated " in line, line

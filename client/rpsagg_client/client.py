@@ -334,6 +334,19 @@ class AggregationClient:
         seen = 0
         while self.job_failure is None and not self.job_replaced:
             info = self.current_round()
+            if info.job_done and seen and seen not in self._finished:
+                # the job ended between this client's submission and its next look: fetch
+                # the last round's result now, while the server still answers, so the
+                # caller can report it (no wait: the round is over; one try, no retries: a
+                # server stopping after its drain must not hold this client back)
+                try:
+                    res: RoundResult = self._calls["GetResult"](
+                        GetResultRequest(seen, False, self.client_id, job=self.job),
+                        timeout=self.timeout, metadata=self._metadata)
+                except grpc.RpcError:
+                    return
+                if res.state in ("done", "failed"):
+                    self._finished[res.round_id] = res
             if info.job_done or self.job_replaced:
                 return
             if info.round_id > seen and info.state in ("open", "collecting"):
