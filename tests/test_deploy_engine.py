@@ -27,6 +27,8 @@ bound, and ends with ``down -v``. No skips: where no engine can be had, the test
 6. the compiled kernels: both images load ``rpsagg._fast`` and have no compiler; the server
    image's decode runs the tile products and decodes the host's messages (an SRHT round
    and an hblocks one) to the host library's bits.
+7. the README's compose block, run by bash as written: every command succeeds, the job it
+   creates ends done and its replicas exit 0.
 """
 
 from __future__ import annotations
@@ -200,6 +202,60 @@ def test_plain_job_then_down_and_up_runs_a_second(plain: Project) -> None:
     kept = {j["id"]: j for j in listed["jobs"]}
     assert kept[job]["state"] == "done", kept
     assert "Exited (0)" not in p.logs("server")  # the server itself never restarted
+
+
+def _readme_compose_block() -> str:
+    """The bash block under the README's "In Docker Compose" heading, as written."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## In Docker Compose", 1)[1]
+    m = re.search(r"```bash\n(.*?)```", section, re.DOTALL)
+    assert m is not None, "the README's compose section has no bash block"
+    return m.group(1)
+
+
+@pytest.mark.timeout(900)
+def test_readme_compose_block_runs_as_written(tmp_path: Path) -> None:
+    """The README's compose commands, run by bash as they are written (``-e``: every one must
+    succeed), in the checkout. Only the environment isolates them from the developer's: the
+    project name, ports picked by compose on 127.0.0.1 and an empty env file (what
+    ``COMPOSE_PROJECT_NAME``, ``RPSAGG_*_PUBLISH`` and ``COMPOSE_ENV_FILES`` set without
+    changing a command). The created job must end done (its ``wait`` exits 0 only then),
+    with every replica exiting 0; ``down -v`` afterwards removes the volume."""
+    block = _readme_compose_block()
+    assert "docker compose up -d --build" in block and "jobs wait $JOB" in block, block
+    build_images("server", "client")  # the session's images: the block's --build reuses them
+    name = f"rpsagg-t{socket.gethostname()[:8].lower()}-readme-{secrets.token_hex(3)}"
+    name = re.sub(r"[^a-z0-9-]+", "-", name)
+    env_file = tmp_path / "empty.env"
+    env_file.write_text("")
+    env = engine()
+    env.update(COMPOSE_PROJECT_NAME=name, COMPOSE_ENV_FILES=str(env_file),
+               RPSAGG_GRPC_PUBLISH="127.0.0.1:", RPSAGG_HTTP_PUBLISH="127.0.0.1:")
+    # the job's replicas exit once they have seen it done; `down` (the block's last line)
+    # removes them, so before it their states are waited for (bounded) and written down
+    last = block.rstrip().splitlines()[-1]
+    assert last.startswith("docker compose --profile jobs down"), last
+    replicas = tmp_path / "replicas.txt"
+    check = (
+        "states() { docker compose --profile jobs ps -a --format '{{.Service}} {{.State}} "
+        "{{.ExitCode}}' job-client; }\n"
+        "for _ in $(seq 240); do states | grep -qv ' exited ' || break; sleep 0.5; done\n"
+        f"states > {replicas}\n")
+    script = tmp_path / "readme-compose.sh"
+    script.write_text("set -e\n" + block.replace(last, check + last))
+    try:
+        out = subprocess.run(["bash", str(script)], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=840)
+        assert out.returncode == 0, f"{out.stdout[-3000:]}\n{out.stderr[-4000:]}"
+        # `wait`'s last line: the created job is done with all its rounds
+        assert re.search(r"^rpsagg-jobs: job \S+: done, (\d+)/\1 rounds done, ", out.stderr,
+                         re.MULTILINE), out.stderr[-3000:]
+        rows = [line.split() for line in replicas.read_text().splitlines() if line.strip()]
+        assert len(rows) == 4 and all(r == ["job-client", "exited", "0"] for r in rows), rows
+    finally:
+        subprocess.run(["docker", "compose", "--profile", "jobs", "down", "-v",
+                        "--remove-orphans", "--timeout", "10"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=180)
 
 
 @pytest.mark.timeout(600)
