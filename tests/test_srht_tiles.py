@@ -64,19 +64,22 @@ def _tiles(
 
 
 def test_tile_rule() -> None:
-    # m = ceil(log2 k) + 3, clamped to [7, 15], to >= 16 tiles (unless that is < 7) and to
-    # log2 d'
+    # m = round(log2 k) + 3, clamped to [7, 16], to >= 4 tiles (unless that is < 7) and to
+    # log2 d'; round(log2 k) steps up between 2^(j + 1/2) and the next integer
     assert tile_bits(1, 2) == 1
     assert tile_bits(1, 1 << 20) == 7
-    assert tile_bits(16, 1 << 20) == 7
-    assert tile_bits(17, 1 << 20) == 8
+    assert tile_bits(22, 1 << 20) == 7  # log2 22 = 4.46
+    assert tile_bits(23, 1 << 20) == 8  # log2 23 = 4.52
     assert tile_bits(1024, 1 << 20) == 13
-    assert tile_bits(1025, 1 << 20) == 14
+    assert tile_bits(1448, 1 << 20) == 13  # log2 1448 = 10.49998
+    assert tile_bits(1449, 1 << 20) == 14
     assert tile_bits(4096, 1 << 20) == 15
-    assert tile_bits(1 << 20, 1 << 20) == 15
-    assert tile_bits(4096, 1 << 16) == 12  # 16 tiles
-    assert tile_bits(4096, 1 << 12) == 8  # 16 tiles
-    assert tile_bits(4096, 1 << 10) == 7  # 8 tiles: m stays >= 7
+    assert tile_bits(1 << 20, 1 << 20) == 16
+    assert tile_bits(10010, 1 << 18) == 16  # 4 tiles
+    assert tile_bits(4096, 1 << 16) == 14  # 4 tiles
+    assert tile_bits(4096, 1 << 12) == 10  # 4 tiles
+    assert tile_bits(4096, 1 << 9) == 7  # 4 tiles
+    assert tile_bits(4096, 1 << 8) == 7  # 2 tiles: m stays >= 7
     assert tile_bits(100, 128) == 7  # one tile
     assert _srht.PRODUCTS == "tiles" and product_path() == "tiles"  # the default, when built
 

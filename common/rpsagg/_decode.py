@@ -26,7 +26,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -190,18 +190,32 @@ def one_blas_thread() -> contextlib.AbstractContextManager[object]:
     (docs/scaling.md). It also keeps the solvers' dot products, and so the decode's bits,
     independent of the BLAS thread count.
 
+    The BLAS libraries are found once per process (a ``threadpoolctl.ThreadpoolController``
+    made on the first call, after numpy's and scipy's are loaded): finding them scans the
+    process's libraries, about 1 ms, which a blockwise decode would otherwise pay per block.
+
     Returns
     -------
     contextlib.AbstractContextManager
-        ``threadpoolctl.threadpool_limits(1, "blas")`` or a null context.
+        The controller's ``limit(limits=1, user_api="blas")``, or a null context.
     """
-    import scipy.linalg  # noqa: F401  (load scipy's own BLAS first, so the limit covers it)
+    global _CONTROLLER
+    if _CONTROLLER is None:
+        import scipy.linalg  # noqa: F401  (load scipy's own BLAS first, so the limit covers it)
 
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:
+            _CONTROLLER = False
+        else:
+            _CONTROLLER = ThreadpoolController()
+    if _CONTROLLER is False:
         return contextlib.nullcontext()
-    return threadpool_limits(limits=1, user_api="blas")
+    return _CONTROLLER.limit(limits=1, user_api="blas")
+
+
+#: the process's threadpoolctl controller (False: threadpoolctl is not installed)
+_CONTROLLER: Any = None
 
 
 def solve_krylov(

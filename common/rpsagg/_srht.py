@@ -219,7 +219,7 @@ class JointSRHT(JointShape):
     passes over chunks of clients and the FWHT backend.
 
     Memory: the signs are held as int8 (n d' bytes). The tile products add two tiles
-    (at most 512 KiB) per thread and the forward's partial sums (:func:`forward_groups`,
+    (at most 1 MiB) per thread and the forward's partial sums (:func:`forward_groups`,
     at most 64 MiB); the numpy passes work on chunks of clients whose float64
     work arrays fit in ``memory_budget`` bytes. Peak memory is about ``n d' +
     memory_budget`` bytes at most, whatever n is.

@@ -15,12 +15,13 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-# The tile of the compiled products is 2^m coordinates, m = log2(k) + _TILE_EXTRA clamped
-# to [_TILE_MIN, _TILE_MAX], to at least 2^_TILE_COUNT_BITS tiles and to log2 d' (tile_bits).
+# The tile of the compiled products is 2^m coordinates, m = round(log2 k) + _TILE_EXTRA
+# clamped to [_TILE_MIN, _TILE_MAX], to at least 2^_TILE_COUNT_BITS tiles and to log2 d'
+# (tile_bits).
 _TILE_MIN = 7
-_TILE_MAX = 15
+_TILE_MAX = 16
 _TILE_EXTRA = 3
-_TILE_COUNT_BITS = 4  # at least 16 tiles where d' >= 2^11, for the adjoint's threads
+_TILE_COUNT_BITS = 2  # at least 4 tiles where d' >= 2^9, for the adjoint's threads
 
 
 def tile_bits(k: int, d_pad: int) -> int:
@@ -29,12 +30,11 @@ def tile_bits(k: int, d_pad: int) -> int:
     Per client and product the tiles cost about ``d' (m + k / 2^m)`` operations: an FWHT
     of 2^m per tile and the k sampled rows scattered (adjoint) or gathered (forward) once
     per tile. A row costs several butterflies (a parity and an unaligned access), so the
-    measured optimum lies a few steps above ``log2 k``: ``m = ceil(log2 k) + 3`` clamped
-    to [7, 15] (docs/scaling.md has the measurements); the tile stays in L1/L2 (at most
-    2^15 doubles, 256 KiB). Then ``m <= max(7, log2 d' - 4)``, so that d' >= 2^11 has at
-    least 16 tiles for the adjoint's threads to share (at d' = 2^16, k = 4096 this costs
-    ~15% on one thread and lets 16 threads work instead of 2), and ``m <= log2 d'``. ``m``
-    depends on nothing else (not on threads), so neither do the results.
+    measured optimum lies a few steps above ``log2 k``: ``m = round(log2 k) + 3`` clamped
+    to [7, 16] (docs/scaling.md has the measurements); the tile stays in L2 (at most 2^16
+    doubles, 512 KiB). Then ``m <= max(7, log2 d' - 2)``, so that d' >= 2^9 has at least 4
+    tiles for the adjoint's threads to share, and ``m <= log2 d'``. ``m`` depends on
+    nothing else (not on threads), so neither do the results.
 
     Parameters
     ----------
@@ -49,7 +49,8 @@ def tile_bits(k: int, d_pad: int) -> int:
         ``m`` with ``2^m <= d'``.
     """
     log_d = d_pad.bit_length() - 1
-    want = min(max(max(k - 1, 0).bit_length() + _TILE_EXTRA, _TILE_MIN), _TILE_MAX)
+    log_k = ((2 * max(k, 1) ** 2).bit_length() - 1) // 2  # round(log2 k), in integers
+    want = min(max(log_k + _TILE_EXTRA, _TILE_MIN), _TILE_MAX)
     return min(want, max(_TILE_MIN, log_d - _TILE_COUNT_BITS), log_d)
 
 
