@@ -5,6 +5,7 @@ model.
     python benchmark.py --quick                  # both tasks, 5 clients: ~10 min on 2 cores
     python benchmark.py --quick --decode-sweep   # plus decode times for k = 10 .. d/2
     python benchmark.py --quick --tasks fmnist --seeds 1 2 3 --only 4-bit EDEN
+    python benchmark.py --quick --tasks fmnist --seeds 1 2 3 --partial  # partial replies
     python benchmark.py                          # 10 clients, 10 rounds, whole shards
     python benchmark.py --report-only --out DIR  # tables and plots from DIR's JSON
 
@@ -163,6 +164,10 @@ class Task:
     evaluate: Callable[[ArrayRecord], dict[str, float]]
     metric: str  # the headline metric's key
     uncompressed: tuple[str, ...] = ()  # float arrays sent uncompressed (BatchNorm buffers)
+    # a client that fine-tunes the head alone on frozen features (fmnist): the whole model
+    # back, every other array exactly as received; and the head's keys
+    train_head: Callable[[int, ArrayRecord, int], tuple[ArrayRecord, float, int]] | None = None
+    head: tuple[str, ...] = ()
 
 
 def fmnist_task(clients: int, examples: int, seed: int) -> Task:
@@ -175,18 +180,24 @@ def fmnist_task(clients: int, examples: int, seed: int) -> Task:
     def initial() -> ArrayRecord:
         return cnn.initial(seed)
 
-    def train_fn(node: int, arrays: ArrayRecord, rnd: int) -> tuple[ArrayRecord, float, int]:
+    def train_fn(node: int, arrays: ArrayRecord, rnd: int,
+                 trainable: tuple[str, ...] | None = None) -> tuple[ArrayRecord, float, int]:
         y = shards[node - 1][1]
         new, loss = cnn.train(arrays, shard_images[node - 1], y, epochs=1, lr=0.01, batch=32,
-                              seed=mix64(seed * 1_000_003 + 1000 * rnd + node) % 2**63)
+                              seed=mix64(seed * 1_000_003 + 1000 * rnd + node) % 2**63,
+                              trainable=trainable)
         return new, loss, len(y)
+
+    def train_head(node: int, arrays: ArrayRecord, rnd: int
+                   ) -> tuple[ArrayRecord, float, int]:
+        return train_fn(node, arrays, rnd, trainable=cnn.HEAD)
 
     def eval_fn(arrays: ArrayRecord) -> dict[str, float]:
         loss, acc = cnn.evaluate(arrays, test_images, y_test)
         return {"test-loss": loss, "test-accuracy": acc}
 
     return Task("fmnist", initial, train_fn, eval_fn, "test-accuracy",
-                uncompressed=tuple(cnn.buffer_names()))
+                uncompressed=tuple(cnn.buffer_names()), train_head=train_head, head=cnn.HEAD)
 
 
 def wide_task(clients: int, examples: int, seed: int, steps: int = 3,
@@ -249,9 +260,13 @@ class Config:
     error_feedback: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     budget: str = ""  # the plot's panel: "~30x", "~80x", "1-bit"
+    # "all": every node trains every array; "mixed": the even nodes fine-tune the head alone
+    # (Task.train_head) and reply with every array; "mixed-partial": they reply with the
+    # head's arrays alone (the strategy's partial="allow")
+    clients: str = "all"
 
 
-def client_app(task: Task, seed: int) -> ClientApp:
+def client_app(task: Task, seed: int, clients: str = "all") -> ClientApp:
     def client_seed(msg: Message, ctxt: Context) -> int:
         rnd = int(msg.content["config"]["server-round"])  # type: ignore[arg-type]
         return mix64(mix64(seed) ^ mix64(ctxt.node_id) ^ rnd)
@@ -261,7 +276,14 @@ def client_app(task: Task, seed: int) -> ClientApp:
     @app.train()
     def fit(msg: Message, ctxt: Context) -> Message:
         rnd = int(msg.content["config"]["server-round"])  # type: ignore[arg-type]
-        arrays, loss, n = task.train(ctxt.node_id, msg.content.array_records["arrays"], rnd)
+        received = msg.content.array_records["arrays"]
+        if clients != "all" and ctxt.node_id % 2 == 0:
+            assert task.train_head is not None, f"{task.name} has no head-only training"
+            arrays, loss, n = task.train_head(ctxt.node_id, received, rnd)
+            if clients == "mixed-partial":
+                arrays = ArrayRecord({key: arrays[key] for key in task.head})
+        else:
+            arrays, loss, n = task.train(ctxt.node_id, received, rnd)
         metrics = MetricRecord({"train-loss": loss, "num-examples": n})
         return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
 
@@ -289,7 +311,7 @@ def run(task: Task, cfg: Config, clients: int, rounds: int, seed: int,
     # chaotic training amplifies (unseeded, four FedAvg runs ended 0.8438 to 0.8458).
     random.seed(seed)
     torch.manual_seed(seed)  # nothing here draws from it (the CNN's seeds are explicit)
-    app = client_app(task, seed)
+    app = client_app(task, seed, cfg.clients)
     contexts = {n: Context(run_id=1, node_id=n, node_config={}, state=RecordDict(),
                            run_config={}) for n in range(1, clients + 1)}
     arrays = task.initial()
@@ -327,6 +349,7 @@ def run(task: Task, cfg: Config, clients: int, rounds: int, seed: int,
             "budget": cfg.budget,
             "k": cfg.k,
             "value-bits": cfg.value_bits, "bits": cfg.bits, "control": cfg.control,
+            "client-mix": cfg.clients,
             "clients": clients, "rounds": log, "metric": task.metric, "seed": seed}
 
 
@@ -384,6 +407,29 @@ def configs(task: str, d: int, n: int) -> list[Config]:
     return out
 
 
+def partial_configs(d: int) -> list[Config]:
+    """Clients of two kinds (``--partial``, fmnist): the odd nodes train every array, the
+    even nodes fine-tune the classifier head alone on frozen features. FedAvg with every
+    node training every array is the reference; then FedAvg and 4-bit Rand-Proj-Spatial at
+    the ~30x budget with the head-only nodes replying in full (their other arrays unchanged:
+    marked zero, left out of the sketch, counted as a zero update) and with the head alone
+    (``partial="allow"``: each array averaged over the replies that carry it)."""
+    k4 = budgets("fmnist", d)[0][3]
+    rps = {"k": k4, "value_bits": 4, "budget": "~30x"}
+    return [
+        Config("FedAvg", "fedavg"),
+        Config("FedAvg, even nodes train the head, reply in full", "fedavg", clients="mixed",
+               budget="~30x"),
+        Config(f"Rand-Proj-Spatial k={k4}, 4-bit", "rand-proj-spatial",
+               **rps),  # type: ignore[arg-type]
+        Config(f"Rand-Proj-Spatial k={k4}, 4-bit, even nodes train the head, reply in full",
+               "rand-proj-spatial", clients="mixed", **rps),  # type: ignore[arg-type]
+        Config(f"Rand-Proj-Spatial k={k4}, 4-bit, even nodes train the head, reply with it "
+               "alone", "rand-proj-spatial", clients="mixed-partial",
+               extra={"partial": "allow"}, **rps),  # type: ignore[arg-type]
+    ]
+
+
 def _control(task: str, cfg_method: str, kw: dict[str, Any], d: int, n: int
              ) -> tuple[str, Callable[[], ServerOptimizer], bool]:
     """The variance control of a configuration: a server step matched to the estimator's
@@ -422,7 +468,8 @@ def table(results: list[dict[str, Any]]) -> str:
     metric = results[0]["metric"]
     last = max(int(r) for r in results[0]["rounds"])
     seeds = sorted({r["seed"] for r in results})
-    base = {r["seed"]: r for r in results if r["method"] == "fedavg"}
+    base = {r["seed"]: r for r in results
+            if r["method"] == "fedavg" and r.get("client-mix", "all") == "all"}
     base_up = np.mean([base[seeds[0]]["rounds"][str(r)]["bytes-up"] for r in range(1, last + 1)])
     head = ["method", "variance control", *[f"{metric} r{r}" for r in range(0, last + 1)],
             "bytes up / round", "payload / round", "vs FedAvg", f"gap to FedAvg (r{last})",
@@ -478,18 +525,21 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
 
     results = [r for r in results if r["seed"] == results[0]["seed"]]  # the first seed's
     metric = results[0]["metric"]
-    base = next(r for r in results if r["method"] == "fedavg")
+    def mix(r: dict[str, Any]) -> str:
+        return str(r.get("client-mix", "all"))
+
+    base = next(r for r in results if r["method"] == "fedavg" and mix(r) == "all")
     groups: dict[str, list[dict[str, Any]]] = {}
     for res in results:
-        if res["method"] != "fedavg":
+        if res is not base:
             groups.setdefault(res.get("budget") or "compressed", []).append(res)
     panels = len(groups) + 1
     fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 5.2), squeeze=False)
     cmap = plt.get_cmap("tab10")
-    families = sorted({(r["method"], r["value-bits"]) for r in results})
-    hue = {fam: cmap(i % 10) for i, fam in enumerate(families)}  # one per estimator
-    color = {r["label"]: "black" if r["method"] == "fedavg"
-             else hue[(r["method"], r["value-bits"])] for r in results}
+    families = sorted({(r["method"], r["value-bits"], mix(r)) for r in results})
+    hue = {fam: cmap(i % 10) for i, fam in enumerate(families)}  # one per estimator and mix
+    color = {r["label"]: "black" if r is base else hue[(r["method"], r["value-bits"], mix(r))]
+             for r in results}
 
     def curve(ax: Any, res: dict[str, Any], per_byte: bool) -> None:
         rounds = sorted(int(r) for r in res["rounds"])
@@ -618,12 +668,18 @@ def main(argv: list[str] | None = None) -> int:
                          "200 examples each")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "benchmark")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--partial", action="store_true",
+                    help="fmnist: instead of the estimators' table, clients of two kinds (the "
+                         "even nodes fine-tune the head alone) replying in full or with the "
+                         "head alone (partial replies), against FedAvg")
     ap.add_argument("--decode-sweep", action="store_true",
                     help="also time the spatial decoders at fmnist's d for k from 1 to d/2 "
                          "(n = 5 and 10), without training")
     args = ap.parse_args(argv)
     if args.threads < 1:
         ap.error("--threads must be at least 1")
+    if args.partial and args.tasks != ["fmnist"]:
+        ap.error("--partial is an fmnist experiment: give --tasks fmnist")
     pin_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.decode_sweep:
@@ -643,7 +699,9 @@ def main(argv: list[str] | None = None) -> int:
                 task = (fmnist_task(clients, 1000 if args.quick else args.examples_per_client,
                                     seed) if name == "fmnist"
                         else wide_task(clients, 200 if args.quick else 400, seed))
-                chosen = [cfg for cfg in configs(name, compressed_size(task), clients)
+                every = (partial_configs(compressed_size(task)) if args.partial
+                         else configs(name, compressed_size(task), clients))
+                chosen = [cfg for cfg in every
                           if cfg.method == "fedavg" or not args.only
                           or any(text in cfg.label for text in args.only)]
                 results += [run(task, cfg, clients, rounds, seed, args.solver, args.error_tol)

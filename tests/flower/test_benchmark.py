@@ -77,3 +77,36 @@ def test_small_benchmark_counts_bytes_and_repeats_exactly(tmp_path: Path,
         assert a["rounds"]["1"]["bytes-up"] == c["rounds"]["1"]["bytes-up"], a["label"]
         assert abs(a["rounds"]["1"]["test-accuracy"] - c["rounds"]["1"]["test-accuracy"]
                    ) < 0.05, a["label"]
+
+
+@pytest.mark.timeout(300)
+def test_partial_benchmark_head_only_clients(tmp_path: Path) -> None:
+    """Head-only training leaves every array but the head exactly as received, and names
+    an unknown parameter. ``--partial`` (2 clients, one round; node 2 fine-tunes the head
+    alone): its five runs, the partial reply smaller on the wire than the full one and
+    decoded (``partial="allow"``); ``--partial`` is refused for the wide task."""
+    from fmnist_app import cnn
+
+    arrays = cnn.initial(3)
+    x, y = torch.zeros((8, 1, 28, 28)), torch.arange(8).numpy() % 10
+    head, _ = cnn.train(arrays, x + 1.0, y, epochs=1, lr=0.1, batch=4, seed=1,
+                        trainable=cnn.HEAD)
+    for key in arrays:
+        same = head[key].numpy().tobytes() == arrays[key].numpy().tobytes()
+        assert same == (key not in cnn.HEAD), key
+    with pytest.raises(ValueError, match="trainable: no parameters"):
+        cnn.train(arrays, x, y, epochs=1, lr=0.1, batch=4, seed=1, trainable=("fc.w",))
+
+    argv = ["--tasks", "fmnist", "--clients", "2", "--rounds", "1",
+            "--examples-per-client", "64", "--partial", "--threads", "1",
+            "--out", str(tmp_path)]
+    assert benchmark.main(argv) == 0
+    runs = {r["label"]: r for r in json.loads((tmp_path / "fmnist.json").read_text())}
+    assert [r["client-mix"] for r in runs.values()] == [
+        "all", "mixed", "all", "mixed", "mixed-partial"]
+    full, partial = (runs[f"Rand-Proj-Spatial k=4096, 4-bit, even nodes train the head, "
+                          f"reply {how}"]["rounds"]["1"] for how in ("in full", "with it alone"))
+    assert partial["bytes-up"] < full["bytes-up"]
+    assert partial["rpsagg.decode-seconds"] > 0 and 0.0 < partial["test-accuracy"] <= 1.0
+    with pytest.raises(SystemExit):
+        benchmark.main(["--tasks", "wide", "--partial", "--out", str(tmp_path)])

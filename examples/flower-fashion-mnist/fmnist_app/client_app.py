@@ -1,7 +1,10 @@
 """The ClientApp: local SGD on this node's shard; rpsagg_mod compresses what it sends back.
 
 The model is the run config's ``model``: ``softmax`` (numpy) or ``cnn`` (``fmnist_app.cnn``,
-PyTorch, sent as its ``state_dict``).
+PyTorch, sent as its ``state_dict``). With the CNN, ``train-only = "head"`` fine-tunes the
+classifier head alone on frozen features (every other array stays exactly as received),
+and ``reply = "trained"`` replies with the trained arrays alone: a partial reply, which the
+server refuses unless its ``partial`` is ``"allow"``.
 
 With ``seed`` > 0 in the run config the mod's client seeds are derived from it, the node
 and the round (a reproducible run); with 0 they are fresh ``secrets.randbits(64)``.
@@ -43,12 +46,23 @@ def local_train(msg: Message, context: Context) -> Message:
         from fmnist_app import cnn  # PyTorch only where the CNN is asked for
 
         rc = context.run_config
+        only, reply = str(rc.get("train-only", "all")), str(rc.get("reply", "all"))
+        if only not in ("all", "head") or reply not in ("all", "trained"):
+            raise ValueError(f"train-only must be 'all' or 'head' and reply 'all' or "
+                             f"'trained'; got {only!r} and {reply!r}")
+        trainable = cnn.HEAD if only == "head" else None
         arrays, loss = cnn.train(
             msg.content.array_records["arrays"], cnn.images(x), y,
             epochs=int(rc["local-epochs"]), lr=float(rc["lr"]), batch=int(rc["batch-size"]),
-            seed=1000 * int(config["server-round"]) + pid)  # type: ignore[arg-type]
+            seed=1000 * int(config["server-round"]) + pid,  # type: ignore[arg-type]
+            trainable=trainable)
+        if trainable is not None and reply == "trained":  # a partial reply
+            arrays = ArrayRecord({key: arrays[key] for key in trainable})
         metrics = MetricRecord({"train-loss": loss, "num-examples": len(y)})
         return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+    if str(context.run_config.get("train-only", "all")) != "all":
+        raise ValueError("train-only applies to model = 'cnn' (the softmax model has no head "
+                         "apart from its weights)")
     w, b, steps = msg.content.array_records["arrays"].to_numpy_ndarrays()
     new_w, new_b, loss = train(
         w, b, x, y, epochs=int(context.run_config["local-epochs"]),

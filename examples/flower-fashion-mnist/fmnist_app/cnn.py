@@ -10,6 +10,8 @@ cross the rpsagg mod beside the sketch.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import numpy as np
 import torch
 from flwr.app import ArrayRecord
@@ -22,6 +24,8 @@ MEAN, STD = 0.2860, 0.3530
 #: BatchNorm's running statistics: averaged uncompressed, as the integer counters are (a
 #: compressed running variance could come back negative)
 BUFFERS = ("running_mean", "running_var")
+#: the classifier head: what a client that fine-tunes on top of frozen features trains
+HEAD = ("fc.weight", "fc.bias")
 
 
 class Net(nn.Module):
@@ -66,7 +70,8 @@ def _model(arrays: ArrayRecord) -> Net:
 
 
 def train(arrays: ArrayRecord, x: torch.Tensor, y: NDArray[np.int64], *, epochs: int,
-          lr: float, batch: int, seed: int) -> tuple[ArrayRecord, float]:
+          lr: float, batch: int, seed: int,
+          trainable: Collection[str] | None = None) -> tuple[ArrayRecord, float]:
     """Minibatch SGD (momentum 0.9) from ``arrays``; the new model and the mean loss.
 
     Parameters
@@ -81,10 +86,25 @@ def train(arrays: ArrayRecord, x: torch.Tensor, y: NDArray[np.int64], *, epochs:
         Learning rate.
     seed : int
         Seeds the minibatch order.
+    trainable : collection of str, optional
+        Train only these parameters (``state_dict`` keys, e.g. ``HEAD``); the others and
+        BatchNorm's running statistics stay exactly as received (the model runs in eval
+        mode: a frozen feature extractor). Default: every parameter, in train mode.
     """
     model = _model(arrays)
-    model.train()
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    if trainable is None:
+        model.train()
+        params = list(model.parameters())
+    else:
+        model.eval()
+        named = dict(model.named_parameters())
+        unknown = sorted(set(trainable) - set(named))
+        if unknown:
+            raise ValueError(f"trainable: no parameters {unknown}; the model has {sorted(named)}")
+        for name, param in named.items():
+            param.requires_grad_(name in trainable)
+        params = [named[name] for name in named if name in trainable]
+    opt = torch.optim.SGD(params, lr=lr, momentum=0.9)
     labels = torch.tensor(y, dtype=torch.int64)  # a copy: y may be read-only (cached)
     gen = torch.Generator().manual_seed(seed)
     total, count = 0.0, 0

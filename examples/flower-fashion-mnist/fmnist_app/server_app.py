@@ -4,7 +4,9 @@ Run config (``pyproject.toml``, or ``flwr run --run-config``): ``model`` (``soft
 ``cnn``: the small CNN with BatchNorm of ``fmnist_app.cnn``), ``method`` (``fedavg`` or an
 estimator name), ``k``, ``transform``, ``value-bits``, ``bits``, the server step
 (``server-optimizer``, ``server-lr``, ``server-momentum``, ``error-feedback``), the spatial
-decoders' ``solver``, ``seed``
+decoders' ``solver``, ``partial`` (``refuse``: a reply that carries only some of the
+model's arrays fails the run; ``allow``: each array is averaged over the replies that carry
+it), ``seed``
 (> 0: nonces and client seeds derived from it), ``num-server-rounds``, the training
 settings and ``results-path`` (a JSON file with one entry per round). Bytes up are counted
 from the replies for every method, FedAvg's too.
@@ -78,6 +80,7 @@ def main(grid: Grid, context: Context) -> None:
             error_feedback=bool(rc.get("error-feedback", False)),
             solver=str(rc.get("solver", "auto")),
             uncompressed=plain,
+            partial=str(rc.get("partial", "refuse")),
         )
     if use_cnn:
         initial = cnn.initial(seed)
