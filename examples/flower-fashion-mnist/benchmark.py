@@ -291,7 +291,7 @@ def client_app(task: Task, seed: int, clients: str = "all") -> ClientApp:
 
 
 def run(task: Task, cfg: Config, clients: int, rounds: int, seed: int,
-        solver: str = "auto", error_tol: float | None = None) -> dict[str, Any]:
+        solver: str = "auto", error_tol: float | str | None = "auto") -> dict[str, Any]:
     strategy: FedAvg
     common = {"fraction_evaluate": 0.0, "min_train_nodes": clients,
               "min_available_nodes": clients}
@@ -639,6 +639,16 @@ def sweep_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _error_tol(text: str) -> float | str | None:
+    """``--error-tol``: a number, ``auto`` or ``none``."""
+    if text in ("auto", "none"):
+        return None if text == "none" else text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number, 'auto' or 'none'; got {text!r}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", nargs="+", default=["fmnist", "wide"], choices=["fmnist", "wide"])
@@ -655,10 +665,11 @@ def main(argv: list[str] | None = None) -> int:
                          "always runs)")
     ap.add_argument("--solver", default="auto", choices=["auto", "exact", "cg"],
                     help="the spatial decoders' joint solver (RandProjSpatialFedAvg(solver=))")
-    ap.add_argument("--error-tol", type=float, default=None,
+    ap.add_argument("--error-tol", type=_error_tol, default="auto",
                     help="RandProjSpatialFedAvg(error_tol=): the SRHT decodes' conjugate "
                          "gradients also stop once the solve moves the estimate by at most "
-                         "this times a bound below the estimator's RMS error (default: off)")
+                         "this times a bound below the estimator's RMS error; 'auto' (the "
+                         "strategy's default: 1e-2 for blockwise rounds) or 'none'")
     ap.add_argument("--threads", type=int, default=DEFAULT_THREADS,
                     help="torch's, OpenMP's and BLAS's threads (default %(default)s: the "
                          "count the measured tables were run with; the same count repeats "

@@ -17,6 +17,12 @@ from rpsagg import ESTIMATOR_NAMES, QUANTIZER_NAMES, Estimator, make_estimator
 from rpsagg.projections import AUTO_BLOCK_SIZE, AUTO_BLOCK_THRESHOLD
 from rpsagg.schemes import scheme_traits
 
+#: ``error_tol="auto"``: the conjugate gradients of a blockwise Rand-Proj-Spatial decode stop
+#: once the solve moves the estimate by at most this share of a bound below the estimator's
+#: RMS error (the 2M-parameter benchmark model: 0.3% of the error, half the decode time;
+#: docs/performance.md); other decodes keep the residual target alone
+AUTO_ERROR_TOL = 1e-2
+
 #: Prefix of every key this package adds to a ``ConfigRecord``.
 PREFIX = "rpsagg."
 KEY_SCHEME = PREFIX + "scheme"
@@ -118,17 +124,23 @@ class RoundEncoding:
 
     def estimator(
         self, n: int, transform: str | float = "avg", prior_r: float | None = None,
-        method: str = "auto", error_tol: float | None = None,
+        method: str = "auto", error_tol: float | str | None = None,
     ) -> Estimator:
         """The estimator for ``n`` clients (the clients' choice of ``n`` does not matter:
         an encode depends on neither ``n`` nor the transform, nor the decoder's joint
         solver ``method`` and ``error_tol``). ``error_tol`` goes to the decoders it
         applies to (Rand-Proj-Spatial with the SRHT, blockwise included); the others
-        decode with ``rtol`` alone."""
+        decode with ``rtol`` alone. ``"auto"``: :data:`AUTO_ERROR_TOL` for a blockwise
+        decode, None for any other."""
         spatial = scheme_traits(self.scheme).takes_transform
         srht = scheme_traits(self.scheme).takes_projection and (
             self.block_size is not None or self.projection == "srht"
             or (self.projection == "auto" and self.d & (self.d - 1) == 0))
+        if error_tol == "auto":
+            error_tol = AUTO_ERROR_TOL if self.block_size is not None else None
+        elif isinstance(error_tol, str):
+            raise ValueError(f"error_tol must be a number in (0, 1), 'auto' or None; got "
+                             f"{error_tol!r}")
         return make_estimator(
             self.scheme,
             n=n,
@@ -156,7 +168,8 @@ class RoundEncoding:
 
     def layer_estimators(
         self, sizes: tuple[int, ...], n: int, transform: str | float = "avg",
-        prior_r: float | None = None, method: str = "auto", error_tol: float | None = None,
+        prior_r: float | None = None, method: str = "auto",
+        error_tol: float | str | None = None,
     ) -> list[Estimator]:
         """Per-layer compression: one estimator per compressed array of ``sizes``
         coordinates (``ValueError`` when ``sizes`` does not match ``layer_k``)."""

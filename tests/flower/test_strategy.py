@@ -469,24 +469,35 @@ def test_error_tol_reaches_the_srht_decoders_only() -> None:
     assert built(d=1000, projection="srht").error_tol == 1e-3  # type: ignore[attr-defined]
     rand_k = RoundEncoding("rand-k", 40, 1000, 1).estimator(5, error_tol=1e-3)
     assert not hasattr(rand_k, "error_tol")
+    for bad in (2.0, 0.0, "fast", True):
+        with pytest.raises(ValueError, match="error_tol must be"):
+            RandProjSpatialFedAvg("rand-proj-spatial", k=10, error_tol=bad)  # type: ignore[arg-type]
+    # "auto", the strategy's default: 1e-2 for blockwise decodes alone
+    assert RandProjSpatialFedAvg("rand-proj-spatial", k=10).error_tol == "auto"
+    auto = RoundEncoding("rand-proj-spatial", 40, 3 * 256, 1, block_size=256).estimator(
+        5, error_tol="auto")
+    assert all(sub.error_tol == 1e-2 for sub in auto._sub.values())  # type: ignore[attr-defined]
+    whole = RoundEncoding("rand-proj-spatial", 40, 1024, 1).estimator(5, error_tol="auto")
+    assert whole.error_tol is None  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="error_tol must be"):
-        RandProjSpatialFedAvg("rand-proj-spatial", k=10, error_tol=2.0)
+        RoundEncoding("rand-proj-spatial", 40, 1024, 1).estimator(5, error_tol="fast")
 
 
 def test_error_tol_round_decodes_close_to_the_default() -> None:
     """A blockwise round (a model of 2^20 + 64 coordinates, blocks of 2^18, k = 4,096:
     nk / b = 0.05 with 3 clients: c = 3/4, conjugate gradients) decoded with
-    ``error_tol=1e-3`` against the default solve: the solve's bound
+    ``error_tol=1e-3`` against a solve to the residual target alone: the solve's bound
     (``rpsagg._decode.error_stop_scale``) keeps every block's decode within
     1e-3 sqrt((1 - rho) / (2 - rho)) of its own norm, so the mean update (the model's
-    change) within 1e-3 of its norm; checked at 1e-3, and that the option took effect."""
+    change) within 1e-3 of its norm; checked at 1e-3, and that the option took effect; the
+    same at the default ("auto": 1e-2 in a blockwise round) within 1e-2."""
     shapes = {"emb": ((1 << 20,), "float32"), "head": ((64,), "float32")}
     arrays = model(shapes)
     rng = np.random.default_rng(4)
     ups = {n: rng.standard_normal((1 << 20) + 64).astype(np.float32).astype(np.float64)
            for n in NODES[:3]}
     got = []
-    for error_tol in (None, 1e-3):
+    for error_tol in (None, 1e-3, "auto"):
         strategy = RandProjSpatialFedAvg("rand-proj-spatial", k=4096, weighted=False,
                                          value_bits=8, error_tol=error_tol,
                                          nonces=iter(seeds(3)).__next__)
@@ -497,3 +508,5 @@ def test_error_tol_round_decodes_close_to_the_default() -> None:
         old = np.concatenate([a.ravel() for a in arrays.to_numpy_ndarrays()])
         got.append(new.astype(np.float64) - old)
     assert 0 < np.linalg.norm(got[1] - got[0]) <= 1e-3 * np.linalg.norm(got[0])
+    # the default, "auto": 1e-2 in a blockwise round
+    assert 0 < np.linalg.norm(got[2] - got[0]) <= 1e-2 * np.linalg.norm(got[0])
