@@ -13,13 +13,12 @@ repeats in milliseconds, with the m the rule picks.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import numpy as np
 
-import rpsagg._srht as srht
-from rpsagg._srht import JointSRHT, product_path
-from rpsagg._srht_plan import tile_bits
+from rpsagg.projections import JointSRHT, product_path, tile_bits
 
 SHAPES = [(5, 10010, 18), (5, 2503, 18), (10, 1024, 16), (20, 4096, 16), (100, 1024, 20)]
 
@@ -35,29 +34,24 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("the compiled tile kernels are not built (rpsagg._fast)")
     print("| n, k, d' | " + " | ".join(f"m = {m}" for m in range(12, 17))
           + " | rule |\n|" + " --- |" * 7, flush=True)
-    rule = srht.tile_bits
-    try:
-        for n, k, log_d in args.shape or SHAPES:
-            d_pad = 1 << log_d
-            op = JointSRHT.from_seeds(list(range(1, n + 1)), k, d_pad, threads=args.threads)
-            rng = np.random.default_rng(0)
-            z, u = rng.standard_normal((n, k)), rng.standard_normal(d_pad)
-            sizes = [m for m in range(12, 17) if 7 <= m <= log_d]
-            times: dict[int, list[float]] = {m: [] for m in sizes}
-            for _ in range(args.repeat if log_d < 20 else min(args.repeat, 3)):
-                for m in sizes:
-                    srht.tile_bits = lambda k_, d_, m=m: m
-                    t0 = time.perf_counter()
-                    op.adjoint(z)
-                    op.forward(u)
-                    times[m].append(time.perf_counter() - t0)
-            srht.tile_bits = rule
-            cells = [f"{1e3 * min(times[m]):.2f} / {1e3 * float(np.median(times[m])):.2f}"
-                     if m in times else "" for m in range(12, 17)]
-            print(f"| {n}, {k:,}, 2^{log_d} | " + " | ".join(cells)
-                  + f" | {tile_bits(k, d_pad)} |", flush=True)
-    finally:
-        srht.tile_bits = rule
+    for n, k, log_d in args.shape or SHAPES:
+        d_pad = 1 << log_d
+        base = JointSRHT.from_seeds(list(range(1, n + 1)), k, d_pad, threads=args.threads)
+        rng = np.random.default_rng(0)
+        z, u = rng.standard_normal((n, k)), rng.standard_normal(d_pad)
+        ops = {m: dataclasses.replace(base, tile_log2=m) for m in range(12, 17)
+               if 7 <= m <= log_d}
+        times: dict[int, list[float]] = {m: [] for m in ops}
+        for _ in range(args.repeat if log_d < 20 else min(args.repeat, 3)):
+            for m, op in ops.items():
+                t0 = time.perf_counter()
+                op.adjoint(z)
+                op.forward(u)
+                times[m].append(time.perf_counter() - t0)
+        cells = [f"{1e3 * min(times[m]):.2f} / {1e3 * float(np.median(times[m])):.2f}"
+                 if m in times else "" for m in range(12, 17)]
+        print(f"| {n}, {k:,}, 2^{log_d} | " + " | ".join(cells)
+              + f" | {tile_bits(k, d_pad)} |", flush=True)
     print(f"\nms (best / median) for one adjoint and one forward, {args.threads} thread(s)")
     return 0
 

@@ -209,3 +209,21 @@ def test_tile_kernels_reject_bad_arguments() -> None:
         native.tile_forward(u, bad_rows, op.signs, 4, 3, 2, 0, 1, part)
     with pytest.raises(TypeError, match="signs"):
         native.tile_adjoint(z, op.rows, op.signs.astype(np.float64), 4, 3, 0, 8, 1.0, out_a)
+
+
+def test_a_chosen_tile_size_changes_no_value() -> None:
+    """``JointSRHT(tile_log2=m)`` (what ``bench/bench_tiles.py`` times): every m gives the
+    rule's products to rounding; an m outside [1, log2 d'] is refused."""
+    import dataclasses
+
+    op = JointSRHT.from_seeds([3, 5, 8], 300, 1 << 12)
+    rng = np.random.default_rng(2)
+    z, u = rng.standard_normal((3, 300)), rng.standard_normal(1 << 12)
+    ref_adj, ref_fwd = op.adjoint(z), op.forward(u)
+    for m in (7, 10, 12):
+        other = dataclasses.replace(op, tile_log2=m)
+        np.testing.assert_allclose(other.adjoint(z), ref_adj, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(other.forward(u), ref_fwd, rtol=0, atol=1e-12)
+    for bad in (0, 13):
+        with pytest.raises(ValueError, match="tile_log2 must be in"):
+            dataclasses.replace(op, tile_log2=bad)

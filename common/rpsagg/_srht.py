@@ -243,12 +243,23 @@ class JointSRHT(JointShape):
         :meth:`gram`; the tile products need none).
     threads : int
         Threads per product (1: the calling thread only).
+    tile_log2 : int or None
+        ``m``, the log2 of the compiled products' tile, where a measurement wants to choose
+        it (``bench/bench_tiles.py``); None (default): :func:`tile_bits` of k and d'. Other
+        values change the products' bits by an ulp, never their value.
     """
 
     signs: NDArray[np.int8]
     rows: IntArray
     memory_budget: int = DEFAULT_MEMORY_BUDGET
     threads: int = 1
+    tile_log2: int | None = None
+
+    def __post_init__(self) -> None:
+        log_d = self.d_pad.bit_length() - 1
+        if self.tile_log2 is not None and not 1 <= self.tile_log2 <= log_d:
+            raise ValueError(f"tile_log2 must be in [1, log2 d' = {log_d}]; got "
+                             f"{self.tile_log2}")
 
     @classmethod
     def from_seeds(
@@ -304,7 +315,8 @@ class JointSRHT(JointShape):
     def _tile_args(self) -> tuple[IntArray, NDArray[np.int8], int, float]:
         rows = np.ascontiguousarray(self.rows, dtype=np.int64)
         signs = np.ascontiguousarray(self.signs, dtype=np.int8)
-        return rows, signs, tile_bits(self.k, self.d_pad), 1.0 / float(np.sqrt(self.d_pad))
+        m = tile_bits(self.k, self.d_pad) if self.tile_log2 is None else self.tile_log2
+        return rows, signs, m, 1.0 / float(np.sqrt(self.d_pad))
 
     def _adjoint_tiles(self, z: FloatArray) -> FloatArray:
         native = spec.NATIVE

@@ -7,7 +7,8 @@ randomized DCT (:func:`dct_encode`, any d) or two overlapping Hadamard blocks
 ``A = [G_1; ...; G_n]`` (:class:`JointSRHT`, :class:`JointDCT`, :class:`JointHBlocks`),
 which the joint decode
 (:mod:`rpsagg.linalg`) applies matrix-free; :func:`product_path` says whether the
-SRHT's products run as the compiled tile kernels or as numpy passes. The blockwise SRHT
+SRHT's products run as the compiled tile kernels or as numpy passes, and :func:`tile_bits`
+the tile size they use. The blockwise SRHT
 projects each block with its own seed, :func:`block_seed`. The dense matrices (:func:`srht_matrix`,
 :func:`dct_matrix`, :func:`hblocks_matrix`) are for tests and interoperability only.
 
@@ -27,6 +28,7 @@ from rpsagg._fwht import fwht
 from rpsagg._hblocks import JointHBlocks, hblocks_encode, hblocks_matrix
 from rpsagg._projection import PROJECTIONS
 from rpsagg._srht import JointSRHT, product_path, srht_encode, srht_matrix
+from rpsagg._srht_plan import tile_bits
 
 __all__ = [
     "AUTO_BLOCK_SIZE",
@@ -46,4 +48,5 @@ __all__ = [
     "product_path",
     "srht_encode",
     "srht_matrix",
+    "tile_bits",
 ]
