@@ -116,6 +116,16 @@ class Layout:
         return tuple(k for k, c, f in zip(self.keys, self.compressed, self.frozen, strict=True)
                      if not (c or f))
 
+    def plain_arrays(self, absent: Sequence[bool] | None = None
+                     ) -> list[tuple[str, tuple[int, ...], np.dtype]]:
+        """``(key, shape, dtype)`` of each array that travels uncompressed, in record
+        order, less those flagged in ``absent`` (one flag per array, as in a reply's
+        bitmap; None: none absent)."""
+        gone = [False] * len(self.keys) if absent is None else absent
+        return [(key, shape, dtype) for key, shape, dtype, c, f, no
+                in zip(self.keys, self.shapes, self.dtypes, self.compressed, self.frozen,
+                       gone, strict=True) if not (c or f or no)]
+
     @property
     def frozen_keys(self) -> tuple[str, ...]:
         """The frozen arrays (never sent up, kept by the server), in record order."""
@@ -591,11 +601,7 @@ def records_to_plain(arrays: ArrayRecord, layout: Layout,
     ``absent``); ``ValueError`` for one that is missing or differs from the model's shape
     or dtype."""
     out = {}
-    gone = [False] * len(layout.keys) if absent is None else list(absent)
-    for key, shape, dtype, no in zip(layout.keys, layout.shapes, layout.dtypes, gone,
-                                     strict=True):
-        if key not in layout.plain_keys or no:
-            continue
+    for key, shape, dtype in layout.plain_arrays(absent):
         name = PLAIN_PREFIX + key
         if name not in arrays:
             raise ValueError(f"the compressed reply lacks the uncompressed array {key!r}")

@@ -191,10 +191,7 @@ def pack_reply(arrays: ArrayRecord, meta: ConfigRecord, layout: Layout) -> bytes
             take("scale" + suffix, "float32", len(scales.data))
         if indexed:
             take("indices" + suffix, "int32", 4 * n)
-    for key, shape, dtype, no in zip(layout.keys, layout.shapes, layout.dtypes, absent,
-                                     strict=True):
-        if key not in layout.plain_keys or no:
-            continue
+    for key, shape, dtype in layout.plain_arrays(absent):
         plain = PLAIN_PREFIX + key
         if plain not in arrays:
             raise ValueError(f"the reply lacks the uncompressed array {key!r}")
@@ -308,12 +305,10 @@ def unpack_reply(packed: bytes, layout: Layout) -> tuple[ArrayRecord, ConfigReco
             out["scale" + suffix] = _raw(read.take(4 * scales, what), "float32", (scales,))
         if kind & _INDICES:
             out["indices" + suffix] = _raw(read.take(4 * count, what), "int32", (count,))
-    for key, shape, dtype, no in zip(layout.keys, layout.shapes, layout.dtypes, gone,
-                                     strict=True):
-        if key in layout.plain_keys and not no:
-            nbytes = np.dtype(dtype).itemsize * int(np.prod(shape, dtype=np.int64))
-            out[PLAIN_PREFIX + key] = _raw(read.take(nbytes, f"uncompressed array {key!r}"),
-                                           str(dtype), shape)
+    for key, shape, dtype in layout.plain_arrays(gone):
+        nbytes = np.dtype(dtype).itemsize * int(np.prod(shape, dtype=np.int64))
+        out[PLAIN_PREFIX + key] = _raw(read.take(nbytes, f"uncompressed array {key!r}"),
+                                       str(dtype), shape)
     if read.at != len(packed):
         raise ValueError(f"the compressed reply has {len(packed) - read.at} B past its end")
     counts = [c for _, c, _ in parts]
