@@ -40,7 +40,6 @@ from rpsagg_server.grpcguard import (
     grpc_connection_options,
     server_budget,
 )
-from rpsagg_server.http.auth import BearerAuth
 from rpsagg_server.http.connections import (
     ACCEPT_BACKLOG,
     ConnectionLimits,
@@ -296,10 +295,11 @@ async def serve(
     passed; then ``cfg.linger`` seconds; then health ``NOT_SERVING`` and a stop in which calls
     in flight get :data:`STOP_GRACE` seconds.
 
-    ``http_app_factory(host, admin_tokens)`` returns an ASGI app served by uvicorn on
-    ``cfg.http_port`` at every address of ``cfg.http_host`` (default 127.0.0.1 and ::1), on
-    the same event loop (the dashboard), behind the bearer-token check with
-    ``cfg.http_tokens``, over TLS with ``cfg.http_tls``, its connections bounded
+    ``http_app_factory(host, admin_tokens, http_tokens)`` returns an ASGI app served by
+    uvicorn on ``cfg.http_port`` at every address of ``cfg.http_host`` (default 127.0.0.1
+    and ::1), on the same event loop (the dashboard); it makes the bearer-token check with
+    ``http_tokens`` (``cfg.http_tokens``, and the admin tokens) on the paths it finally
+    serves. Over TLS with ``cfg.http_tls``, its connections bounded
     (``cfg.http_header_timeout``, ``cfg.http_max_connections``). Its sockets are bound
     first, so a port in use is a start-up error.
     """
@@ -348,7 +348,7 @@ async def serve(
             loop.add_signal_handler(sig, on_signal)
     http_task = None
     if socks and http_app_factory is not None:
-        app = http_app_factory(running.host, admin_tokens)
+        app = http_app_factory(running.host, admin_tokens, http_tokens)
         registry = getattr(getattr(getattr(app, "service", None), "state", None),
                            "registry", None)
         if isinstance(registry, CollectorRegistry):
@@ -356,8 +356,6 @@ async def serve(
                 registry.register(ConnectionsCollector(limits))
             if running.guard is not None:
                 registry.register(GuardCollector(running.guard))
-        if http_tokens is not None:
-            app = BearerAuth(app, http_tokens)
         uv, http_task = start_http(app, socks, limits)
         scheme = "https" if limits is not None and limits.ssl_context is not None else "http"
         # the port file (and ``ready``) mean "serving": the dashboard must answer by then

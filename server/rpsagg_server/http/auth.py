@@ -1,10 +1,13 @@
 """Bearer-token authentication of the dashboard's data (``--http-tokens FILE``).
 
-With a token file, ``/api/*`` and ``/metrics`` need exactly one header
-``Authorization: Bearer <token>`` with a token of the file (Prometheus:
-``authorization: {credentials_file: ...}``; the dashboard page asks for a token and sends it).
-Open without a token: the health probes (``/healthz``, ``/readyz``), the page itself (``/``,
-``/static/*``: no data), and the API's schema (``/docs``, ``/openapi.json``).
+With a token file, every path needs exactly one header ``Authorization: Bearer <token>``
+with a token of the file (Prometheus: ``authorization: {credentials_file: ...}``; the
+dashboard page asks for a token and sends it), except the paths of :data:`OPEN`: the health
+probes (``/healthz``, ``/readyz``), the page itself (``/``, ``/static/*``: no data), and the
+API's schema (``/docs``, ``/openapi.json``). The check is made on the path an app finally
+serves (:class:`Gate`), whatever prefix reached it: a job's ``/jobs/{id}/api/status`` is
+that job's ``/api/status`` and needs the token as that does. Everything not open is
+protected, so a route added later is protected unless it is added to :data:`OPEN`.
 
 Refusals say nothing about the tokens: ``401`` (``WWW-Authenticate: Bearer``) for a
 missing, repeated or malformed header, ``403`` for a well-formed header with an unknown
@@ -19,11 +22,15 @@ import hashlib
 import hmac
 import json
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Scope, Send
 
 from rpsagg_server.auth import read_token_text
 
-PROTECTED = ("/api/", "/metrics")
+#: the paths open without a token (none serves a job's data or metrics)
+OPEN = frozenset({"/", "/healthz", "/readyz", "/docs", "/docs/oauth2-redirect",
+                  "/openapi.json"})
+#: the prefixes of open paths (the page's static files)
+OPEN_PREFIXES = ("/static/",)
 
 
 class HttpTokens:
@@ -76,45 +83,47 @@ class HttpTokens:
 
 
 def protected(path: str) -> bool:
-    """Whether ``path`` needs a token: ``/api/*`` and ``/metrics`` (``/metrics/`` too)."""
-    return path.startswith(PROTECTED[0]) or path.rstrip("/") == PROTECTED[1]
+    """Whether ``path`` (the path an app serves, after any job prefix was taken off) needs a
+    token: every path but :data:`OPEN` and :data:`OPEN_PREFIXES`."""
+    return path not in OPEN and not path.startswith(OPEN_PREFIXES)
 
 
-class BearerAuth:
-    """ASGI middleware: the token check in front of the app's protected paths.
+def verdict(tokens: HttpTokens, headers: list[tuple[bytes, bytes]]) -> int:
+    """200 (a known token), 401 (no usable ``Authorization`` header: none, repeated, not
+    ``Bearer``, empty or not ASCII) or 403 (an unknown token)."""
+    values = [v for k, v in headers if k.lower() == b"authorization"]
+    if len(values) != 1:
+        return 401
+    scheme, _, token = values[0].partition(b" ")
+    if scheme.lower() != b"bearer" or not token.strip():
+        return 401
+    try:
+        text = token.strip().decode("ascii")
+    except UnicodeDecodeError:
+        return 401
+    return 200 if tokens.known(text) else 403
+
+
+class Gate:
+    """The token check of the paths apps serve.
 
     Parameters
     ----------
-    app : ASGI app
-    tokens : HttpTokens
+    tokens : HttpTokens, optional
+        The dashboard's tokens (``--http-tokens``); None lets every request through.
     """
 
-    def __init__(self, app: ASGIApp, tokens: HttpTokens) -> None:
-        self.app = app
+    def __init__(self, tokens: HttpTokens | None) -> None:
         self.tokens = tokens
 
-    def verdict(self, headers: list[tuple[bytes, bytes]]) -> int:
-        """200 (let it through), 401 (no usable header) or 403 (unknown token)."""
-        values = [v for k, v in headers if k.lower() == b"authorization"]
-        if len(values) != 1:
-            return 401
-        scheme, _, token = values[0].partition(b" ")
-        if scheme.lower() != b"bearer" or not token.strip():
-            return 401
-        try:
-            text = token.strip().decode("ascii")
-        except UnicodeDecodeError:
-            return 401
-        return 200 if self.tokens.known(text) else 403
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not protected(scope["path"]):
-            await self.app(scope, receive, send)
-            return
-        status = self.verdict(scope["headers"])
+    async def admit(self, path: str, scope: Scope, send: Send) -> bool:
+        """Whether a request for ``path`` (as the app that answers it sees it) may go on;
+        if not, the refusal (401 or 403) has been sent."""
+        if self.tokens is None or scope["type"] != "http" or not protected(path):
+            return True
+        status = verdict(self.tokens, scope["headers"])
         if status == 200:
-            await self.app(scope, receive, send)
-            return
+            return True
         body = json.dumps({"detail": "unauthorized" if status == 401 else "forbidden"}).encode()
         headers = [(b"content-type", b"application/json"),
                    (b"content-length", str(len(body)).encode()),
@@ -123,3 +132,4 @@ class BearerAuth:
             headers.append((b"www-authenticate", b'Bearer realm="rpsagg"'))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+        return False

@@ -36,7 +36,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 import rpsagg
 from rpsagg_server.archive import ArchiveCollector
 from rpsagg_server.http.app import create_app, mount_page
-from rpsagg_server.http.auth import BearerAuth, HttpTokens
+from rpsagg_server.http.auth import Gate, HttpTokens, verdict
 from rpsagg_server.http.renders import DEFAULT_MAX_BYTES, BodyCache, BodyCacheCollector
 from rpsagg_server.jobhost import JobHost, JobRefused, JobRuntime
 from rpsagg_server.state import ServerState
@@ -237,7 +237,7 @@ class AdminGuard:
                 return
             raise HTTPException(403, "creating and cancelling jobs needs --admin-tokens on "
                                 "the server (or --insecure)")
-        status = BearerAuth(_never, self.tokens).verdict(request.scope["headers"])
+        status = verdict(self.tokens, request.scope["headers"])
         if status == 401:
             raise HTTPException(401, "an admin token is needed: Authorization: Bearer TOKEN",
                                 headers={"WWW-Authenticate": 'Bearer realm="rpsagg-admin"'})
@@ -245,19 +245,28 @@ class AdminGuard:
             raise HTTPException(403, "not an admin token")
 
 
-async def _never(scope: Scope, receive: Receive, send: Send) -> None:  # pragma: no cover
-    raise AssertionError("not called")
-
-
 _OWN = ("/api/jobs", "/metrics", "/static/", "/docs", "/openapi.json")
 
 
 class JobRouter:
-    """ASGI: sends each request to the app that answers it (module docstring)."""
+    """ASGI: sends each request to the app that answers it (module docstring), the token
+    check (:class:`~rpsagg_server.http.auth.Gate`) made on the path that app serves.
 
-    def __init__(self, service: FastAPI, host: JobHost) -> None:
+    Parameters
+    ----------
+    service : FastAPI
+        The service's own app (:func:`create_service_app`).
+    host : JobHost
+        The jobs, whose apps answer their paths.
+    tokens : HttpTokens, optional
+        ``--http-tokens`` (with the admin tokens): who may read; None: everyone.
+    """
+
+    def __init__(self, service: FastAPI, host: JobHost,
+                 tokens: HttpTokens | None = None) -> None:
         self.service = service
         self.host = host
+        self.gate = Gate(tokens)
 
     def _job_app(self, job_id: str) -> ASGIApp | None:
         rt = self.host.jobs.get(job_id)
@@ -277,8 +286,7 @@ class JobRouter:
         if len(parts) > 3 and parts[1] == "jobs":  # /jobs/{id}/<rest>: the job's page
             rest = "/" + "/".join(parts[3:])
             if rest.startswith("/static/") or rest == "/":
-                await self.service({**scope, "path": rest, "raw_path": rest.encode()},
-                                   receive, send)
+                await self._serve(rest, scope, receive, send)
                 return
             await self._forward(parts[2], rest, scope, receive, send)
             return
@@ -287,17 +295,28 @@ class JobRouter:
             return
         default = self.host.default()
         if path == "/" or path.startswith(_OWN):
-            await self.service(scope, receive, send)
+            await self._serve(path, scope, receive, send)
         elif default is not None:
             await self._forward(default.id, path, scope, receive, send)
         elif path in ("/healthz", "/readyz"):
-            await self.service(scope, receive, send)
-        else:
+            await self._serve(path, scope, receive, send)
+        elif await self.gate.admit(path, scope, send):
             await _json(404, {"detail": "this server has no default job: see /api/jobs"},
                         send)
 
+    async def _serve(self, path: str, scope: Scope, receive: Receive, send: Send) -> None:
+        """The service app's ``path``, behind the token check."""
+        if await self.gate.admit(path, scope, send):
+            if path != scope["path"]:
+                scope = {**scope, "path": path, "raw_path": path.encode()}
+            await self.service(scope, receive, send)
+
     async def _forward(self, job_id: str, path: str, scope: Scope, receive: Receive,
                        send: Send) -> None:
+        """Job ``job_id``'s ``path``, behind the token check (made before the job is looked
+        up: an unknown job's answer says nothing to a reader without a token)."""
+        if not await self.gate.admit(path, scope, send):
+            return
         app = self._job_app(job_id)
         if app is None:
             rec = None
@@ -325,10 +344,12 @@ async def _redirect(location: str, send: Send) -> None:
     await send({"type": "http.response.body", "body": b""})
 
 
-def create_standing_app(host: JobHost, admin_tokens: HttpTokens | None = None) -> JobRouter:
+def create_standing_app(host: JobHost, admin_tokens: HttpTokens | None = None,
+                        http_tokens: HttpTokens | None = None) -> JobRouter:
     """The server's dashboard: :func:`create_service_app` behind :class:`JobRouter`
-    (``.service`` is the FastAPI app, ``.service.state.registry`` its registry)."""
+    (``.service`` is the FastAPI app, ``.service.state.registry`` its registry), reading
+    behind ``http_tokens`` when given."""
     service = create_service_app(host, admin_tokens=admin_tokens)
-    return JobRouter(service, host)
+    return JobRouter(service, host, http_tokens)
 
 
