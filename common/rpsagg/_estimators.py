@@ -17,6 +17,7 @@ from rpsagg._estimator import DecodeResult, Estimator, FloatArray
 from rpsagg._projection import resolve_projection
 from rpsagg._qsgd import Qsgd
 from rpsagg._spatial import SCHEME, SCHEMES, RandKSpatial, RandProjSpatial
+from rpsagg._transform import transform_option
 from rpsagg._wireprofile import SchemeTraits
 
 __all__ = [
@@ -162,8 +163,8 @@ def estimator_from_options(
         return make_estimator(name, n=n, d=d, bits=bits)
     if not traits.takes_transform:
         transform, prior_r = "avg", None
-    elif isinstance(transform, str) and transform not in ("avg", "max", "one", "auto"):
-        transform = float(transform)
+    else:
+        transform = transform_option(transform, n)
     if not traits.takes_projection:
         projection, block_size = "auto", 0
     return make_estimator(

@@ -56,6 +56,43 @@ class Transform:
         return f"corr({self.r:g})"
 
 
+#: the transforms chosen by name (any other ``transform`` is a number R)
+TRANSFORM_NAMES = ("avg", "max", "one", "auto")
+
+
+def transform_option(transform: str | float, n: int) -> str | float:
+    """A job's ``transform`` option as the estimators take it: a name of
+    :data:`TRANSFORM_NAMES`, or the number R (given as a number or as its text, as on a
+    command line: ``--transform 2.5``).
+
+    Parameters
+    ----------
+    transform : str or float
+        The option as given.
+    n : int
+        Clients decoded together (R must be in ``[0, n - 1]``).
+
+    Returns
+    -------
+    str or float
+        The name, or R as a float.
+
+    Raises
+    ------
+    ValueError
+        For text that is neither a name nor a number, or an R outside ``[0, n - 1]``
+        (non-finite included).
+    """
+    if isinstance(transform, str) and transform not in TRANSFORM_NAMES:
+        try:
+            transform = float(transform)
+        except ValueError:
+            raise ValueError(f"transform must be one of {', '.join(TRANSFORM_NAMES)} or a "
+                             f"number R; got {transform!r}") from None
+    parse_transform(transform, n)
+    return transform
+
+
 def parse_transform(transform: str | float, n: int, prior_r: float | None = None) -> Transform:
     """Build a :class:`Transform` from the user-facing ``transform`` argument.
 
@@ -86,7 +123,7 @@ def parse_transform(transform: str | float, n: int, prior_r: float | None = None
         if not math.isfinite(r) or not 0.0 <= r <= max(0, n - 1):
             raise ValueError(f"transform R must be in [0, n-1] = [0, {n - 1}]; got {transform}")
         return Transform("corr", r, n)
-    if transform in ("max", "one", "avg"):
+    if transform in TRANSFORM_NAMES[:3]:
         return Transform(transform, None, n)
     if transform == "auto":
         if prior_r is not None and not math.isfinite(prior_r):

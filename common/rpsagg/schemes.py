@@ -30,6 +30,7 @@ from rpsagg._estimators import (
     r_hat_schemes,
     scheme_traits,
 )
+from rpsagg._transform import TRANSFORM_NAMES, transform_option
 from rpsagg._validation import check_batch
 from rpsagg._wireprofile import SchemeTraits, WireProfile
 
@@ -37,6 +38,7 @@ __all__ = [
     "BLOCK_SCHEME_PREFIX",
     "DEFAULT_ESTIMATOR",
     "MESSAGE_SCHEME_CODES",
+    "TRANSFORM_NAMES",
     "SchemeTraits",
     "WireProfile",
     "check_batch",
@@ -46,4 +48,5 @@ __all__ = [
     "names_where",
     "r_hat_schemes",
     "scheme_traits",
+    "transform_option",
 ]

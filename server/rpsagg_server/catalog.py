@@ -32,6 +32,13 @@ from typing import Any
 
 JOB_STATES = ("queued", "running", "done", "failed", "cancelled")
 ENDED = ("done", "failed", "cancelled")
+#: the states a job may still leave
+OPEN_STATES = tuple(s for s in JOB_STATES if s not in ENDED)
+#: the catalog's own file in ``<db>.d/``, beside the jobs' ``<id>.db``
+CATALOG_FILE = "catalog.db"
+#: job ids whose database would be one of the store's own files, compared without case (a
+#: case-insensitive file system maps ``Catalog`` there too)
+RESERVED_IDS = frozenset({Path(CATALOG_FILE).stem})
 
 
 @dataclass(frozen=True)
@@ -76,7 +83,7 @@ class Catalog:
             path = ":memory:"
         else:
             self.folder.mkdir(exist_ok=True)
-            path = str(self.folder / "catalog.db")
+            path = str(self.folder / CATALOG_FILE)
         self._lock = threading.Lock()
         self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._conn.execute("PRAGMA journal_mode=WAL")
@@ -89,6 +96,7 @@ class Catalog:
 
     def job_db(self, job_id: str) -> str:
         """The database path of a created job (``:memory:`` for an in-memory server)."""
+        assert job_id.lower() not in RESERVED_IDS, job_id
         return ":memory:" if self.folder is None else str(self.folder / f"{job_id}.db")
 
     def _write(self, sql: str, args: tuple[Any, ...]) -> int:
@@ -114,19 +122,28 @@ class Catalog:
                 raise CatalogError(str(exc)) from exc
         return JobRecord(job_id, int(seq), dict(settings), "queued", now, None, None, "")
 
-    def set_state(self, job_id: str, state: str, failure: str = "") -> None:
+    def set_state(self, job_id: str, state: str, failure: str = "",
+                  only_from: tuple[str, ...] = JOB_STATES) -> bool:
         """Move a job to ``state`` (``running`` stamps ``started_at``, an end state
-        ``finished_at``); durable when this returns."""
+        ``finished_at``) if it is in one of ``only_from``; durable when this returns.
+
+        Returns
+        -------
+        bool
+            Whether it moved (False: it was in another state, which stays).
+        """
         assert state in JOB_STATES
         now = time.time()
+        where = f"WHERE id = ? AND state IN ({', '.join('?' * len(only_from))})"
         if state == "running":
-            self._write("UPDATE jobs SET state = ?, started_at = COALESCE(started_at, ?) "
-                        "WHERE id = ?", (state, now, job_id))
+            sql = "UPDATE jobs SET state = ?, started_at = COALESCE(started_at, ?) "
+            args: tuple[Any, ...] = (state, now)
         elif state in ENDED:
-            self._write("UPDATE jobs SET state = ?, finished_at = COALESCE(finished_at, ?), "
-                        "failure = ? WHERE id = ?", (state, now, failure, job_id))
+            sql = "UPDATE jobs SET state = ?, finished_at = COALESCE(finished_at, ?), failure = ? "
+            args = (state, now, failure)
         else:
-            self._write("UPDATE jobs SET state = ? WHERE id = ?", (state, job_id))
+            sql, args = "UPDATE jobs SET state = ? ", (state,)
+        return self._write(sql + where, (*args, job_id, *only_from)) == 1
 
     def get(self, job_id: str) -> JobRecord | None:
         """One job, or None."""

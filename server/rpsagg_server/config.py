@@ -35,8 +35,9 @@ from pydantic_settings import (
 
 from rpsagg import ESTIMATOR_NAMES, QUANTIZER_NAMES
 from rpsagg.projections import AUTO_BLOCK_SIZE, AUTO_BLOCK_THRESHOLD, auto_block_size
-from rpsagg.schemes import DEFAULT_ESTIMATOR, names_where, scheme_traits
+from rpsagg.schemes import DEFAULT_ESTIMATOR, names_where, scheme_traits, transform_option
 from rpsagg.tasks import DATA_SOURCES, EXTERNAL_DATA, TASKS
+from rpsagg_server.bounds import check_finite, check_range
 
 SCHEMES = ESTIMATOR_NAMES + QUANTIZER_NAMES
 QUANTIZABLE = names_where(lambda t: t.quantizable)
@@ -148,6 +149,8 @@ class ServerConfig:
     task_params: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # first: what follows may compute with the numbers
+            check_range(f.name, getattr(self, f.name))
         if self.estimator not in SCHEMES:
             raise ValueError(f"--estimator must be one of {', '.join(SCHEMES)}")
         traits = scheme_traits(self.estimator)
@@ -176,6 +179,7 @@ class ServerConfig:
         self._check_block_size(traits.takes_projection)
         if self.task not in TASKS:
             raise ValueError(f"--task must be one of {', '.join(TASKS)}; got {self.task!r}")
+        self._check_transform(traits.takes_transform)
         if self.d == 0 and self.data != EXTERNAL_DATA:
             raise ValueError("--d 0 (d from the first client's join) goes with --data "
                              f"{EXTERNAL_DATA}")
@@ -284,6 +288,8 @@ class ServerConfig:
             raise ValueError("--tls-cert and --tls-key go together")
         if self.kmeans_updates not in (0, 1):
             raise ValueError(f"--kmeans-updates must be 0 or 1; got {self.kmeans_updates}")
+        if self.centroids < 1:
+            raise ValueError(f"--centroids must be >= 1; got {self.centroids}")
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError("--tls-client-ca (mTLS) needs --tls-cert and --tls-key")
         if self.decode_device is not None:
@@ -320,6 +326,17 @@ class ServerConfig:
                              f"got {self.event_loop!r}")
         if self.event_loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
             raise ValueError("--event-loop uvloop needs uvloop: pip install uvloop")
+        for f in fields(self):  # last: the checks above say more of the fields they know
+            check_finite(f.name, getattr(self, f.name))
+
+    def _check_transform(self, takes_transform: bool) -> None:
+        """``--transform``: a name, or a number R in [0, n-1] (what the estimator reads)."""
+        if not takes_transform:
+            return
+        try:
+            transform_option(self.transform, max(self.n, 1))
+        except ValueError as exc:
+            raise ValueError(f"--{exc}") from None
 
     def _check_block_size(self, takes_projection: bool) -> None:
         """``--block-size``: Rand-Proj-Spatial only, a known d, and at least one value per
@@ -334,6 +351,9 @@ class ServerConfig:
             raise ValueError("--block-size needs --d (a job whose d comes from the first "
                              "join runs one transform over all of d)")
         size = self.block_size_for(self.d)
+        if size > self.d:
+            raise ValueError(f"--block-size {size} is above d = {self.d} (use 0: one "
+                             "transform over all of d)")
         if size:
             blocks = -(-self.d // size)
             least = self.k_min if self.target_rel_error > 0 else self.k

@@ -30,7 +30,15 @@ from typing import Any
 from rpsagg.schemes import WireProfile, estimator_from_options
 from rpsagg.tasks import make_task
 from rpsagg_server import jobs
-from rpsagg_server.catalog import ENDED, JOB_STATES, Catalog, CatalogError, JobRecord
+from rpsagg_server.catalog import (
+    ENDED,
+    JOB_STATES,
+    OPEN_STATES,
+    RESERVED_IDS,
+    Catalog,
+    CatalogError,
+    JobRecord,
+)
 from rpsagg_server.config import (
     BYTES_PER_COORDINATE,
     JOB_KEYS,
@@ -57,6 +65,26 @@ JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 AUTO_REQUEST_BYTES = 64 << 20
 #: jobs waiting for a slot, at most
 MAX_QUEUED = 1000
+
+
+def check_job_id(job_id: object) -> None:
+    """Refuse an id that is not :data:`JOB_ID`'s shape, or one of :data:`RESERVED_IDS`
+    (:class:`JobRefused` 400)."""
+    if not isinstance(job_id, str) or not JOB_ID.match(job_id):
+        raise JobRefused("id must be 1..64 characters of [A-Za-z0-9._-], starting with a "
+                         f"letter or digit; got {job_id!r}")
+    if job_id.lower() in RESERVED_IDS:
+        raise JobRefused(f"id {job_id!r} is reserved (the store's own files use it)")
+
+
+@dataclass(frozen=True)
+class _Need:
+    """What a job's settings imply: its configuration, vectors per submission (m) and
+    memory estimate."""
+
+    cfg: ServerConfig
+    m: int
+    memory: int
 
 
 class JobRefused(ValueError):
@@ -281,7 +309,8 @@ class JobHost:
         p = rt.engine.progress
         if rec is not None and rec.state not in ENDED:
             state = "failed" if p.job_failure else "done"
-            await self._set_state(rt.id, state, p.job_failure, must=False)
+            await self._set_state(rt.id, state, p.job_failure, must=False,
+                                  only_from=OPEN_STATES)
         if not rt.default:  # an ended created job keeps one round's arrays cached
             rt.memory = ended_memory(rt.cfg, rt.engine.m)
             rt.engine.archive.shrink(rt.memory)
@@ -295,8 +324,10 @@ class JobHost:
         self.changed.clear()
 
     async def _set_state(self, job_id: str, state: str, failure: str = "",
-                         must: bool = True) -> None:
-        """Record a job's new state in the catalog, then in memory.
+                         must: bool = True, only_from: tuple[str, ...] = JOB_STATES) -> bool:
+        """Record a job's new state in the catalog, then in memory, if it is in one of
+        ``only_from`` (a state another writer changed meanwhile stays: a cancel wins over
+        the scheduler's ``running``); returns whether it moved.
 
         ``must``: a failed write raises :class:`CatalogError` and changes nothing (what an
         answer acknowledges, a cancel). Otherwise (the engine's own transitions: started,
@@ -304,21 +335,24 @@ class JobHost:
         derives the same state again from the job's database (a running job's end is in
         it; a queued job that had started resumes from it)."""
         try:
-            await asyncio.to_thread(self.catalog.set_state, job_id, state, failure)
+            moved = await asyncio.to_thread(self.catalog.set_state, job_id, state, failure,
+                                            only_from)
         except CatalogError as exc:
             if must:
                 raise
             log.warning("[Jobs] job %s is %s, but the catalog could not record it (%s); a "
                         "restart finds it again from the job's database", job_id, state, exc)
             old = self._records.get(job_id)
-            if old is not None:
+            moved = old is not None and old.state in only_from
+            if old is not None and moved:
                 self._records[job_id] = dataclasses.replace(old, state=state, failure=failure)
             self._changed()
-            return
+            return moved
         rec = self.catalog.get(job_id)
         if rec is not None:
             self._records[job_id] = rec
         self._changed()
+        return moved
 
     # -- scheduling ------------------------------------------------------------------------
     def running(self) -> list[str]:
@@ -329,19 +363,28 @@ class JobHost:
         """Start queued jobs, oldest first, while fewer than ``--max-jobs`` run."""
         async with self._scheduling:
             for rec in sorted(self._records.values(), key=lambda r: r.seq):
-                if rec.state != "queued":
-                    continue
+                if self._records[rec.id].state != "queued":  # as it is now: a cancel may
+                    continue  # have come while an earlier job opened
                 if len(self.running()) >= self.cfg.max_jobs:
                     return
-                try:
-                    await self._open(rec)
-                except (StartupError, ValueError, OSError) as exc:
-                    log.error("[Jobs] job %s failed to start: %s", rec.id, exc)
-                    await self._set_state(rec.id, "failed", f"failed to start: {exc}",
-                                          must=False)
-                    continue
-                await self._set_state(rec.id, "running", must=False)
-                log.info("[Jobs] job %s started", rec.id)
+                await self._start(rec)
+
+    async def _start(self, rec: JobRecord) -> None:
+        """Open a queued job and record it running, unless a cancel came meanwhile (then
+        it is cancelled before anything can join it)."""
+        try:
+            rt = await self._open(rec)
+        except (StartupError, ValueError, OSError) as exc:
+            log.error("[Jobs] job %s failed to start: %s", rec.id, exc)
+            await self._set_state(rec.id, "failed", f"failed to start: {exc}", must=False,
+                                  only_from=("queued",))
+            return
+        now = self._records[rec.id]  # no await since it was installed: nothing joined yet
+        if now.state != "queued":
+            await rt.engine.cancel(now.failure or "cancelled")
+            return
+        if await self._set_state(rec.id, "running", must=False, only_from=("queued",)):
+            log.info("[Jobs] job %s started", rec.id)
 
     def _committed_memory(self) -> int:
         """The estimates of the jobs that hold or will hold memory: open and queued."""
@@ -365,26 +408,16 @@ class JobHost:
         wanted = settings.pop("id", None)
         async with self._create_lock:
             if wanted is not None:
-                if not isinstance(wanted, str) or not JOB_ID.match(wanted):
-                    raise JobRefused("id must be 1..64 characters of [A-Za-z0-9._-], starting "
-                                     f"with a letter or digit; got {wanted!r}")
+                check_job_id(wanted)
                 if wanted in self._records or wanted == DEFAULT_JOB:
                     raise JobRefused(f"id: a job {wanted!r} exists already", 409)
-            try:
-                cfg = job_config(self.cfg, settings, ":memory:")
-            except ValueError as exc:
-                raise JobRefused(_flag_names(str(exc))) from None
-            m = make_task(cfg.task, cfg.d, cfg.params).m
-            need = job_memory(cfg, m)
+            need, limit = self._vet(settings)
             left = self.memory_budget - self._committed_memory()
-            if need > left:
+            if need.memory > left:
                 raise JobRefused(
-                    f"d: a job of d = {cfg.d}, m = {m}, n = {cfg.n} is estimated at "
-                    f"{need / 2**20:.1f} MiB; {max(left, 0) / 2**20:.1f} MiB of the jobs' "
-                    f"{self.memory_budget / 2**20:.1f} MiB (--jobs-memory-bytes) are left")
-            probe = _wire(cfg)
-            limit = max_request_bytes(cfg, m, probe.max_values, probe.sends_indices,
-                                      probe.block_size)
+                    f"d: a job of d = {need.cfg.d}, m = {need.m}, n = {need.cfg.n} is estimated "
+                    f"at {need.memory / 2**20:.1f} MiB; {max(left, 0) / 2**20:.1f} MiB of the "
+                    f"jobs' {self.memory_budget / 2**20:.1f} MiB (--jobs-memory-bytes) are left")
             if limit > self.request_limit:
                 raise JobRefused(
                     f"d: this job's submissions may take {limit} bytes; the server takes "
@@ -394,7 +427,7 @@ class JobHost:
                 raise JobRefused(f"{queued} jobs are queued already; try again later", 503)
             job_id = wanted or self._new_id()
             stored = {k: v for k, v in dict(settings).items() if k in JOB_KEYS}
-            stored["_memory"] = need
+            stored["_memory"] = need.memory
             try:
                 rec = await asyncio.to_thread(self.catalog.add, job_id, stored)
             except CatalogError as exc:
@@ -406,6 +439,21 @@ class JobHost:
         # a few synchronous commits, which the creation's answer does not wait for)
         self._spawn(self.schedule())
         return self.describe(job_id)
+
+    def _vet(self, settings: Mapping[str, Any]) -> tuple[_Need, int]:
+        """Everything a job's settings imply, derived before anything is recorded: its
+        configuration, task, memory estimate and request limit (:class:`JobRefused` 400,
+        one line naming the setting, for whatever the flags' checks or the library's
+        refuse)."""
+        try:
+            cfg = job_config(self.cfg, settings, ":memory:")
+            m = make_task(cfg.task, cfg.d, cfg.params).m
+            probe = _wire(cfg)
+        except ValueError as exc:
+            raise JobRefused(_flag_names(str(exc))) from None
+        limit = max_request_bytes(cfg, m, probe.max_values, probe.sends_indices,
+                                  probe.block_size)
+        return _Need(cfg, m, job_memory(cfg, m)), limit
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -437,9 +485,13 @@ class JobHost:
         if rec.state in ENDED:
             raise JobRefused(f"job {job_id} has ended already ({rec.state})", 409)
         try:
-            await self._set_state(job_id, "cancelled", "cancelled over the API")
+            moved = await self._set_state(job_id, "cancelled", "cancelled over the API",
+                                          only_from=OPEN_STATES)
         except CatalogError as exc:
             raise JobRefused(f"the cancel could not be recorded: {exc}", 503) from None
+        if not moved:  # it ended while the cancel was written
+            raise JobRefused(f"job {job_id} has ended already "
+                             f"({self._records[job_id].state})", 409)
         live = self.jobs.get(job_id)
         if live is not None:
             await live.engine.cancel("cancelled over the API")

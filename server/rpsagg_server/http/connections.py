@@ -429,7 +429,9 @@ class _BoundedH11(H11Protocol):
                 self._close(self._raw)
             return
         begun = bool(self.conn.trailing_data[0]) or self.conn.their_state is h11.SEND_BODY
-        if begun and self.conn.our_state is h11.IDLE:
+        # no response begun: IDLE (headers incomplete) or SEND_RESPONSE (headers complete,
+        # the app waiting for the body)
+        if begun and self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
             with contextlib.suppress(h11.LocalProtocolError):
                 body = b"request not complete in time"
                 out = self.conn.send(h11.Response(status_code=408, headers=[

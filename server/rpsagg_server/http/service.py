@@ -37,13 +37,12 @@ import rpsagg
 from rpsagg_server.archive import ArchiveCollector
 from rpsagg_server.http.app import create_app, mount_page
 from rpsagg_server.http.auth import Gate, HttpTokens, verdict
+from rpsagg_server.http.bodies import MAX_BODY, parse_settings, read_body
 from rpsagg_server.http.renders import DEFAULT_MAX_BYTES, BodyCache, BodyCacheCollector
 from rpsagg_server.jobhost import JobHost, JobRefused, JobRuntime
 from rpsagg_server.state import ServerState
 
 log = logging.getLogger("rpsagg.server")
-#: a creation's body, at most
-MAX_BODY = 64 << 10
 
 
 class JobsCollector(Collector):
@@ -168,15 +167,7 @@ def create_service_app(host: JobHost, registry: CollectorRegistry | None = None,
         snake case). ``201`` with the job once it is recorded (durably); ``400`` with one
         line naming a bad setting."""
         guard.check(request)
-        raw = await request.body()
-        if len(raw) > MAX_BODY:
-            raise HTTPException(413, f"a job's settings are at most {MAX_BODY} bytes")
-        try:
-            settings = json.loads(raw or b"{}")
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise HTTPException(400, f"the body is not JSON: {exc}") from None
-        if not isinstance(settings, dict):
-            raise HTTPException(400, "the body must be a JSON object of job settings")
+        settings = parse_settings(await read_body(request, MAX_BODY))
         try:
             job = await host.create(settings)
         except JobRefused as exc:
