@@ -158,7 +158,8 @@ class WireProfile:
         """Check that ``payload`` is a vector these messages can carry.
 
         Checks the bits per value, the value count, finite values (codes inside the code
-        book, a finite non-negative scale, or one per block for blockwise messages) and,
+        book, a finite non-negative scale, or one per block for blockwise messages; no
+        scale beside float32 values) and,
         where the scheme sends them, one index in ``[0, d)`` per value.
 
         Parameters
@@ -217,6 +218,9 @@ class WireProfile:
         else:
             if scales is not None:
                 raise ValueError(f"{what} carries block scales but no codes")
+            if payload.scale != 0:
+                raise ValueError(f"{what}.scale must be 0 for float32 values (a scale goes "
+                                 f"with codes); got {payload.scale}")
             if not np.all(np.isfinite(payload.values)):
                 raise ValueError(f"{what}.values contains NaN or Inf")
         indices = payload.indices
