@@ -105,8 +105,9 @@ class RoundEngine:
         #: the one it was started with (its stored submissions were encoded with it).
         self.projection = "auto"
         self._base = self._base_estimator()
-        #: the job's progress; ``encoding`` is (spec_version, projection, block_size), what
-        #: every round announces (the projection follows from d, not from auto's prior)
+        #: the job's progress; ``encoding`` is (spec_version, projection, block_size): the
+        #: projection and block size every round announces (the projection follows from d,
+        #: not from auto's prior); a round announces its own spec version
         self.progress = JobProgress(round_encoding(self._encoding_estimator()))
         self.membership = Membership(config, store, self.publish)
         self.clients = self.membership.clients
@@ -165,8 +166,10 @@ class RoundEngine:
         return self._make_estimator(None, self.cfg.k_max or None)
 
     def _encoding_estimator(self) -> Estimator:
-        """What fixes the job's wire format: with ``--value-bits auto`` rounds may send
-        codes, so the format is that of quantized values (``rpsagg-seed-v3`` or later)."""
+        """What fixes the job's projection and block size (and the version announced while no
+        round is open): with ``--value-bits auto`` rounds may send codes, so the format is
+        that of quantized values. Each open round announces its own version (its estimator's
+        ``wire.spec_version``: float32 rounds of the SRHT say ``rpsagg-seed-v1``)."""
         if self.cfg.value_bits == VALUE_BITS_AUTO:
             return self._make_estimator(None, self.cfg.k_max or None, value_bits=8)
         return self._base
