@@ -208,7 +208,7 @@ class RoundEngine:
         r = min(known)
         prior = (r if decode_prior is None else decode_prior) if c.transform == "auto" else None
         plan = plan_budget(lambda k, bits: self._make_estimator(prior, k, bits),
-                           c.target_rel_error, r, k_min=c.k_min, k_max=min(top, c.d),
+                           c.target_rel_error, r, k_min=c.least_k, k_max=min(top, c.d),
                            value_bits=widths)
         return plan.k, plan.value_bits
 
