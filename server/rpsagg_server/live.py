@@ -328,8 +328,10 @@ class LiveRound:
         return int(self.archived.get("m", 1))
 
     # -- dashboard view --------------------------------------------------------------------
-    def view(self, cfg: ServerConfig, clients: dict[str, int]) -> RoundView:
-        """Snapshot for :class:`~rpsagg_server.state.ServerState`."""
+    def view(self, cfg: ServerConfig, clients: dict[str, int], projection: str = "",
+             block_size: int = 0) -> RoundView:
+        """Snapshot for :class:`~rpsagg_server.state.ServerState`; ``projection`` and
+        ``block_size``: the job's (the engine's encoding)."""
         arrived = tuple(sorted((c for c, _ in self.contributors()),
                                key=lambda c: clients.get(c, 0)))
         arrived_set = set(arrived)
@@ -357,13 +359,13 @@ class LiveRound:
             estimated_error=None if o is None else o.estimated_error,
             k=(self.k or cfg.k) if scheme_traits(cfg.estimator).takes_k else 0,
             value_bits=self.value_bits or cfg.value_bits or 32,
+            projection=projection, block_size=block_size,
         )
 
 
-    def estimate_info(self, view: RoundView, cfg: ServerConfig, projection: str = ""
-                      ) -> EstimateInfo | None:
-        """What the round's estimate came from (None unless it is done); ``projection``:
-        the job's (the engine's encoding)."""
+    def estimate_info(self, view: RoundView, cfg: ServerConfig) -> EstimateInfo | None:
+        """What the round's estimate came from (None unless it is done): with the
+        projection, block size and value bits of ``view``."""
         o = self.outcome
         if o is None or self.state != "done":
             return None
@@ -373,7 +375,8 @@ class LiveRound:
             transform=self.transform, n=cfg.n, k=k, d=cfg.d,
             wire_bytes=view.wire_bytes,
             payload_bytes=view.payload_bytes, contributors=view.clients_arrived,
-            projection=projection, m=cfg.mean_vectors)
+            projection=view.projection, m=cfg.mean_vectors, block_size=view.block_size,
+            value_bits=view.value_bits)
 
     def arrays(self) -> RoundArrays | None:
         """A finished round's arrays as the engine holds them (None while it runs, and for

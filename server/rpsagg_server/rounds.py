@@ -283,8 +283,7 @@ class RoundEngine:
         if not current:
             self.results.record(live)
             self.publish(RoundRecovered(view, current=False,
-                                        estimate=live.estimate_info(view, self.cfg,
-                                                                     self.encoding[1])))
+                                        estimate=live.estimate_info(view, self.cfg)))
         else:
             self.publish(RoundRecovered(view, current=True))
 
@@ -294,8 +293,9 @@ class RoundEngine:
 
     # -- events, views, background work ----------------------------------------------------
     def view(self, live: LiveRound) -> RoundView:
-        """The read model's snapshot of a round."""
-        return live.view(self.cfg, self.clients)
+        """The read model's snapshot of a round (with the job's projection and block size)."""
+        _, projection, block_size = self.encoding
+        return live.view(self.cfg, self.clients, projection, block_size)
 
     def _on_event(self, event: Event) -> None:
         if isinstance(event, ClientJoined) and not event.recovered:
@@ -474,7 +474,7 @@ class RoundEngine:
         view = self.view(live)
         if live.state == "done" and live.next_state is not None:
             self.publish(RoundDecoded(view, live.next_state, job_done,
-                                      live.estimate_info(view, self.cfg, self.encoding[1])))
+                                      live.estimate_info(view, self.cfg)))
         else:
             self.publish(RoundFailed(view, job_done, failure))
         if failure:
