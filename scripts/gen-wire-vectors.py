@@ -533,6 +533,9 @@ def refusal_cases() -> list[dict[str, Any]]:
         ("block codes where float values are due", _job("rand-proj-spatial:block=4", 8, 4),
          bmsg),
         ("float values where block codes are due", bjob, {"values_f32": ["0x3f800000"] * 4}),
+        ("a non-zero scale beside float values", fjob, {**floats, "scale_bits": "0x3f800000"}),
+        ("block scales beside float values", bjob, {"values_f32": ["0x3f800000"] * 4,
+                                                    "scales_bits": ["0x3f800000"] * 2}),
     ]
     for why, j, m in decode:
         cases.append((why, {**j, "message": m}))

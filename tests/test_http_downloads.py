@@ -288,3 +288,38 @@ def test_failed_renders_are_503_and_nothing_is_kept(tmp_path: Path) -> None:
             assert on_disk == _metric(srv, "rpsagg_http_estimate_bodies_bytes")
         assert _metric(srv, "rpsagg_http_estimate_renders_total") == renders + 3
         assert _metric(srv, "rpsagg_http_estimate_render_hits_total") == hits + 1
+
+
+@pytest.mark.parametrize(("flags", "projection", "block_size", "value_bits"), [
+    ((), "hblocks", 0, 32),  # d = 70000 is not a power of two
+    (("--value-bits", "8"), "hblocks", 0, 8),
+    (("--block-size", "8192"), "srht", 8192, 32),  # 9 blocks, each an SRHT
+    (("--block-size", "8192", "--value-bits", "4"), "srht", 8192, 4),
+], ids=["plain", "quantized", "blockwise", "blockwise-quantized"])
+@pytest.mark.timeout(240)
+def test_every_download_says_the_rounds_block_size_and_value_bits(
+        tmp_path: Path, flags: tuple[str, ...], projection: str, block_size: int,
+        value_bits: int) -> None:
+    """A blockwise or quantized round is told from a plain round of its projection in every
+    format (the headers of npy, JSON and CSV, the JSON document) and in /api/rounds: each
+    carries the round's block size (0: one transform) and bits per value (32: float32)."""
+    with _job(tmp_path, *flags, rounds=1) as (srv, _, want):
+        for fmt in ("npy", "json", "csv"):
+            status, headers, body = _get(srv, 1, fmt)
+            assert status == 200, body[:200]
+            assert _same_bits(_values(fmt, body), want[1]), fmt
+            assert headers["x-rpsagg-projection"] == projection
+            assert headers["x-rpsagg-block-size"] == str(block_size), fmt
+            assert headers["x-rpsagg-value-bits"] == str(value_bits), fmt
+            if fmt == "json":
+                doc = json.loads(body)
+                assert (doc["projection"], doc["block_size"], doc["value_bits"]) == (
+                    projection, block_size, value_bits)
+        base = f"http://127.0.0.1:{srv.http_port}/api/rounds"
+        for url in (base, f"{base}/1"):
+            status, body = http_get(url)
+            assert status == 200
+            doc = json.loads(body)
+            row = doc["rounds"][0] if "rounds" in doc else doc
+            assert (row["round_id"], row["projection"], row["block_size"],
+                    row["value_bits"]) == (1, projection, block_size, value_bits), url

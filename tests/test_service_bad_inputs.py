@@ -116,6 +116,14 @@ def _submit(env: Env, sub: Submission, token: str | None = None) -> Any:
         c.close()
 
 
+def _scaled_floats(env: Env) -> Any:
+    """c1's float32 vector with a non-zero ``scale``, which only codes carry (sent as raw
+    bytes: the client's serializer never writes a scale beside float32 values)."""
+    msg = serde.pb.SubmitRequest.FromString(serde.encode_submission(_sub(env)))
+    msg.vectors[0].scale = 1.5
+    return _raw(env, "Submit", msg.SerializeToString(), token="tok-c1")
+
+
 Case = tuple[str, Callable[[Env], Any], grpc.StatusCode, str]
 CASES: list[Case] = [
     ("wrong value count", lambda e: _submit(e, _sub(e, vectors=(_vec(np.zeros(K - 1)),))),
@@ -149,6 +157,8 @@ CASES: list[Case] = [
     ("oversized message", lambda e: _submit(e, _sub(e, vectors=(_vec(np.zeros(5000)),))),
      grpc.StatusCode.RESOURCE_EXHAUSTED,
      "a submission of 21066 bytes is above job default's limit of 6736 bytes"),
+    ("a scale beside float32 values", _scaled_floats, grpc.StatusCode.INVALID_ARGUMENT,
+     "vectors[0].scale must be 0 for float32 values (a scale goes with codes); got 1.5"),
     ("wrong m", lambda e: _submit(e, _sub(e, vectors=(_vec(), _vec()))),
      grpc.StatusCode.INVALID_ARGUMENT, "expected m=1 vector(s) per submission"),
     ("wrong d", lambda e: _submit(e, _sub(e, vectors=(_vec(ref=np.zeros(D - 1)),))),

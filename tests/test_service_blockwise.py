@@ -64,6 +64,24 @@ def test_block_size_refusals(argv: list[str], match: str) -> None:
         load_config([*BASE, *argv])
 
 
+def test_k_min_defaults_to_one_value_per_block() -> None:
+    """--target-rel-error with --block-size and no --k-min: the least k a round may use is
+    what the block layout allows (one value per block), not 1, which the layout refuses;
+    an explicit --k-min below it is still refused, in one line."""
+    target = ["--target-rel-error", "0.5", "--block-size", "256"]  # d = 1000: 4 blocks
+    cfg = load_config([*BASE, *target])
+    assert cfg.k_min is None and cfg.least_k == 4
+    assert load_config([*BASE, "--target-rel-error", "0.5"]).least_k == 1  # one transform
+    assert load_config([*BASE, *target, "--k-min", "6"]).least_k == 6
+    for given in ("1", "3"):
+        with pytest.raises(ValueError) as info:
+            load_config([*BASE, *target, "--k-min", given])
+        assert str(info.value) == ("--k-min must be >= the number of blocks ceil(d / block "
+                                   f"size) = 4 with --block-size 256; got {given}")
+    with pytest.raises(ValueError, match=r"--k-min must be in \[1, k-max\]"):
+        load_config([*BASE, "--target-rel-error", "0.5", "--k-min", "0"])
+
+
 def test_round_info_announces_the_block_size_and_the_client_follows() -> None:
     cfg = base_config(d=128, k=16, block_size=32, value_bits=8, rounds=1)
     with in_process_server(cfg) as srv:

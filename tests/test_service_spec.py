@@ -186,3 +186,74 @@ def test_a_recovered_job_keeps_its_projection(tmp_path: Path) -> None:
     with sqlite3.connect(db) as conn:  # now recorded
         stored = conn.execute("SELECT value FROM meta WHERE key = 'encoding'").fetchone()
         assert json.loads(stored[0]) == ["rpsagg-seed-v1", "srht", 0]
+
+
+def _refusal(client: AggregationClient, sub: serde.Submission, claim: str) -> str:
+    """The FAILED_PRECONDITION reason a submission claiming ``claim`` gets."""
+    with pytest.raises(grpc.RpcError) as info:
+        client.submit_encoded(replace(sub, spec_version=claim))
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION, info.value.details()
+    return info.value.details() or ""
+
+
+@pytest.mark.timeout(240)
+def test_value_bits_auto_stamps_each_round_with_the_least_version_it_uses(
+        tmp_path: Path) -> None:
+    # --value-bits auto: round 1 knows no R_hat and sends float32 values at --k-max (plain
+    # SRHT: v1), so it says v1 and takes a v1 claim; a later round that sends codes says v3
+    # and refuses v1, naming the quantized values
+    d, k = 128, 64
+    cfg = base_config(n=N, k=k, d=d, rounds=0, target_rel_error=1.5, value_bits=0,
+                      db=str(tmp_path / "job.db"))
+    rng = np.random.default_rng(7)
+    seen: list[tuple[int, str]] = []
+    with in_process_server(cfg) as srv:
+        clients = _clients(srv.port)
+        try:
+            for _ in range(6):  # bounded: the first quantized round ends the loop
+                rnd = clients[0].current_round()
+                seen.append((rnd.value_bits, rnd.spec_version))
+                xs = rng.standard_normal(d) + rng.standard_normal((N, d)) / 3.0
+                subs = [c.encode(rnd, x) for c, x in zip(clients, xs, strict=True)]
+                if rnd.value_bits < 32:
+                    reason = _refusal(clients[0], subs[0], "rpsagg-seed-v1")
+                    assert "quantized values" in reason and "rpsagg-seed-v3" in reason
+                    assert "projection" not in reason
+                else:
+                    subs[0] = replace(subs[0], spec_version="rpsagg-seed-v1")
+                    subs[1] = replace(subs[1], spec_version="")  # an old client: v1
+                for c, s in zip(clients, subs, strict=True):
+                    c.submit_encoded(s)
+                assert clients[0].result(rnd.round_id, wait=True, timeout=60).state == "done"
+                if rnd.value_bits < 32:
+                    break
+        finally:
+            for c in clients:
+                c.close()
+    assert seen[0] == (32, "rpsagg-seed-v1"), seen
+    assert seen[-1][0] < 32, seen  # a quantized round came
+    assert all(v == ("rpsagg-seed-v1" if bits == 32 else "rpsagg-seed-v3")
+               for bits, v in seen), seen
+
+
+def test_quantized_blockwise_round_names_its_quantized_blocks_as_the_reason() -> None:
+    # a quantized blockwise round needs v5 for its per-block scales, not for the SRHT (v1):
+    # an empty (v1) or a v4 claim is refused naming the quantized blockwise values
+    d = 128
+    with in_process_server(base_config(n=N, k=16, d=d, block_size=32, value_bits=8,
+                                       rounds=1)) as srv:
+        clients = _clients(srv.port)
+        try:
+            rnd = clients[0].current_round()
+            assert (rnd.spec_version, rnd.projection, rnd.block_size) == (
+                "rpsagg-seed-v5", "srht", 32)
+            sub = clients[0].encode(rnd, np.random.default_rng(3).standard_normal(d))
+            for claim in ("", "rpsagg-seed-v4"):
+                reason = _refusal(clients[0], sub, claim)
+                assert "quantized blockwise values" in reason, reason
+                assert "are defined from rpsagg-seed-v5 on" in reason, reason
+                assert "projection 'srht'" not in reason, reason
+            assert srv.running.store.submissions(rnd.round_id) == []
+        finally:
+            for c in clients:
+                c.close()

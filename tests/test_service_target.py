@@ -184,3 +184,40 @@ def test_value_bits_auto_picks_the_fewest_bytes(tmp_path: Path) -> None:
     floats = plan_budget(make, EPS, r1, k_min=2, k_max=K_MAX, value_bits=(32,))
     assert plan.value_bytes <= floats.value_bytes
     assert quantized >= len(infos) - 2  # the target is met cheaper with codes than floats
+
+
+@pytest.mark.parametrize("value_bits", [32, 8])
+@pytest.mark.timeout(240)
+def test_target_mode_chooses_k_in_blockwise_rounds(tmp_path: Path, value_bits: int) -> None:
+    """Blockwise rounds (--block-size, float32 and 8-bit values) have an R_hat (the one the
+    blockwise decode's error estimate forms from every block's sketches, the library's
+    for the same messages), so the target mode plans k after round 1 as in a plain SRHT
+    round: below --k-max, at least one value per block."""
+    from rpsagg_server.decoding import messages
+
+    block, k_max = 256, 512  # 4 blocks
+    cfg = base_config(n=N, k=k_max, d=D, rounds=0, target_rel_error=EPS, k_min=8,
+                      block_size=block, value_bits=value_bits, db=str(tmp_path / "job.db"))
+    rng = np.random.default_rng(11)
+    results = []
+    with in_process_server(cfg) as srv, _joined(srv.port) as clients:
+        for _ in range(4):
+            rnd = clients[0].current_round()
+            subs = [c.encode(rnd, x[None, :]) for c, x in zip(clients, _vectors(rng),
+                                                                  strict=True)]
+            for c, s in zip(clients, subs, strict=True):
+                c.submit_encoded(s)
+            res = clients[0].result(rnd.round_id, wait=True)
+            assert res.state == "done", res.reason
+            results.append((rnd, res, subs))
+    for rnd, res, subs in results:
+        assert math.isfinite(res.r_hat), (rnd.round_id, res.r_hat)
+        est = clients[0].estimator_for(rnd)
+        wire = est.wire
+        msgs = messages(subs, rnd.nonce, wire.scheme, rnd.k, D, 0, wire.scale_counts)
+        info = est.decode_with_info(msgs).error_estimate
+        assert info is not None and info.r_hat is not None
+        assert res.r_hat == pytest.approx(info.r_hat, rel=1e-9)
+    assert results[0][0].k == k_max  # no R_hat before round 1
+    ks = [rnd.k for rnd, _, _ in results[1:]]
+    assert all(8 <= k < k_max for k in ks), ks

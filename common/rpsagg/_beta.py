@@ -40,9 +40,7 @@ from rpsagg._decode import EXACT_LIMIT, eig_tolerance, one_blas_thread, solve_kr
 from rpsagg._fwht import fwht
 from rpsagg._srht import JointSRHT
 from rpsagg.spec import (
-    SPEC_V1,
-    SPEC_V2,
-    SPEC_V4,
+    FEATURE_SPEC,
     TAG_MCBETA,
     TAG_MCPROBE,
     stream_key,
@@ -126,10 +124,11 @@ def _rps_key(n: int, k: int, d_pad: int, c: float, projection: str = "srht") -> 
 
 
 def _key(scheme: str, n: int, k: int, d_pad: int, c: float, projection: str = "srht") -> str:
-    # The SRHT's numbers are the same in every spec version: its keys (and caches) stay v1's.
-    # The DCT's keys stay v2's (its numbers are the same in later versions); hblocks is v4's.
-    proj, spec = (("", SPEC_V1) if projection == "srht" else
-                  (f"|proj={projection}", SPEC_V4 if projection == "hblocks" else SPEC_V2))
+    # A projection's numbers are the same in every spec version from the one that defines
+    # it (rpsagg.spec.FEATURE_SPEC): its keys (and caches) name that version (SRHT v1, DCT
+    # v2, hblocks v4).
+    proj = "" if projection == "srht" else f"|proj={projection}"
+    spec = FEATURE_SPEC[projection]
     return f"{scheme}|n={n}|k={k}|dpad={d_pad}|c={c!r}{proj}|{spec}|{MC_VERSION}"
 
 

@@ -36,7 +36,7 @@ from rpsagg._quantize import quantize_uniform
 from rpsagg._spatial import SCHEME, RandProjSpatial
 from rpsagg._srht import srht_encode
 from rpsagg._transform import parse_transform
-from rpsagg.spec import MASK64, SPEC_V1, SPEC_V5, TAG_BLOCK, check_seed, mix64
+from rpsagg.spec import MASK64, TAG_BLOCK, check_seed, mix64
 
 FloatArray = NDArray[np.float64]
 
@@ -135,10 +135,6 @@ class BlockwiseRandProjSpatial(Estimator):
     def scale_counts(self) -> tuple[int, ...]:
         """Values per scale of a quantized message: the block budgets (one scale per block)."""
         return tuple(self.budgets)
-
-    def _encoding_spec(self) -> str:
-        """v1 for float32 values; quantized blockwise values exist from v5 on."""
-        return SPEC_V1 if self.value_bits == 32 else SPEC_V5
 
     def _quantize_message(
         self, values: FloatArray, seed: int

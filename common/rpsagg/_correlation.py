@@ -189,6 +189,15 @@ class VectorCorrelationTracker:
             slot._fold(r_hat, len(batch))
         return r_hats
 
+    def fold(self, r_hats: Sequence[float], counts: Sequence[int]) -> None:
+        """Fold in one round whose R_hat per slot was formed elsewhere (a blockwise
+        decode's, :attr:`rpsagg.ErrorEstimate.r_hat`); ``counts[j]``: slot j's messages."""
+        if len(r_hats) != self.m or len(counts) != self.m:
+            raise ValueError(f"expected {self.m} R_hat values and counts (one per vector); "
+                             f"got {len(r_hats)} and {len(counts)}")
+        for slot, r_hat, count in zip(self.slots, r_hats, counts, strict=True):
+            slot._fold(float(r_hat), int(count))
+
     def priors(self, n: int) -> list[float | None]:
         """Prior R of every slot for ``n`` clients (None for a slot not seen yet)."""
         return [slot.prior(n) for slot in self.slots]

@@ -24,7 +24,7 @@ from rpsagg._error import ErrorEstimate
 from rpsagg._quantize import check_value_bits, dequantize, quantize_uniform
 from rpsagg._validation import check_batch, check_dims, check_vector
 from rpsagg._wireprofile import Payload, SchemeTraits, WireProfile
-from rpsagg.spec import SPEC_V1, SPEC_V3, SPEC_VERSIONS, check_seed
+from rpsagg.spec import check_seed, message_features, required_spec
 
 FloatArray = NDArray[np.float64]
 
@@ -142,6 +142,7 @@ class Estimator(ABC):
     def decode_with_info(self, encoded: Sequence[Encoded]) -> DecodeResult:
         """Like :meth:`decode`, with beta, the transform, solver details and the estimated
         error of the decode (:attr:`DecodeResult.error_estimate`)."""
+        wire = self.wire
         batch = check_batch(
             encoded,
             scheme=self.name,
@@ -150,7 +151,8 @@ class Estimator(ABC):
             d=self.d,
             values_per_message=self.values_per_message,
             value_bits=self.value_bits,
-            min_spec=self._encoding_spec(),
+            min_spec=wire.spec_version,
+            spec_reason=wire.spec_reason,
             scales_per_message=1 if self.scale_counts is None else len(self.scale_counts),
         )
         start = time.perf_counter()
@@ -217,16 +219,16 @@ class Estimator(ABC):
     def wire(self) -> WireProfile:
         """What this estimator's messages carry (see :class:`~rpsagg._wireprofile.WireProfile`)."""
         count, count_name = self._count()
-        spec = self._encoding_spec()
-        if self.value_bits < 32 and SPEC_VERSIONS.index(spec) < SPEC_VERSIONS.index(SPEC_V3):
-            spec = SPEC_V3  # packed codes exist from v3 on
+        projection = str(getattr(self, "projection", ""))
+        block_size = int(getattr(self, "block_size", 0))
+        # the least version that defines what these messages use (rpsagg.spec.FEATURE_SPEC)
+        spec, needs = required_spec(message_features(projection, self.value_bits, block_size))
         transform = getattr(self, "transform", None)
         return WireProfile(
             traits=self.traits, scheme=self.name, d=self.d, max_values=count,
             exact_count=self.values_per_message is not None, count_name=count_name,
-            value_bits=self.value_bits, codebook=self.codebook,
-            projection=str(getattr(self, "projection", "")),
-            block_size=int(getattr(self, "block_size", 0)), spec_version=spec,
+            value_bits=self.value_bits, codebook=self.codebook, projection=projection,
+            block_size=block_size, spec_version=spec, spec_feature=needs,
             scale_counts=self.scale_counts if self.value_bits < 32 else None,
             transform=None if transform is None else str(transform.label()),
         )  # fmt: skip
@@ -249,10 +251,6 @@ class Estimator(ABC):
         """Values per vector (exact, or a bound when ``values_per_message`` is None) and
         what messages call that number."""
         return self.k, "k"
-
-    def _encoding_spec(self) -> str:
-        """The oldest wire format that defines this scheme's float32 messages."""
-        return SPEC_V1
 
     def _quantize_message(
         self, values: FloatArray, seed: int

@@ -25,14 +25,12 @@ from numpy.typing import NDArray
 from rpsagg._dct import JointDCT, dct_encode
 from rpsagg._hblocks import JointHBlocks, hblocks_encode
 from rpsagg._srht import JointSRHT, srht_encode
-from rpsagg.spec import SPEC_V1, SPEC_V2, SPEC_V4, padded_dim
+from rpsagg.spec import padded_dim
 
 FloatArray = NDArray[np.float64]
 JointOperator = JointSRHT | JointDCT | JointHBlocks
 
 PROJECTIONS = ("srht", "dct", "hblocks")
-#: The oldest wire-format version that defines each projection.
-REQUIRED_SPEC = {"srht": SPEC_V1, "dct": SPEC_V2, "hblocks": SPEC_V4}
 
 
 def resolve_projection(projection: str, d: int) -> str:

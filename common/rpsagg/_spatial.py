@@ -24,7 +24,6 @@ from rpsagg._error_coef import (
 )
 from rpsagg._estimator import DecodeResult, Estimator, FloatArray
 from rpsagg._projection import (
-    REQUIRED_SPEC,
     encode,
     joint_operator,
     operator_dim,
@@ -182,9 +181,6 @@ class RandProjSpatial(Estimator, _SpatialMixin):
 
     def _encode(self, x: FloatArray, seed: int) -> tuple[FloatArray, NDArray[np.int64] | None]:
         return encode(self.projection, x, seed, self.k), None
-
-    def _encoding_spec(self) -> str:
-        return REQUIRED_SPEC[self.projection]
 
     def _decode(self, batch: list[Encoded], beta: float | None = None) -> DecodeResult:
         """Decode; ``beta`` (from :meth:`beta_for`) may be given by a caller that computed

@@ -8,7 +8,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from rpsagg._encoded import Encoded
-from rpsagg.spec import SPEC_V1, SPEC_V3, SPEC_VERSIONS, check_seed
+from rpsagg.spec import FEATURE_SPEC, QUANTIZED, SPEC_V1, SPEC_VERSIONS, check_seed
 
 
 def check_int(name: str, value: object, minimum: int) -> int:
@@ -73,13 +73,15 @@ def check_batch(
     value_bits: int = 32,
     min_spec: str = SPEC_V1,
     scales_per_message: int = 1,
+    spec_reason: str = "",
 ) -> list[Encoded]:
     """Messages that can be decoded together by one estimator.
 
     Checks: 1 <= count <= n, same scheme/k/d/value bits as the estimator, a spec version
     this decoder implements and no older than ``min_spec`` (the oldest that defines the
-    scheme), distinct seeds, the expected number of finite values (and of scales, for
-    quantized messages), and indices in range where they are sent.
+    scheme; ``spec_reason`` says why, as ``WireProfile.spec_reason``), distinct seeds, the
+    expected number of finite values (and of scales, for quantized messages), and indices
+    in range where they are sent.
     """
     batch = list(encoded)
     if not batch:
@@ -104,17 +106,19 @@ def check_batch(
                 f"message {pos} uses spec {msg.spec_version!r}; this decoder implements "
                 f"{', '.join(SPEC_VERSIONS)}"
             )
-        if SPEC_VERSIONS.index(msg.spec_version) < SPEC_VERSIONS.index(min_spec):
-            raise ValueError(
-                f"message {pos} claims {msg.spec_version!r}, which has no {scheme!r} (it "
-                f"needs {min_spec!r})"
-            )
+        quantized = FEATURE_SPEC[QUANTIZED]
         if msg.codes is not None and SPEC_VERSIONS.index(msg.spec_version) < SPEC_VERSIONS.index(
-            SPEC_V3
+            quantized
         ):
             raise ValueError(
-                f"message {pos} claims {msg.spec_version!r}, which has no quantized values "
-                f"(they need {SPEC_V3!r})"
+                f"message {pos} claims {msg.spec_version!r}, which has no {QUANTIZED} "
+                f"(they need {quantized!r})"
+            )
+        if SPEC_VERSIONS.index(msg.spec_version) < SPEC_VERSIONS.index(min_spec):
+            why = f": {spec_reason}" if spec_reason else ""
+            raise ValueError(
+                f"message {pos} claims {msg.spec_version!r}, which has no {scheme!r} (it "
+                f"needs {min_spec!r}{why})"
             )
         if msg.scales is not None and msg.scales.size != scales_per_message:
             raise ValueError(

@@ -20,6 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rpsagg._quantize import dequantize
+from rpsagg._versions import QUANTIZED, QUANTIZED_BLOCKWISE
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,12 @@ class WireProfile:
     block_size : int
         Blockwise block size, 0 when not blockwise.
     spec_version : str
-        The oldest wire format that defines these messages.
+        The oldest wire format that defines these messages
+        (:func:`rpsagg.spec.required_spec` of what they use).
+    spec_feature : str
+        What in these messages needs ``spec_version`` (a key of
+        :data:`rpsagg.spec.FEATURE_SPEC`: the projection, ``"quantized values"``,
+        ``"quantized blockwise values"``; ``""`` for a v1 message without a projection).
     transform : str or None
         Label of the decoder's transform T, None for schemes without one.
     scale_counts : tuple of int or None
@@ -131,11 +137,28 @@ class WireProfile:
     spec_version: str
     transform: str | None
     scale_counts: tuple[int, ...] | None = None
+    spec_feature: str = ""
 
     @property
     def sends_indices(self) -> bool:
         """Whether vectors carry the coordinates of their values."""
         return self.traits.sends_indices
+
+    @property
+    def spec_reason(self) -> str:
+        """Why these messages need :attr:`spec_version`, naming :attr:`spec_feature` (what a
+        refusal of an older claim says)."""
+        feature = self.spec_feature
+        if feature == QUANTIZED:
+            what = f"{feature} ({self.value_bits}-bit codes of {self.scheme}) are"
+        elif feature == QUANTIZED_BLOCKWISE:
+            what = (f"{feature} ({self.value_bits}-bit codes of {self.scheme}, one scale per "
+                    "block) are")
+        elif feature:
+            what = f"projection {feature!r} is"
+        else:
+            what = "these messages are"
+        return f"{what} defined from {self.spec_version} on"
 
     @property
     def supports_r_hat(self) -> bool:
@@ -158,7 +181,8 @@ class WireProfile:
         """Check that ``payload`` is a vector these messages can carry.
 
         Checks the bits per value, the value count, finite values (codes inside the code
-        book, a finite non-negative scale, or one per block for blockwise messages) and,
+        book, a finite non-negative scale, or one per block for blockwise messages; no
+        scale beside float32 values) and,
         where the scheme sends them, one index in ``[0, d)`` per value.
 
         Parameters
@@ -217,6 +241,9 @@ class WireProfile:
         else:
             if scales is not None:
                 raise ValueError(f"{what} carries block scales but no codes")
+            if payload.scale != 0:
+                raise ValueError(f"{what}.scale must be 0 for float32 values (a scale goes "
+                                 f"with codes); got {payload.scale}")
             if not np.all(np.isfinite(payload.values)):
                 raise ValueError(f"{what}.values contains NaN or Inf")
         indices = payload.indices

@@ -22,6 +22,23 @@ from rpsagg._distinct import first_accepted, scratch
 # (tests reach the two paths as spec._first_accepted_scatter / _sort)
 from rpsagg._distinct import first_accepted_scatter as _first_accepted_scatter  # noqa: F401
 from rpsagg._distinct import first_accepted_sort as _first_accepted_sort  # noqa: F401
+from rpsagg._versions import (  # noqa: F401  (re-exported: the spec's version ids and rules)
+    FEATURE_SPEC,
+    QUANTIZED,
+    QUANTIZED_BLOCKWISE,
+    SPEC_V1,
+    SPEC_V2,
+    SPEC_V3,
+    SPEC_V4,
+    SPEC_V5,
+    SPEC_VERSION,
+    SPEC_VERSIONS,
+    SpecTooOld,
+    UnknownSpecVersion,
+    check_spec_version,
+    message_features,
+    required_spec,
+)
 
 
 def _load_native() -> ModuleType | None:
@@ -37,48 +54,6 @@ def _load_native() -> ModuleType | None:
 #: ``rpsagg._fast`` when built (``pip install`` compiles it where a C compiler exists), else
 #: None: then every quantity comes from the numpy code below, with identical bits.
 NATIVE: ModuleType | None = _load_native()
-
-#: The derivation this library encodes with. ``rpsagg-seed-v2`` adds the subsampled
-#: randomized DCT (projection ``"dct"``, stream ``rpsSHIFT``) to ``rpsagg-seed-v1``;
-#: ``rpsagg-seed-v3`` adds quantized values (``value_bits``, EDEN, QSGD: packed codes, their
-#: code books and the client's rounding stream ``rpsQRND_``). Each keeps every number of
-#: the one before: an SRHT message encodes identically under all of them.
-#: ``rpsagg-seed-v4`` adds the overlapping-blocks Hadamard projection (projection
-#: ``"hblocks"``, stream ``rpsSIGN2``; ``rpsagg._hblocks``). ``rpsagg-seed-v5`` adds quantized
-#: blockwise values (one float32 scale per block; ``rpsagg._blockwise``).
-SPEC_V1 = "rpsagg-seed-v1"
-SPEC_V2 = "rpsagg-seed-v2"
-SPEC_V3 = "rpsagg-seed-v3"
-SPEC_V4 = "rpsagg-seed-v4"
-SPEC_V5 = "rpsagg-seed-v5"
-SPEC_VERSION = SPEC_V5
-#: Every version this library decodes, oldest first.
-SPEC_VERSIONS = (SPEC_V1, SPEC_V2, SPEC_V3, SPEC_V4, SPEC_V5)
-
-
-def check_spec_version(sent: str, required: str = SPEC_V1) -> str:
-    """The version a message claims (``""``: a sender from before versions were sent, v1).
-
-    Raises ``ValueError`` (``UnknownSpecVersion``) for a version this library does not
-    speak and ``ValueError`` (``SpecTooOld``) for one older than ``required``.
-    """
-    version = sent or SPEC_V1
-    if version not in SPEC_VERSIONS:
-        raise UnknownSpecVersion(
-            f"spec version {sent!r} is not spoken here; known: {', '.join(SPEC_VERSIONS)}"
-        )
-    if SPEC_VERSIONS.index(version) < SPEC_VERSIONS.index(required):
-        shown = version if sent else f"{SPEC_V1} (no spec_version sent)"
-        raise SpecTooOld(f"encoded with {shown}; this needs {required} or later")
-    return version
-
-
-class UnknownSpecVersion(ValueError):
-    """A wire-format version this library does not implement."""
-
-
-class SpecTooOld(ValueError):
-    """A known wire-format version that lacks what is asked for."""
 
 MASK64 = (1 << 64) - 1
 GAMMA = 0x9E3779B97F4A7C15

@@ -76,20 +76,18 @@ def _received(message: dict[str, Any]) -> _Received:
     indices = None
     if "indices" in message:
         indices = np.array([int(i) for i in message["indices"]], dtype=np.int64)
-    if "packed_hex" not in message:
-        if "scales_bits" in message or "scale_bits" in message:
-            raise ValueError("a scale without codes")
+    scale = _f32(message["scale_bits"]) if "scale_bits" in message else 0.0
+    scales = None
+    if "scales_bits" in message:  # section 15: one scale per block
+        scales = np.array([_f32(b) for b in message["scales_bits"]], dtype=np.float32)
+    if "packed_hex" not in message:  # a scale here is the decoder's to refuse
         bits = np.array([int(b, 16) for b in message.get("values_f32", [])], dtype=np.uint32)
-        return _Received(bits.view(np.float32), indices, None, 32, 0.0, None)
+        return _Received(bits.view(np.float32), indices, None, 32, scale, scales)
     value_bits = int(message["value_bits"])
     if not 1 <= value_bits <= 31:
         raise ValueError(f"packed values need value_bits in [1, 31]; got {value_bits}")
     codes = unpack_codes(bytes.fromhex(message["packed_hex"]), int(message["value_count"]),
                          value_bits)
-    scale = _f32(message["scale_bits"]) if "scale_bits" in message else 0.0
-    scales = None
-    if "scales_bits" in message:  # section 15: one scale per block
-        scales = np.array([_f32(b) for b in message["scales_bits"]], dtype=np.float32)
     return _Received(np.zeros(0, dtype=np.float32), indices, codes, value_bits, scale, scales)
 
 

@@ -105,7 +105,7 @@ class ServerConfig:
     d: int = 1024
     max_d: int = 0
     target_rel_error: float = 0.0
-    k_min: int = 1
+    k_min: int | None = None
     k_max: int = 0
     estimator: str = DEFAULT_ESTIMATOR
     transform: str = "avg"
@@ -209,12 +209,12 @@ class ServerConfig:
                                  f"R alone; --estimator {self.estimator}'s depends on the "
                                  "vectors' shape")
             top = self.k_max or self.k
-            if not 1 <= self.k_min <= top:
+            if self.k_min is not None and not 1 <= self.k_min <= top:
                 raise ValueError(f"--k-min must be in [1, k-max] = [1, {top}]; got "
                                  f"{self.k_min}")
             if self.d and top > self.d:
                 raise ValueError(f"--k-max must be <= d = {self.d}; got {top}")
-        elif self.k_max or self.k_min != 1:
+        elif self.k_max or self.k_min not in (None, 1):  # 1: the default it once had
             raise ValueError("--k-min and --k-max go with --target-rel-error")
         if self.n < 1:
             raise ValueError(f"--n must be >= 1; got {self.n}")
@@ -340,7 +340,8 @@ class ServerConfig:
 
     def _check_block_size(self, takes_projection: bool) -> None:
         """``--block-size``: Rand-Proj-Spatial only, a known d, and at least one value per
-        block (k, and --k-min with --target-rel-error, >= ceil(d / block size))."""
+        block (k, and with --target-rel-error the least k, >= ceil(d / block size): an
+        explicit --k-min, else --k-max, since --k-min's default is the blocks)."""
         if self.block_size == 0:
             return
         if self.block_size != BLOCK_SIZE_AUTO:
@@ -350,15 +351,17 @@ class ServerConfig:
         if self.d == 0:
             raise ValueError("--block-size needs --d (a job whose d comes from the first "
                              "join runs one transform over all of d)")
-        size = self.block_size_for(self.d)
+        size, blocks = self.block_size_for(self.d), self.blocks
         if size > self.d:
             raise ValueError(f"--block-size {size} is above d = {self.d} (use 0: one "
                              "transform over all of d)")
-        if size:
-            blocks = -(-self.d // size)
-            least = self.k_min if self.target_rel_error > 0 else self.k
+        if blocks:
+            least, flag = self.k, "--k"
+            if self.target_rel_error > 0 and self.k_min is not None:
+                least, flag = self.k_min, "--k-min"
+            elif self.target_rel_error > 0:  # --k-min is the blocks: --k-max must reach it
+                least, flag = self.k_max or self.k, "--k-max" if self.k_max else "--k"
             if least < blocks:
-                flag = "--k-min" if self.target_rel_error > 0 else "--k"
                 raise ValueError(f"{flag} must be >= the number of blocks ceil(d / block "
                                  f"size) = {blocks} with --block-size {size}; got {least}")
 
@@ -369,6 +372,18 @@ class ServerConfig:
         if self.block_size == BLOCK_SIZE_AUTO:
             return auto_block_size(d)
         return self.block_size
+
+    @property
+    def blocks(self) -> int:
+        """Blocks of a blockwise job, ``ceil(d / block size)`` (0: one transform over d)."""
+        size = self.block_size_for(self.d) if self.d else 0
+        return -(-self.d // size) if size else 0
+
+    @property
+    def least_k(self) -> int:
+        """The least k a round may use with ``--target-rel-error``: ``--k-min``, by default
+        1, or one value per block (:attr:`blocks`) in a blockwise job."""
+        return self.k_min if self.k_min is not None else max(1, self.blocks)
 
     @property
     def d_limit(self) -> int:
@@ -552,7 +567,8 @@ def _parser() -> argparse.ArgumentParser:
         "target_rel_error": "choose each round's k: the smallest in [--k-min, --k-max] whose "
         "predicted relative error at the least of the smoothed R_hat of earlier rounds and "
         "the last round's is at most this (0: off, a fixed --k)",
-        "k_min": "with --target-rel-error: the smallest k a round may use",
+        "k_min": "with --target-rel-error: the smallest k a round may use (default 1; with "
+        "--block-size, one value per block: ceil(d / block size))",
         "k_max": "with --target-rel-error: the largest k a round may use (0: --k)",
         "d": "vector length (0 with --data external: the first client's join says it, and "
         "it is fixed for the job)",

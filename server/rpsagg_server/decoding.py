@@ -233,6 +233,8 @@ def decode_round(
             from rpsagg import estimate_correlation
 
             r_hat = estimate_correlation(batches[0])
+    else:
+        r_hat = decoded_r_hat(results, batches, tracker)
     estimate = np.stack(rows)
     # the shadows run Rand-k and Rand-k-Spatial at the job's k; schemes without a k
     # (EDEN, QSGD: every coordinate) have none
@@ -241,6 +243,22 @@ def decode_round(
     estimated = EstimatedError.of_slots([info.error_estimate for info in results])
     return DecodeOutcome(estimate, len(subs), beta, c, time.perf_counter() - start, r_hat, errors,
                          estimated)
+
+
+def decoded_r_hat(results: Sequence[DecodeResult], batches: Sequence[Sequence[Encoded]],
+                  tracker: VectorCorrelationTracker | None) -> float:
+    """Vector 0's R_hat from the decodes' own error estimates, for schemes whose messages
+    :func:`~rpsagg.estimate_correlation` does not take (blockwise Rand-Proj-Spatial: the
+    sum over blocks of each block's cross and norm terms,
+    :attr:`rpsagg.ErrorEstimate.r_hat`); ``tracker`` folds in every vector's. NaN (and
+    nothing folded) when a decode forms none (EDEN, QSGD, ...)."""
+    found = [None if r.error_estimate is None else r.error_estimate.r_hat for r in results]
+    r_hats = [r for r in found if r is not None]
+    if not r_hats or len(r_hats) != len(found):
+        return math.nan
+    if tracker is not None:
+        tracker.fold(r_hats, [len(batch) for batch in batches])
+    return r_hats[0]
 
 
 def evaluation_errors(

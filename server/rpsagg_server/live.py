@@ -12,7 +12,7 @@ from numpy.typing import NDArray
 
 from rpsagg import SPEC_VERSIONS, Estimator, check_spec_version
 from rpsagg.schemes import WireProfile, scheme_traits
-from rpsagg.spec import SPEC_V3, SpecTooOld, UnknownSpecVersion
+from rpsagg.spec import SpecTooOld, UnknownSpecVersion
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.decoding import DecodeOutcome
 from rpsagg_server.rows import StoredRound
@@ -99,33 +99,22 @@ def check_bound(bound: str | None, client_id: str) -> None:
                        f"this token belongs to client {bound!r}, not {client_id!r}")
 
 
-def spec_reason(required: str, projection: str, wire: WireProfile | None) -> str:
-    """What in a round needs wire format ``required``: its quantized values where those
-    set it (``rpsagg-seed-v3``: no projection is defined there, so a quantized SRHT, DCT,
-    EDEN or QSGD round), else its projection (``dct`` v2, ``hblocks`` v4)."""
-    if wire is not None and wire.value_bits < 32 and required == SPEC_V3:
-        return (f"quantized values ({wire.value_bits}-bit codes of {wire.scheme}) are "
-                f"defined from {required} on")
-    if projection:
-        return f"projection {projection!r} is defined from {required} on"
-    return f"this round is defined from {required} on"
-
-
-def check_submission_spec(sub: Submission, required: str, projection: str,
-                          wire: WireProfile | None = None) -> None:
+def check_submission_spec(sub: Submission, wire: WireProfile) -> None:
     """Refuse a submission encoded with a wire format that cannot describe this round.
 
-    A version the server does not speak is INVALID_ARGUMENT (the message names the versions
-    it speaks); a known version older than the round's (e.g. ``rpsagg-seed-v1`` for a round
-    of the randomized DCT) is FAILED_PRECONDITION, naming what needs the round's version
-    (:func:`spec_reason`; ``wire``: the round's messages, for quantized values). No
-    ``spec_version`` (a client from before the field) counts as ``rpsagg-seed-v1``.
+    ``wire``: the round's messages; their ``spec_version`` is the round's (the least version
+    that defines what the round uses, :data:`rpsagg.spec.FEATURE_SPEC`). A version the
+    server does not speak is INVALID_ARGUMENT (the message names the versions it speaks); a
+    known version older than the round's (e.g. ``rpsagg-seed-v1`` for a round of the
+    randomized DCT) is FAILED_PRECONDITION, naming what needs the round's version
+    (:attr:`~rpsagg.schemes.WireProfile.spec_reason`: the projection, quantized values,
+    quantized blockwise values). No ``spec_version`` (a client from before the field)
+    counts as ``rpsagg-seed-v1``.
     """
     try:
-        check_spec_version(sub.spec_version, required)
+        check_spec_version(sub.spec_version, wire.spec_version)
     except SpecTooOld as exc:
-        raise Rejected("FAILED_PRECONDITION", f"submission {exc}; "
-                       f"{spec_reason(required, projection, wire)} "
+        raise Rejected("FAILED_PRECONDITION", f"submission {exc}; {wire.spec_reason} "
                        "(see RoundInfo.spec_version)") from None
     except UnknownSpecVersion:
         raise Rejected("INVALID_ARGUMENT",
@@ -339,8 +328,10 @@ class LiveRound:
         return int(self.archived.get("m", 1))
 
     # -- dashboard view --------------------------------------------------------------------
-    def view(self, cfg: ServerConfig, clients: dict[str, int]) -> RoundView:
-        """Snapshot for :class:`~rpsagg_server.state.ServerState`."""
+    def view(self, cfg: ServerConfig, clients: dict[str, int], projection: str = "",
+             block_size: int = 0) -> RoundView:
+        """Snapshot for :class:`~rpsagg_server.state.ServerState`; ``projection`` and
+        ``block_size``: the job's (the engine's encoding)."""
         arrived = tuple(sorted((c for c, _ in self.contributors()),
                                key=lambda c: clients.get(c, 0)))
         arrived_set = set(arrived)
@@ -368,13 +359,13 @@ class LiveRound:
             estimated_error=None if o is None else o.estimated_error,
             k=(self.k or cfg.k) if scheme_traits(cfg.estimator).takes_k else 0,
             value_bits=self.value_bits or cfg.value_bits or 32,
+            projection=projection, block_size=block_size,
         )
 
 
-    def estimate_info(self, view: RoundView, cfg: ServerConfig, projection: str = ""
-                      ) -> EstimateInfo | None:
-        """What the round's estimate came from (None unless it is done); ``projection``:
-        the job's (the engine's encoding)."""
+    def estimate_info(self, view: RoundView, cfg: ServerConfig) -> EstimateInfo | None:
+        """What the round's estimate came from (None unless it is done): with the
+        projection, block size and value bits of ``view``."""
         o = self.outcome
         if o is None or self.state != "done":
             return None
@@ -384,7 +375,8 @@ class LiveRound:
             transform=self.transform, n=cfg.n, k=k, d=cfg.d,
             wire_bytes=view.wire_bytes,
             payload_bytes=view.payload_bytes, contributors=view.clients_arrived,
-            projection=projection, m=cfg.mean_vectors)
+            projection=view.projection, m=cfg.mean_vectors, block_size=view.block_size,
+            value_bits=view.value_bits)
 
     def arrays(self) -> RoundArrays | None:
         """A finished round's arrays as the engine holds them (None while it runs, and for

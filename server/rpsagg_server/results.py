@@ -199,6 +199,8 @@ class ResultBook:
         if live is None and p.job_done:
             self.seen(client_id)
         spec_version, projection, block_size = p.encoding
+        if live is not None and live.estimator is not None:
+            spec_version = live.estimator.wire.spec_version  # the round's own (value bits)
         return RoundInfo(
             round_id=0 if live is None else live.round_id,
             nonce=0 if live is None else live.nonce,

@@ -105,8 +105,9 @@ class RoundEngine:
         #: the one it was started with (its stored submissions were encoded with it).
         self.projection = "auto"
         self._base = self._base_estimator()
-        #: the job's progress; ``encoding`` is (spec_version, projection, block_size), what
-        #: every round announces (the projection follows from d, not from auto's prior)
+        #: the job's progress; ``encoding`` is (spec_version, projection, block_size): the
+        #: projection and block size every round announces (the projection follows from d,
+        #: not from auto's prior); a round announces its own spec version
         self.progress = JobProgress(round_encoding(self._encoding_estimator()))
         self.membership = Membership(config, store, self.publish)
         self.clients = self.membership.clients
@@ -165,8 +166,10 @@ class RoundEngine:
         return self._make_estimator(None, self.cfg.k_max or None)
 
     def _encoding_estimator(self) -> Estimator:
-        """What fixes the job's wire format: with ``--value-bits auto`` rounds may send
-        codes, so the format is that of quantized values (``rpsagg-seed-v3`` or later)."""
+        """What fixes the job's projection and block size (and the version announced while no
+        round is open): with ``--value-bits auto`` rounds may send codes, so the format is
+        that of quantized values. Each open round announces its own version (its estimator's
+        ``wire.spec_version``: float32 rounds of the SRHT say ``rpsagg-seed-v1``)."""
         if self.cfg.value_bits == VALUE_BITS_AUTO:
             return self._make_estimator(None, self.cfg.k_max or None, value_bits=8)
         return self._base
@@ -205,7 +208,7 @@ class RoundEngine:
         r = min(known)
         prior = (r if decode_prior is None else decode_prior) if c.transform == "auto" else None
         plan = plan_budget(lambda k, bits: self._make_estimator(prior, k, bits),
-                           c.target_rel_error, r, k_min=c.k_min, k_max=min(top, c.d),
+                           c.target_rel_error, r, k_min=c.least_k, k_max=min(top, c.d),
                            value_bits=widths)
         return plan.k, plan.value_bits
 
@@ -280,8 +283,7 @@ class RoundEngine:
         if not current:
             self.results.record(live)
             self.publish(RoundRecovered(view, current=False,
-                                        estimate=live.estimate_info(view, self.cfg,
-                                                                     self.encoding[1])))
+                                        estimate=live.estimate_info(view, self.cfg)))
         else:
             self.publish(RoundRecovered(view, current=True))
 
@@ -291,8 +293,9 @@ class RoundEngine:
 
     # -- events, views, background work ----------------------------------------------------
     def view(self, live: LiveRound) -> RoundView:
-        """The read model's snapshot of a round."""
-        return live.view(self.cfg, self.clients)
+        """The read model's snapshot of a round (with the job's projection and block size)."""
+        _, projection, block_size = self.encoding
+        return live.view(self.cfg, self.clients, projection, block_size)
 
     def _on_event(self, event: Event) -> None:
         if isinstance(event, ClientJoined) and not event.recovered:
@@ -471,7 +474,7 @@ class RoundEngine:
         view = self.view(live)
         if live.state == "done" and live.next_state is not None:
             self.publish(RoundDecoded(view, live.next_state, job_done,
-                                      live.estimate_info(view, self.cfg, self.encoding[1])))
+                                      live.estimate_info(view, self.cfg)))
         else:
             self.publish(RoundFailed(view, job_done, failure))
         if failure:

@@ -203,9 +203,8 @@ class Intake:
                            "no more submissions")
         if committed is not None:
             raise self._different(sub)
-        spec_version, projection, _ = self.progress.encoding
-        check_submission_spec(sub, spec_version, projection, wire)
         assert wire is not None  # the estimator is set when the round opened or resumed
+        check_submission_spec(sub, wire)  # the round's own version
         validate_submission(sub, self.cfg, self.m, wire)
         return True
 

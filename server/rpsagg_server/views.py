@@ -166,6 +166,10 @@ class RoundView:
         Values per client of this round (``--k``, or chosen by ``--target-rel-error``).
     value_bits : int
         Bits per value of this round (32: float32; chosen with k by ``--value-bits auto``).
+    projection : str
+        The job's projection (``srht``, ``hblocks``, ``dct``; "" for schemes without one).
+    block_size : int
+        The job's blockwise block size (0: one transform over all of d).
     """
 
     round_id: int
@@ -196,6 +200,8 @@ class RoundView:
     estimated_error: EstimatedError | None = None
     k: int = 0
     value_bits: int = 32
+    projection: str = ""
+    block_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -223,6 +229,10 @@ class EstimateInfo:
         for schemes without one).
     m : int
         Vectors per client per round (``--mean-vectors``).
+    block_size : int
+        The blockwise block size the sketches were encoded with (0: one transform).
+    value_bits : int
+        Bits per sent value of the round (32: float32 values).
     """
 
     round_id: int
@@ -237,6 +247,8 @@ class EstimateInfo:
     contributors: tuple[str, ...]
     projection: str = ""
     m: int = 1
+    block_size: int = 0
+    value_bits: int = 32
 
 
 @dataclass(frozen=True, eq=False)

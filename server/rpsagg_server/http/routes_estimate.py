@@ -5,10 +5,11 @@ Every format carries the same numbers bit for bit (:mod:`rpsagg_server.estimate_
 shape is ``(d,)`` for one vector per round and ``(m, d)`` for m (``--mean-vectors``); CSV
 has one vector per line, the format ``rpsagg-client --vectors`` reads.
 
-Provenance (the round, n', scheme, projection, transform, n, k, d, m, shape, bytes received,
-contributors) is in the JSON document and, for every format, in ``X-Rpsagg-*`` response
-headers (the contributors' ids, comma-separated, when they take at most
-:data:`CONTRIBUTORS_HEADER_MAX` bytes; k is 0 for schemes that take none).
+Provenance (the round, n', scheme, projection, block size (0: one transform), value bits
+(32: float32 values), transform, n, k, d, m, shape, bytes received, contributors) is in the
+JSON document and, for every format, in ``X-Rpsagg-*`` response headers (the contributors'
+ids, comma-separated, when they take at most :data:`CONTRIBUTORS_HEADER_MAX` bytes; k is 0
+for schemes that take none).
 
 ``.npy`` is streamed from the values in chunks. JSON and CSV bodies are formatted once per
 round and format in a worker process and kept on disk within ``--http-body-cache-bytes``
@@ -58,7 +59,7 @@ def provenance(est: EstimateInfo, m: int) -> dict[str, Any]:
     """What the estimate came from, as the JSON document's leading fields."""
     return {
         "round_id": est.round_id, "scheme": est.scheme, "projection": est.projection,
-        "transform": est.transform,
+        "block_size": est.block_size, "value_bits": est.value_bits, "transform": est.transform,
         "n": est.n, "n_prime": est.n_prime, "k": est.k, "d": est.d, "m": m,
         "bytes": {"wire": est.wire_bytes, "payload": est.payload_bytes},
         "contributors": list(est.contributors),
@@ -72,6 +73,7 @@ def _headers(est: EstimateInfo, fmt: str) -> dict[str, str]:
         "X-Rpsagg-M": str(est.m),
         "X-Rpsagg-Shape": str(est.d) if est.m == 1 else f"{est.m},{est.d}",
         "X-Rpsagg-Projection": est.projection,
+        "X-Rpsagg-Block-Size": str(est.block_size), "X-Rpsagg-Value-Bits": str(est.value_bits),
         **({"X-Rpsagg-Contributors": contributors}
            if len(contributors) <= CONTRIBUTORS_HEADER_MAX else {}),
         "Content-Disposition":
@@ -147,7 +149,8 @@ async def get_estimate(
         "csv: one vector per line.")] = "json",
 ) -> StreamingResponse:
     """The decoded mean of a done round, with what it came from: n' (clients decoded),
-    scheme, transform, n, k, d, m and the bytes received. Shape ``(d,)``, or ``(m, d)``
+    scheme, projection, block size, value bits, transform, n, k, d, m and the bytes
+    received. Shape ``(d,)``, or ``(m, d)``
     for m vectors per round. Every format gives the same float64 values."""
     info = state.estimate_info(round_id)
     if info is None:

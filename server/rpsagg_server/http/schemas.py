@@ -123,6 +123,10 @@ class Round(BaseModel):
                    "the one --target-rel-error chose).")
     value_bits: int = Field(default=32, description="Bits per value of this round (32: "
                             "float32; chosen with k by --value-bits auto).")
+    projection: str = Field(default="", description="The projection the sketches are encoded "
+                            "with (srht, hblocks, dct; empty for schemes without one).")
+    block_size: int = Field(default=0, description="Blockwise block size (--block-size; 0: "
+                            "one transform over all of d).")
     task_step: int
     timestamps: Timestamps
     clients: RoundClients
@@ -283,6 +287,7 @@ def from_round(view: RoundView, task: TaskMetrics | None = None) -> Round:
     return Round(
         round_id=view.round_id, state=view.state, reason=view.reason, nonce=str(view.nonce),
         scheme=view.scheme, transform=view.transform, k=view.k, value_bits=view.value_bits,
+        projection=view.projection, block_size=view.block_size,
         task_step=view.task_step,
         timestamps=Timestamps(
             opened=view.opened_at, first_submission=view.first_submission_at,
