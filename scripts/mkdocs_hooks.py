@@ -81,8 +81,8 @@ OPENAPI_JSON = "reference/openapi.json"  # in the site, beside reference/http.md
 
 
 def _openapi_schema() -> dict[str, Any]:
-    from rpsagg_server.config import load_config
     from rpsagg_server.decodepool import DecodePool
+    from rpsagg_server.flags import load_config
     from rpsagg_server.http.service import create_service_app
     from rpsagg_server.jobhost import JobHost
 

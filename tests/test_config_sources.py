@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rpsagg_server.config import ServerConfig, load_config
+from rpsagg_server.config import ServerConfig
+from rpsagg_server.flags import load_config
 
 
 def test_each_source_overrides_the_next(tmp_path: Path) -> None:
@@ -90,13 +91,15 @@ def test_file_values_are_converted_like_the_flags(tmp_path: Path) -> None:
 
 def test_value_bits_auto_from_every_source(tmp_path: Path) -> None:
     """``--value-bits auto`` (with --target-rel-error) from a flag, the environment or a
-    config file is stored as 0; alone, or with a word other than auto, it is refused."""
+    config file is stored as "auto" (its number for the wire, 0); alone, or with a word other
+    than auto, it is refused."""
     base = ["--insecure", "--target-rel-error", "0.5"]
-    assert load_config([*base, "--value-bits", "auto"], {}).value_bits == 0
-    assert load_config(base, {"RPSAGG_VALUE_BITS": "AUTO"}).value_bits == 0
+    assert load_config([*base, "--value-bits", "auto"], {}).value_bits == "auto"
+    assert load_config(base, {"RPSAGG_VALUE_BITS": "AUTO"}).value_bits == "auto"
     cfg_file = tmp_path / "c.toml"
     cfg_file.write_text('value-bits = "auto"\ntarget-rel-error = 0.5\n')
-    assert load_config(["--insecure", "--config", str(cfg_file)], {}).value_bits == 0
+    cfg = load_config(["--insecure", "--config", str(cfg_file)], {})
+    assert (cfg.value_bits, cfg.fixed_value_bits) == ("auto", 0)
     assert load_config([*base, "--value-bits", "8"], {}).value_bits == 8
     with pytest.raises(ValueError, match=r"--value-bits auto .* --target-rel-error"):
         load_config(["--insecure", "--value-bits", "auto"], {})

@@ -16,7 +16,8 @@ from service_util import base_config, check_blockwise_rounds_bitwise, in_process
 
 from rpsagg.projections import AUTO_BLOCK_SIZE, AUTO_BLOCK_THRESHOLD
 from rpsagg_client import AggregationClient
-from rpsagg_server.config import BLOCK_SIZE_AUTO, ServerConfig, load_config
+from rpsagg_server.config import AUTO, ServerConfig
+from rpsagg_server.flags import load_config
 from rpsagg_server.server import max_request_bytes
 
 BASE = ["--insecure", "--d", "1000", "--k", "64"]
@@ -31,13 +32,13 @@ def test_block_size_from_every_source(tmp_path: Path) -> None:
     assert load_config([*BASE, "--config", str(toml)]).block_size == 64
     toml.write_text('block_size = "auto"\n')
     cfg = load_config([*BASE, "--config", str(toml)])
-    assert cfg.block_size == BLOCK_SIZE_AUTO and cfg.block_size_for(1000) == 0
-    assert load_config([*BASE, "--block-size", "auto"]).block_size == BLOCK_SIZE_AUTO
-    assert load_config(BASE, env={"RPSAGG_BLOCK_SIZE": "AUTO"}).block_size == BLOCK_SIZE_AUTO
+    assert cfg.block_size == AUTO and cfg.block_size_for(1000) == 0
+    assert load_config([*BASE, "--block-size", "auto"]).block_size == AUTO
+    assert load_config(BASE, env={"RPSAGG_BLOCK_SIZE": "AUTO"}).block_size == AUTO
 
 
 def test_auto_goes_blockwise_above_its_stated_d() -> None:
-    cfg = replace_cfg(block_size=BLOCK_SIZE_AUTO)
+    cfg = replace_cfg(block_size=AUTO)
     assert cfg.block_size_for(AUTO_BLOCK_THRESHOLD) == 0
     assert cfg.block_size_for(AUTO_BLOCK_THRESHOLD + 1) == AUTO_BLOCK_SIZE == 1 << 18
     assert replace_cfg(block_size=64).block_size_for(10**9) == 64

@@ -6,6 +6,7 @@ bodies (hypothesis): never a 500, and nothing recorded unless the answer is 201.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import subprocess
@@ -22,7 +23,7 @@ from hypothesis import strategies as st
 from service_util import server_command, wait_until
 
 from rpsagg_client import AggregationClient
-from rpsagg_server.bounds import INT64_MAX, MAX_SECONDS, SEED_MAX, UINT32_MAX
+from rpsagg_server.bounds import DOUBLE_EXACT, INT64_MAX, MAX_SECONDS, UINT32_MAX
 from rpsagg_server.config import JOB_KEYS
 
 #: a small job of the clients' own vectors (d from the settings, no data set to load)
@@ -93,7 +94,8 @@ BAD_BODIES: list[tuple[Any, str]] = [
     ({"transform": 1e308}, "transform R must be in"),
     ({"n": 10**400}, "n must be at most"),
     ({"seed": 10**400}, "seed must be at most"),
-    ({"seed": SEED_MAX + 1}, "seed must be at most"),
+    ({"seed": INT64_MAX + 1}, "seed must be at most"),
+    ({"seed": -1}, "seed must be >= 0"),
     ({"task": "mean", "mean_vectors": 10**400}, "mean_vectors must be at most"),
     ({"task": "kmeans", "centroids": 0}, "centroids must be >= 1"),
     ({"task": "kmeans", "centroids": -3}, "centroids must be >= 1"),
@@ -129,7 +131,7 @@ def test_bad_settings_are_one_line_400s_that_record_nothing(empty: Service) -> N
     assert _db_files(svc) == files  # the catalog's files alone
     # the largest values the protocol holds are taken, and a job runs with them
     edge = {**SMALL, "n": 1, "rounds": INT64_MAX, "round_timeout": MAX_SECONDS,
-            "seed": SEED_MAX, "id": "edge"}
+            "seed": INT64_MAX, "id": "edge"}
     assert svc.api("/api/jobs", "POST", edge)[0] == 201
     wait_until(lambda: svc.job("edge")["state"] == "running", 30, "the edge job running")
     client = AggregationClient(svc.target, "e0", insecure=True, job="edge")
@@ -159,6 +161,7 @@ def test_bad_settings_are_one_line_400s_that_record_nothing(empty: Service) -> N
     (("--estimator", "rand-proj-spatial", "--block-size", "2048"),
      "--block-size 2048 is above d = 1024"),
     (("--seed", str(UINT32_MAX**3)), "--seed must be at most"),
+    (("--seed", "-1"), "--seed must be >= 0"),
 ])
 def test_flags_out_of_range_stop_the_start_with_one_line(tmp_path: Path, flags: tuple[str, ...],
                                                           names: str) -> None:
@@ -298,14 +301,44 @@ def test_random_bodies_never_500_and_record_only_201s(tmp_path: Path) -> None:
 
 
 def test_every_bound_is_what_its_field_holds() -> None:
-    """The bounds are the fields' ranges: a uint32, a signed 64-bit SQLite integer, the
-    integers a double holds exactly, an int64 of milliseconds until the year 10,000 (1e16 s,
-    which overflowed, is refused)."""
+    """The bounds are the fields' ranges: a uint32, a signed 64-bit SQLite integer, and for
+    durations the whole seconds a double holds exactly, an int64 of milliseconds until the
+    year 10,000 (1e16 s, which overflowed, is refused)."""
     assert np.iinfo(np.uint32).max == UINT32_MAX
     assert np.iinfo(np.int64).max == INT64_MAX
-    assert float(SEED_MAX) == SEED_MAX and float(SEED_MAX + 1) == float(SEED_MAX)
+    assert float(DOUBLE_EXACT) == DOUBLE_EXACT and float(DOUBLE_EXACT + 1) == DOUBLE_EXACT
     # a deadline now + MAX_SECONDS, in milliseconds as the server computes it (a double),
     # fits an int64 until the year 10,000 (the largest second of year 9999: 2.5e11 s)
     year_9999_s = 253_402_300_799.0
     assert int((year_9999_s + MAX_SECONDS) * 1000) <= INT64_MAX
     assert float(int(MAX_SECONDS)) == MAX_SECONDS and MAX_SECONDS < 1e16
+
+
+@pytest.mark.timeout(120)
+def test_job_settings_are_one_list_from_model_to_record(empty: Service) -> None:
+    """The model's fields, the command's job flags, the OpenAPI request properties and the
+    settings a created job records are one set: adding a setting is one field."""
+    from rpsagg_server.flags import _parser
+    from rpsagg_server.jobspec import JobSpec
+
+    model = [f.name for f in dataclasses.fields(JobSpec)]
+    group = next(g for g in _parser()._action_groups if g.title == "the default job")
+    flags = [a.dest for a in group._group_actions]
+    status, schema = call(empty.url + "/openapi.json")
+    assert status == 200
+    post = schema["paths"]["/api/jobs"]["post"]
+    body = post["requestBody"]["content"]["application/json"]["schema"]
+    assert body["additionalProperties"] is False
+    assert set(body["properties"]) - {"id"} == set(model)
+    assert list(JOB_KEYS) == model == flags
+    job_id = empty.create(**SMALL)
+    assert list(empty.job(job_id)["settings"]) == model
+    # the answers are documented: the 201 with its Location, one error body, the bearer
+    assert "Location" in post["responses"]["201"]["headers"]
+    assert {"400", "401", "403", "409", "413", "503"} <= set(post["responses"])
+    assert {r["content"]["application/json"]["schema"]["$ref"]
+            for code, r in post["responses"].items() if code != "201"} == \
+        {"#/components/schemas/ErrorBody"}
+    assert schema["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    assert post["security"] == [{"bearer": []}]
+    assert schema["paths"]["/healthz"]["get"]["security"] == []

@@ -203,7 +203,7 @@ def test_value_bits_auto_stamps_each_round_with_the_least_version_it_uses(
     # SRHT: v1), so it says v1 and takes a v1 claim; a later round that sends codes says v3
     # and refuses v1, naming the quantized values
     d, k = 128, 64
-    cfg = base_config(n=N, k=k, d=d, rounds=0, target_rel_error=1.5, value_bits=0,
+    cfg = base_config(n=N, k=k, d=d, rounds=0, target_rel_error=1.5, value_bits="auto",
                       db=str(tmp_path / "job.db"))
     rng = np.random.default_rng(7)
     seen: list[tuple[int, str]] = []

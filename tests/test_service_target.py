@@ -151,7 +151,7 @@ def test_value_bits_auto_picks_the_fewest_bytes(tmp_path: Path) -> None:
     from rpsagg import plan_budget, value_bytes
     from rpsagg_server.config import AUTO_VALUE_BITS
 
-    cfg = _config(tmp_path, value_bits=0)
+    cfg = _config(tmp_path, value_bits="auto")
     rng = np.random.default_rng(21)
     with in_process_server(cfg) as srv:
         with _joined(srv.port) as clients:

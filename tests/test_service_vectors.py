@@ -556,7 +556,7 @@ def test_stop_job_closes_the_current_round_and_ends_the_job(tmp_path: Path,
 
 
 def test_server_flags_of_external_jobs() -> None:
-    from rpsagg_server.config import load_config
+    from rpsagg_server.flags import load_config
 
     base = ["--insecure", "--task", "mean"]
     cfg = load_config([*base, "--data", "external", "--rounds", "0", "--mean-vectors", "3"])

@@ -10,8 +10,6 @@ that range when the server starts (a flag: one line, exit 2) and when a job is c
   ``RoundInfo``: at most :data:`UINT32_MAX`;
 - ``rounds`` is ``RoundInfo.total_rounds`` (``uint64``) and the round ids are SQLite integers
   (signed 64 bits): at most :data:`INT64_MAX`, as is every other integer setting;
-- ``seed`` travels to the clients as a ``double`` (``JoinReply.task_params``): at most
-  :data:`SEED_MAX`, where every integer is exact;
 - ``max_request_bytes`` is gRPC's message size option, a C ``int``: at most
   :data:`INT32_MAX`;
 - durations in seconds (:data:`SECONDS`) end in deadlines sent as ``int64`` Unix
@@ -32,8 +30,6 @@ INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 #: the largest integer up to which every integer is exact as a ``double``
 DOUBLE_EXACT = 2**53
-#: the largest seed (``JoinReply.task_params`` carries it as a ``double``)
-SEED_MAX = DOUBLE_EXACT
 #: the longest duration in seconds: a deadline ``time.time() + it`` stays a whole number of
 #: seconds as a ``double``, and in milliseconds it fits an ``int64`` until the year 10,000
 #: (2^53 s + that date is 9.01e18 ms, below 2^63 - 1 = 9.22e18 with room for rounding)
@@ -43,7 +39,6 @@ MAX_SECONDS = float(DOUBLE_EXACT)
 INT_BOUNDS: dict[str, int] = {
     **dict.fromkeys(("n", "k", "d", "k_min", "k_max", "block_size", "min_clients",
                      "mean_vectors", "centroids", "max_d", "bits", "value_bits"), UINT32_MAX),
-    "seed": SEED_MAX,
     "max_request_bytes": INT32_MAX,
 }
 #: the settings that are durations in seconds

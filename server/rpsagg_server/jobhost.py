@@ -211,7 +211,7 @@ def _wire(cfg: ServerConfig) -> WireProfile:
     return estimator_from_options(cfg.estimator, n=cfg.n, k=cfg.k_max or cfg.k, d=cfg.d,
                                   transform=cfg.transform, prior_r=None, projection="auto",
                                   block_size=cfg.block_size_for(cfg.d),
-                                  value_bits=cfg.value_bits or 32, bits=cfg.bits).wire
+                                  value_bits=cfg.fixed_value_bits or 32, bits=cfg.bits).wire
 
 
 def _flag_names(message: str) -> str:

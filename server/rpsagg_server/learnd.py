@@ -111,7 +111,7 @@ class _FirstJoin:
                          transform="", task=c.task, m=self.m, global_state=None,
                          state="unspecified", deadline_unix_ms=0, eval=c.eval,
                          job_done=False, task_step=0, total_rounds=c.rounds,
-                         value_bits=c.value_bits, bits=c.bits, job_id=self.job_id)
+                         value_bits=c.fixed_value_bits, bits=c.bits, job_id=self.job_id)
 
     async def unavailable(self, raw: bytes, context: Any) -> Any:
         await abort(context, "FirstJoin", self._starting())

@@ -264,7 +264,7 @@ class LiveRound:
                    light=light)
         live.archived = info.get("archived", {})
         live.k = int(info.get("k") or cfg.k)
-        live.value_bits = int(info.get("value_bits") or cfg.value_bits or 32)
+        live.value_bits = int(info.get("value_bits") or cfg.fixed_value_bits or 32)
         priors = info.get("r_priors")  # absent in rows of before the per-vector priors
         if priors is not None:
             live.r_priors = tuple(None if p is None else float(p) for p in priors)
@@ -358,7 +358,7 @@ class LiveRound:
             arrivals=tuple(sorted(self.arrivals(), key=lambda a: clients.get(a.client_id, 0))),
             estimated_error=None if o is None else o.estimated_error,
             k=(self.k or cfg.k) if scheme_traits(cfg.estimator).takes_k else 0,
-            value_bits=self.value_bits or cfg.value_bits or 32,
+            value_bits=self.value_bits or cfg.fixed_value_bits or 32,
             projection=projection, block_size=block_size,
         )
 

@@ -24,15 +24,13 @@ from rpsagg import Estimator, VectorCorrelationTracker
 from rpsagg.tasks import Task
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.jobs import job_id
+from rpsagg_server.jobspec import IDENTITY_KEYS, JOB_DEFAULTS
 from rpsagg_server.live import LiveRound
 from rpsagg_server.results import JobProgress
 from rpsagg_server.store import Store
 from rpsagg_wire.v1 import serde
 
 log = logging.getLogger("rpsagg.server")
-CONFIG_KEYS = ("n", "k", "d", "estimator", "transform", "task", "eval", "mean_vectors")
-#: what a key absent from an older database's record was (it predates the setting)
-_BEFORE = {"mean_vectors": 1}
 
 
 class RoundHost(Protocol):
@@ -80,13 +78,14 @@ class Recovery:
         the database already held a job."""
         cfg = self.cfg
         saved = self.store.get_meta("config")
-        mine = {k: getattr(cfg, k) for k in CONFIG_KEYS}
+        mine = {k: getattr(cfg, k) for k in IDENTITY_KEYS}
         if saved is None:
             self.store.put_meta("config", json.dumps(mine))
             return False
         theirs = json.loads(saved)
-        diff = {k: (theirs.get(k, _BEFORE.get(k)), v) for k, v in mine.items()
-                if theirs.get(k, _BEFORE.get(k)) != v}
+        # a key an older database lacks predates its setting: the default is what it was
+        diff = {k: (theirs.get(k, JOB_DEFAULTS[k]), v) for k, v in mine.items()
+                if theirs.get(k, JOB_DEFAULTS[k]) != v}
         if diff:
             detail = ", ".join(f"{k}={a!r} (now {b!r})" for k, (a, b) in diff.items())
             raise ValueError(f"database {cfg.db} belongs to a job with other settings: {detail}")

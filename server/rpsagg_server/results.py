@@ -215,7 +215,7 @@ class ResultBook:
             task_step=p.steps_done if live is None else live.task_step,
             total_rounds=c.rounds, job_failure=p.job_failure if live is None else "",
             spec_version=spec_version, projection=projection, block_size=block_size,
-            value_bits=c.value_bits if live is None else (live.value_bits or c.value_bits),
+            value_bits=(live.value_bits if live is not None else 0) or c.fixed_value_bits,
             bits=c.bits, job_id=p.job_id,
         )
 

@@ -44,7 +44,7 @@ from rpsagg.tasks import Task, make_task
 from rpsagg_server import deadline
 from rpsagg_server.archive import RoundArchive
 from rpsagg_server.betawarm import BetaWarmup
-from rpsagg_server.config import AUTO_VALUE_BITS, VALUE_BITS_AUTO, ServerConfig
+from rpsagg_server.config import AUTO, AUTO_VALUE_BITS, ServerConfig
 from rpsagg_server.decoding import DecodeOptions, DecodeOutcome, decode_round
 from rpsagg_server.events import (
     ClientJoined,
@@ -152,7 +152,7 @@ class RoundEngine:
     def _make_estimator(self, prior: float | None, k: int | None = None,
                         value_bits: int | None = None) -> Estimator:
         c = self.cfg
-        bits = value_bits or c.value_bits or 32  # 0: --value-bits auto, a round's own
+        bits = value_bits or c.fixed_value_bits or 32  # 0: --value-bits auto, a round's own
         return estimator_from_options(c.estimator, n=c.n, k=k or c.k, d=c.d,
                                       transform=c.transform,
                                       prior_r=prior if c.transform == "auto" else None,
@@ -170,7 +170,7 @@ class RoundEngine:
         round is open): with ``--value-bits auto`` rounds may send codes, so the format is
         that of quantized values. Each open round announces its own version (its estimator's
         ``wire.spec_version``: float32 rounds of the SRHT say ``rpsagg-seed-v1``)."""
-        if self.cfg.value_bits == VALUE_BITS_AUTO:
+        if self.cfg.value_bits == AUTO:
             return self._make_estimator(None, self.cfg.k_max or None, value_bits=8)
         return self._base
 
@@ -199,9 +199,9 @@ class RoundEngine:
         when no budget reaches the target: ``--k-max`` at the widest width."""
         c = self.cfg
         top = c.k_max or c.k
-        widths = AUTO_VALUE_BITS if c.value_bits == VALUE_BITS_AUTO else (c.value_bits,)
+        widths = AUTO_VALUE_BITS if c.value_bits == AUTO else (c.fixed_value_bits,)
         if c.target_rel_error <= 0:
-            return c.k, c.value_bits
+            return c.k, c.fixed_value_bits
         known = [p for p in (priors or ()) if p is not None]
         if not known or not c.d:
             return top, max(widths)

@@ -31,9 +31,10 @@ from prometheus_client import CollectorRegistry
 from rpsagg.schemes import WireProfile
 from rpsagg_server import eventloop, jobhost, jobs
 from rpsagg_server.auth import TokenBook, TokenInterceptor
-from rpsagg_server.config import ServerConfig, load_config
+from rpsagg_server.config import ServerConfig
 from rpsagg_server.decodepool import DecodePool
 from rpsagg_server.events import SubmissionRefused
+from rpsagg_server.flags import load_config
 from rpsagg_server.grpcguard import (
     ConnectionGuard,
     GuardCollector,

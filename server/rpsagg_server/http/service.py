@@ -38,6 +38,7 @@ from rpsagg_server.archive import ArchiveCollector
 from rpsagg_server.http.app import create_app, mount_page
 from rpsagg_server.http.auth import Gate, HttpTokens, verdict
 from rpsagg_server.http.bodies import MAX_BODY, parse_settings, read_body
+from rpsagg_server.http.jobschemas import JobInfo, add_security, errors, job_body_schema
 from rpsagg_server.http.renders import DEFAULT_MAX_BYTES, BodyCache, BodyCacheCollector
 from rpsagg_server.jobhost import JobHost, JobRefused, JobRuntime
 from rpsagg_server.state import ServerState
@@ -149,19 +150,26 @@ def create_service_app(host: JobHost, registry: CollectorRegistry | None = None,
                        **own.get("components", {}).get("schemas", {})}
             if schemas:
                 own.setdefault("components", {})["schemas"] = schemas
-            app.openapi_schema = own
+            app.openapi_schema = add_security(own)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
 
-    @app.get("/api/jobs", tags=["jobs"], summary="Every job of this server")
+    @app.get("/api/jobs", tags=["jobs"], summary="Every job of this server",
+             responses=errors(401, 403))
     def list_jobs() -> dict[str, Any]:
         """The default job first, then the created jobs oldest first; ``past_jobs``: the
         finished jobs earlier starts moved to ``<db>.jobs/`` (``--on-finished-job new``)."""
         rt = host.default()
         return {"jobs": host.list(), "past_jobs": list(rt.state.past_jobs) if rt else []}
 
-    @app.post("/api/jobs", tags=["jobs"], status_code=201, summary="Create a job")
+    @app.post("/api/jobs", tags=["jobs"], status_code=201, summary="Create a job",
+              openapi_extra={"requestBody": job_body_schema()},
+              responses={201: {"model": JobInfo, "description": "Recorded (durably); it "
+                               "starts when a slot is free.", "headers": {"Location": {
+                                   "description": "/api/jobs/{id}",
+                                   "schema": {"type": "string"}}}},
+                         **errors(400, 401, 403, 409, 413, 503)})
     async def create_job(request: Request) -> JSONResponse:
         """The body is a JSON object of job settings (the job flags of ``rpsagg-server`` in
         snake case). ``201`` with the job once it is recorded (durably); ``400`` with one
@@ -175,7 +183,8 @@ def create_service_app(host: JobHost, registry: CollectorRegistry | None = None,
         return JSONResponse(job, status_code=201,
                             headers={"Location": f"/api/jobs/{job['id']}"})
 
-    @app.get("/api/jobs/{job_id}", tags=["jobs"], summary="One job")
+    @app.get("/api/jobs/{job_id}", tags=["jobs"], summary="One job",
+             responses={200: {"model": JobInfo}, **errors(401, 403, 404)})
     def get_job(job_id: str) -> dict[str, Any]:
         """The job's state, settings, progress and bytes."""
         try:
@@ -190,13 +199,15 @@ def create_service_app(host: JobHost, registry: CollectorRegistry | None = None,
         except JobRefused as exc:
             raise HTTPException(exc.status, str(exc)) from None
 
-    @app.post("/api/jobs/{job_id}/cancel", tags=["jobs"], summary="Cancel a job")
+    @app.post("/api/jobs/{job_id}/cancel", tags=["jobs"], summary="Cancel a job",
+              responses={200: {"model": JobInfo}, **errors(401, 403, 404, 409, 503)})
     async def cancel_job(request: Request, job_id: str) -> dict[str, Any]:
         """Cancel a queued or running job: recorded durably, then its current round fails
         (what it had committed stays stored). ``409`` when it has ended."""
         return await cancel(request, job_id)
 
-    @app.delete("/api/jobs/{job_id}", tags=["jobs"], summary="Cancel a job")
+    @app.delete("/api/jobs/{job_id}", tags=["jobs"], summary="Cancel a job",
+                responses={200: {"model": JobInfo}, **errors(401, 403, 404, 409, 503)})
     async def delete_job(request: Request, job_id: str) -> dict[str, Any]:
         """The same as ``POST /api/jobs/{job_id}/cancel`` (the job's record stays)."""
         return await cancel(request, job_id)
