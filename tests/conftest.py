@@ -6,15 +6,21 @@ subprocesses tests start, so results never depend on a developer's ~/.cache.
 ``tests/flower`` needs flwr, which lives in its own environment (``.venv-flower``): test.sh
 runs it there as a second pytest run with ``RPSAGG_FLOWER_TESTS=1``; every other run
 leaves it out.
+
+``conformance/`` is put on ``sys.path`` here: the tests import the plain-Python reference of
+the wire format (``wire_reference``) and the conformance runner (``run``) from there.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "conformance"))
 
 collect_ignore = [] if os.environ.get("RPSAGG_FLOWER_TESTS") == "1" else ["flower"]
 
