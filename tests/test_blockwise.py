@@ -9,6 +9,8 @@ import rpsagg
 from rpsagg._blockwise import block_budgets, block_seed
 from rpsagg.synthetic import correlated_vectors
 
+pytestmark = pytest.mark.unit
+
 
 def test_budgets_and_seeds() -> None:
     assert block_budgets(10, 4) == [3, 3, 2, 2]

@@ -17,6 +17,8 @@ import run as runner  # conformance/run.py (tests/conftest.py puts conformance/ 
 from rpsagg import spec
 from rpsagg.quantize import TAG_QROUND
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[1]
 VECTORS_PATH = ROOT / "docs" / "wire-vectors.json"
 VECTORS: dict[str, Any] = json.loads(VECTORS_PATH.read_text(encoding="utf-8"))

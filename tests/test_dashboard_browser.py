@@ -26,11 +26,11 @@ CHROMEDRIVER = Path("/usr/bin/chromedriver")
 OUTPUT = Path(__file__).resolve().parents[1] / "test-output"
 N, K, D, ROUNDS = 4, 16, 256, 8
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.browser, pytest.mark.skipif(
     not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
     reason="needs Debian's chromium and chromium-driver (/usr/bin/chromium, "
     "/usr/bin/chromedriver); scripts/setup-env.sh test installs them as root",
-)
+)]
 
 
 def post_json(url: str, body: Any) -> Any:

@@ -29,6 +29,8 @@ from rpsagg import spec
 from rpsagg._dct import JointDCT, dct_encode, dct_matrix
 from rpsagg._projection import resolve_projection
 
+pytestmark = pytest.mark.unit
+
 
 # --------------------------------------------------------------------------------------
 # Golden vectors (docs/wire-vectors.json) and the reference

@@ -34,6 +34,8 @@ from engine_util import COMPOSE, COMPOSE_TLS, ROOT, engine, resolve_compose
 from http_util import free_port, get_json
 from service_util import client_command, kill_all, server_command, wait_port_file
 
+pytestmark = pytest.mark.engine
+
 MONITORING = ROOT / "docker" / "monitoring"
 PROMETHEUS_YML = MONITORING / "prometheus.yml"
 DASHBOARD = MONITORING / "grafana" / "dashboards" / "rpsagg.json"

@@ -29,6 +29,8 @@ from rpsagg._decode import joint_solve
 from rpsagg._hblocks import JointHBlocks, hblocks_encode, hblocks_matrix
 from rpsagg._projection import resolve_projection
 
+pytestmark = pytest.mark.unit
+
 CASES: list[dict[str, Any]] = VECTORS["hblocks_cases"]
 
 

@@ -45,6 +45,8 @@ from service_util import kill_all, make_certs, server_command, wait_port_file
 
 from rpsagg_client import AggregationClient
 
+pytestmark = pytest.mark.service
+
 FD_LIMIT = 256
 FLOOD = 300
 CAP = FD_LIMIT // 4  # rpsagg_server.http.connections.connection_cap(0, 256)

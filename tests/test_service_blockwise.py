@@ -19,6 +19,8 @@ from rpsagg_client import AggregationClient
 from rpsagg_server.config import BLOCK_SIZE_AUTO, ServerConfig, load_config
 from rpsagg_server.server import max_request_bytes
 
+pytestmark = pytest.mark.service
+
 BASE = ["--insecure", "--d", "1000", "--k", "64"]
 
 

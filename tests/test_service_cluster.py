@@ -14,6 +14,8 @@ import time
 import pytest
 from http_util import free_port, get_json
 
+pytestmark = pytest.mark.service
+
 CMD = [sys.executable, "-m", "rpsagg_server.cluster", "--n", "3", "--k", "8", "--d", "128",
        "--data", "synthetic", "--data-r", "1", "--http-port", "0"]
 ROUND_LINE = re.compile(

@@ -19,6 +19,8 @@ from http_util import free_port
 
 from rpsagg_server.launch import LocalJob, ServerProcess, client_command, server_command
 
+pytestmark = pytest.mark.service
+
 
 def _server(tmp_path: Path, *flags: str, db: str = "job.db") -> ServerProcess:
     return ServerProcess([

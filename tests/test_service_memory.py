@@ -32,6 +32,8 @@ from test_http_exposure import http_get, metric
 from rpsagg_client import AggregationClient
 from rpsagg_server.launch import ServerProcess
 
+pytestmark = pytest.mark.service
+
 D = 1 << 18  # 2 MiB of float64 an estimate
 CACHE = 2 * D * 8  # --result-cache-bytes: two rounds
 ROUNDS = 40

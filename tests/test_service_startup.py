@@ -27,6 +27,8 @@ from service_util import Certs, kill_all, make_certs, server_command, wait_port_
 from rpsagg_server.startup import StartupError, bind_http_sockets
 from rpsagg_server.store import Store
 
+pytestmark = pytest.mark.service
+
 JOB = ["--n", "2", "--k", "4", "--d", "16", "--task", "mean", "--rounds", "1"]
 
 

@@ -43,6 +43,8 @@ from service_util import base_config, in_process_server, round_messages, wait_un
 from rpsagg import make_estimator
 from rpsagg_server.launch import LocalJob, ServerProcess, client_command
 
+pytestmark = pytest.mark.service
+
 Z = 5.0
 
 

@@ -51,6 +51,8 @@ import rpsagg
 from rpsagg import _fwht, spec
 from rpsagg._srht import JointSRHT, srht_encode
 
+pytestmark = pytest.mark.unit
+
 # --------------------------------------------------------------------------------------
 # Golden values: docs/wire-vectors.json, the language-neutral file beside the spec (moved
 # there from this file; generated once with rpsagg 0.1.0 and checked against the reference
