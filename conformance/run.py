@@ -29,6 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from wire_reference import golden_x, named_x  # beside this file: the vectors' inputs
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_VECTORS = ROOT / "docs" / "wire-vectors.json"
 
@@ -180,18 +182,6 @@ def within(y_f64: list[str], tol: float, exact_bits: list[str] | None
 
 
 # -- the checks the vectors define ---------------------------------------------------------
-def golden_x(d: int, kind: str = "golden") -> list[float]:
-    """The input of a case: ``x_j = (j mod 7) - 3`` ("golden"), 0 ("zero"), or the other
-    named inputs of the sparse cases ("squares", "spike", "sparse")."""
-    if kind == "squares":
-        return [float((j * j) % 23 - 11) for j in range(d)]
-    if kind == "spike":
-        return [100.0, *golden_x(d)[1:]]
-    if kind == "sparse":
-        return [0.0] * (d - 3) + [2.5, -1.0, 0.5]
-    return [float((j % 7) - 3) if kind == "golden" else 0.0 for j in range(d)]
-
-
 def tolerance(rel: float, x: list[float]) -> float:
     """docs/wire-format.md section 11: ``rel * max(1, ||x||_2)``."""
     return rel * max(1.0, math.sqrt(sum(v * v for v in x)))
@@ -292,7 +282,7 @@ def build_checks(v: dict[str, Any]) -> list[Check]:
                          "seed": blk["seed"], "values_f64": blk["values_f64"]},
                         same_message({n: blk[n] for n in ("packed_hex", "scale_bits")})))
         out.append((f"{at}.encode", {"op": "encode", "scheme": c["scheme"], "seed": s, "k": k,
-                                     "d": d, "value_bits": vb, "x": golden_x(d, xkind)},
+                                     "d": d, "value_bits": vb, "x": named_x(xkind, d)},
                     same_message(c)))
     for i, r in enumerate(v["round"]):
         req = {"op": "round_seed", **{f: r[f] for f in
@@ -307,7 +297,7 @@ def build_checks(v: dict[str, Any]) -> list[Check]:
         at = f"quantized_cases[{i}] ({scheme}, {json.dumps(opts, sort_keys=True)}, d={d}" + (
             ", x=0)" if xkind == "zero" else ")")
         enc: dict[str, Any] = {"op": "encode", "scheme": scheme, "seed": c["seed"], "d": d,
-                               "x": golden_x(d, xkind)}
+                               "x": named_x(xkind, d)}
         if "k" in opts:
             enc["k"] = opts["k"]
         if scheme in ("eden", "qsgd"):
@@ -333,7 +323,7 @@ def build_checks(v: dict[str, Any]) -> list[Check]:
             s, k, d = c["seed"], c["k"], c["d"]
             at = f"{group}[{i}] (seed {s}, k={k}, d={d}, x {c['x']})"
             out.append((at, {"op": "encode", "scheme": scheme, "seed": s, "k": k, "d": d,
-                             "x": golden_x(d, c["x"])},
+                             "x": named_x(c["x"], d)},
                         sparse_message(c["values_f32"], c["indices"])))
     for i, c in enumerate(v.get("decode_cases", [])):
         req = c["request"]

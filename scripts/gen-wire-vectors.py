@@ -7,14 +7,15 @@ the committed file and exits 1 on a difference). ``tests/test_wire_vectors.py`` 
 the file and compares it byte for byte, so a change to a number produced by the spec shows
 as a diff of this file.
 
-Every value comes from the library (``rpsagg``), and the sketches' reference values from the
-plain-Python re-implementations of the document in ``tests/test_spec.py``,
-``tests/test_dct.py`` and ``tests/test_hblocks.py`` (which also check the library against
-them). Quantized cases whose projection is not bit-exact across implementations (the DCT) and
-EDEN (whose sums have no defined order) are checked here to be robust: perturbing every
-quantizer input by ``ROBUST_REL`` relative, in several sign patterns, leaves the codes and the
-scale unchanged, so any implementation within that of the reference reproduces them bit for
-bit.
+Every value comes from the library's public modules (``rpsagg``, ``rpsagg.spec``,
+``rpsagg.quantize``, ``rpsagg.projections``), and the sketches' reference values and the
+inputs of the cases from the plain-Python re-implementation of the document,
+``conformance/wire_reference.py`` (which the tests also check the library against, and the
+conformance runner reads the inputs from). Quantized cases whose projection is not bit-exact
+across implementations (the DCT) and EDEN (whose sums have no defined order) are checked here
+to be robust: perturbing every quantizer input by ``ROBUST_REL`` relative, in several sign
+patterns, leaves the codes and the scale unchanged, so any implementation within that of the
+reference reproduces them bit for bit.
 """
 
 from __future__ import annotations
@@ -22,24 +23,31 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import struct
 import sys
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "common"))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "conformance"))
 
 import numpy as np  # noqa: E402
-from test_dct import ref_dct_encode  # noqa: E402
-from test_hblocks import ref_hblocks_encode  # noqa: E402
+from wire_reference import (  # noqa: E402
+    f32_bits,
+    golden_x,
+    named_x,
+    ref_block_budgets,
+    ref_dct_encode,
+    ref_float32_ceil,
+    ref_hblocks_encode,
+    ref_sum_of_squares,
+    ref_tag,
+    ref_wangni_c,
+)
 
 import rpsagg  # noqa: E402
 from rpsagg import spec  # noqa: E402
-from rpsagg._blockwise import block_budgets, block_seed  # noqa: E402
-from rpsagg._lloyd_max import EDEN_BITS, centroids  # noqa: E402
-from rpsagg._quantize import TAG_QROUND, pack_codes  # noqa: E402
-from rpsagg.quantize import quantize  # noqa: E402
+from rpsagg.projections import block_seed  # noqa: E402
+from rpsagg.quantize import EDEN_BITS, TAG_QROUND, centroids, pack_codes, quantize  # noqa: E402
 
 OUT = ROOT / "docs" / "wire-vectors.json"
 MASK64 = (1 << 64) - 1
@@ -152,27 +160,6 @@ SPARSE_CASES: list[tuple[int, int, int, str]] = [
 ]  # fmt: skip
 
 
-def golden_x(d: int) -> list[float]:
-    return [float((j % 7) - 3) for j in range(d)]
-
-
-def named_x(kind: str, d: int) -> list[float]:
-    """The inputs of SPARSE_CASES."""
-    if kind == "golden":
-        return golden_x(d)
-    if kind == "squares":
-        return [float((j * j) % 23 - 11) for j in range(d)]
-    if kind == "spike":
-        return [100.0, *golden_x(d)[1:]]
-    if kind == "sparse":
-        return [0.0] * (d - 3) + [2.5, -1.0, 0.5]
-    raise ValueError(kind)
-
-
-def f32_bits(value: float) -> int:
-    return int(struct.unpack("<I", struct.pack("<f", value))[0])
-
-
 def first_bits(seed: int, tag: int, count: int) -> str:
     bits = spec.sign_bits(seed, count, tag)[: min(64, count)]
     return hex(sum(int(b) << j for j, b in enumerate(bits)))
@@ -204,7 +191,7 @@ def dct_case(seed: int, k: int, d: int) -> dict[str, Any]:
 
 
 def hblocks_case(seed: int, k: int, d: int) -> dict[str, Any]:
-    ref = ref_hblocks_encode([(j % 7) - 3 for j in range(d)], seed, k)
+    ref = ref_hblocks_encode([int(v) for v in golden_x(d)], seed, k)
     b = ref["b"]
     return {
         "seed": hex(seed), "k": k, "d": d, "b": b, "shift": ref["shift"],
@@ -222,7 +209,7 @@ def blockwise_case(seed: int, k: int, d: int, b: int) -> dict[str, Any]:
     return {
         "seed": hex(seed), "k": k, "d": d, "block_size": b, "scheme": msg.scheme,
         "block_seeds": [hex(block_seed(seed, j)) for j in range(blocks)],
-        "budgets": block_budgets(k, blocks),
+        "budgets": ref_block_budgets(k, blocks),
         "y": [hex(int(v)) for v in msg.values.view(np.uint32)],
     }  # fmt: skip
 
@@ -230,13 +217,13 @@ def blockwise_case(seed: int, k: int, d: int, b: int) -> dict[str, Any]:
 def blockwise_quantized_case(seed: int, k: int, d: int, b: int, value_bits: int, xkind: str
                              ) -> dict[str, Any]:
     """Section 15: the message, and each block as the section 13 message it is."""
-    x = np.array(golden_x(d) if xkind == "golden" else [0.0] * d)
+    x = np.array(named_x(xkind, d))
     est = rpsagg.make_estimator("rand-proj-spatial", n=2, k=k, d=d, block_size=b,
                                 value_bits=value_bits)
     msg = est.encode(x, seed)
     assert msg.codes is not None and msg.scales is not None
     values = quantizer_input(est, x, seed)
-    blocks, budgets = -(-d // b), block_budgets(k, -(-d // b))
+    blocks, budgets = -(-d // b), ref_block_budgets(k, -(-d // b))
     per_block: list[dict[str, Any]] = []
     offset = 0
     for j, kb in enumerate(budgets):
@@ -284,7 +271,7 @@ def check_robust(est: Any, values: np.ndarray, seed: int, codes: np.ndarray, sca
 
 def quantized_case(name: str, options: dict[str, Any], d: int, xkind: str) -> dict[str, Any]:
     seed = QUANTIZED_SEED
-    x = np.array(golden_x(d) if xkind == "golden" else [0.0] * d)
+    x = np.array(named_x(xkind, d))
     est = rpsagg.make_estimator(name, n=2, d=d, **options)
     msg = est.encode(x, seed)
     assert msg.codes is not None and msg.scales is not None
@@ -309,22 +296,15 @@ def quantized_case(name: str, options: dict[str, Any], d: int, xkind: str) -> di
 def qsgd_norm_case(x_hex: list[str], bits: int) -> dict[str, Any]:
     import math
 
-    from rpsagg._quantize import sum_of_squares
-
     seed = QUANTIZED_SEED
     x = np.array([float.fromhex(v) for v in x_hex])
     est = rpsagg.make_estimator("qsgd", n=2, d=x.size, bits=bits)
     msg = est.encode(x, seed)
     assert msg.codes is not None and msg.scales is not None
-    sq = sum_of_squares(x)
-    running = 0.0
-    for v in x.tolist():  # the order the spec states, in plain Python
-        running += v * v
-    assert sq == running
+    sq = ref_sum_of_squares(x.tolist())  # the order the spec states, in plain Python
+    assert float(msg.scales[0]) == ref_float32_ceil(math.sqrt(sq))
     if x.size > 2:  # this x tells the orders apart
-        from rpsagg._quantize import float32_ceil
-
-        others = {float(float32_ceil(math.sqrt(t))) for t in (
+        others = {ref_float32_ceil(math.sqrt(t)) for t in (
             math.fsum(x * x), float(np.sum(x * x)), float(np.dot(x, x)))}
         assert float(msg.scales[0]) not in others, "the case no longer tells the orders apart"
     return {
@@ -336,15 +316,13 @@ def qsgd_norm_case(x_hex: list[str], bits: int) -> dict[str, Any]:
 
 
 def sparse_case(scheme: str, seed: int, k: int, d: int, kind: str) -> dict[str, Any]:
-    from rpsagg._coordinates import wangni_scale
-
     x = np.array(named_x(kind, d))
     est = rpsagg.make_estimator(scheme, n=2, k=k, d=d)
     msg = est.encode(x, seed)
     assert msg.indices is not None
     case: dict[str, Any] = {"seed": hex(seed), "k": k, "d": d, "x": kind}
     if scheme == "rand-k-wangni":
-        c = wangni_scale(x, k)
+        c = ref_wangni_c(x.tolist(), k)
         case["c"] = None if c is None else c.hex()
     case["indices"] = [int(i) for i in msg.indices]
     case["values_f32"] = [hex(int(v)) for v in msg.values.view(np.uint32)]
@@ -559,7 +537,7 @@ def refusal_cases() -> list[dict[str, Any]]:
 
 
 def build() -> dict[str, Any]:
-    tags = {n: spec._tag(raw.encode()) for n, raw in TAGS.items()}
+    tags = {n: ref_tag(raw) for n, raw in TAGS.items()}
     out: dict[str, Any] = {"spec": spec.SPEC_VERSION, "about": ABOUT}
     out["published_splitmix64"] = PUBLISHED_SPLITMIX64
     out["tags"] = TAGS

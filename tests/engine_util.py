@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import http_util
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,9 +115,9 @@ def wait_for(what: str, fn: Callable[[], T | None], timeout: float, every: float
 
 
 def get_json(url: str, timeout: float = 5) -> Any:
-    """GET ``url`` and parse its JSON."""
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return json.loads(resp.read())
+    """GET ``url`` and parse its JSON (http_util's, with a shorter default timeout: the
+    engine's ports are polled)."""
+    return http_util.get_json(url, timeout)
 
 
 def get_text(url: str, timeout: float = 5) -> str:

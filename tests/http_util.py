@@ -1,5 +1,6 @@
-"""Helpers for the tests of the HTTP API: a loopback port, one request, and an
-``rpsagg-server`` subprocess of a standing service with its dashboard."""
+"""Helpers for the tests of the HTTP API: a loopback port, one request (a JSON GET, or any
+request with its status), and an ``rpsagg-server`` subprocess of a standing service with its
+dashboard."""
 
 from __future__ import annotations
 
@@ -23,6 +24,12 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def get_json(url: str, timeout: float = 10) -> Any:
+    """GET ``url`` and parse its JSON (an HTTP error status raises)."""
+    with urllib.request.urlopen(url, timeout=timeout) as res:
+        return json.load(res)
 
 
 def call(url: str, method: str = "GET", body: Any = None, token: str | None = None,

@@ -4,8 +4,12 @@ follows the latest such round; bytes and last_seen come from the client's own ar
 
 from __future__ import annotations
 
+import pytest
+
 from rpsagg_server.activity import client_stats
 from rpsagg_server.state import Arrival, ClientView, RoundView
+
+pytestmark = pytest.mark.unit
 
 
 def round_view(rid: int, state: str, closed: float | None,

@@ -17,6 +17,8 @@ import pytest
 
 import rpsagg
 
+pytestmark = pytest.mark.unit
+
 PROJECTIONS = ["hblocks", "dct"]
 
 

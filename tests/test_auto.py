@@ -7,6 +7,8 @@ import pytest
 import rpsagg
 from rpsagg._auto import AUTO_DELTA, auto_c, mse_model
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(("n", "k", "d_pad"), [(10, 8, 4096), (50, 10, 512), (10, 102, 1024)])
 def test_model_matches_the_closed_forms(n: int, k: int, d_pad: int) -> None:

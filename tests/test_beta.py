@@ -12,6 +12,8 @@ from scipy.stats import binom
 import rpsagg
 from rpsagg import _beta
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

@@ -17,6 +17,8 @@ from rpsagg._beta_free import (
     free_spectral_sum,
 )
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

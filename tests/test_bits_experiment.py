@@ -9,6 +9,8 @@ import pytest
 from rpsagg._correlation import CorrelationTracker
 from rpsagg_experiments.bits import Point, floored_prior, pareto, points, run_point
 
+pytestmark = pytest.mark.unit
+
 
 def test_pareto_keeps_only_points_no_cheaper_point_beats() -> None:
     rows = [{"bits_per_client": b, "mse": m, "id": i}

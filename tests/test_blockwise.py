@@ -9,6 +9,8 @@ import rpsagg
 from rpsagg._blockwise import block_budgets, block_seed
 from rpsagg.synthetic import correlated_vectors
 
+pytestmark = pytest.mark.unit
+
 
 def test_budgets_and_seeds() -> None:
     assert block_budgets(10, 4) == [3, 3, 2, 2]
@@ -213,7 +215,7 @@ def test_blockwise_quantized_vectors_from_the_documented_rule() -> None:
     import struct
     from pathlib import Path
 
-    from test_spec import ref_encode, ref_key, ref_mix64, ref_uniforms
+    from wire_reference import ref_encode, ref_key, ref_mix64, ref_uniforms
 
     vectors = json.loads((Path(__file__).resolve().parent.parent / "docs"
                           / "wire-vectors.json").read_text(encoding="utf-8"))

@@ -17,6 +17,8 @@ from service_util import base_config, client_command, in_process_server, kill_al
 from rpsagg_client import AggregationClient
 from rpsagg_client.cli import round_line
 
+pytestmark = pytest.mark.service
+
 ROUNDS = 3
 LINE = re.compile(r"^\[client-0\] round (\d+): sent (\d+) B \((\d+) floats \+ seed\), "
                   r"acked as ([12]) of 2; round done with 2/2 clients, "

@@ -21,6 +21,8 @@ import pytest
 
 from rpsagg_client import identity
 
+pytestmark = pytest.mark.unit
+
 
 def _answer(query: bytes, name: str | int | None) -> bytes:
     """The answer to ``query``: a PTR record for a ``name``, none for None, an int: that RCODE."""

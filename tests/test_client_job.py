@@ -33,6 +33,8 @@ from rpsagg_wire.v1.serde import (
     VectorPayload,
 )
 
+pytestmark = pytest.mark.service
+
 K, D = 4, 8
 NAN = math.nan
 

@@ -18,6 +18,8 @@ from rpsagg_client.vectors import (
     open_vectors,
 )
 
+pytestmark = pytest.mark.unit
+
 D = 6
 
 

@@ -9,6 +9,8 @@ import pytest
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.flags import load_config
 
+pytestmark = pytest.mark.unit
+
 
 def test_each_source_overrides_the_next(tmp_path: Path) -> None:
     conf = tmp_path / "server.toml"

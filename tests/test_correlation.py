@@ -14,6 +14,8 @@ import pytest
 import rpsagg
 from rpsagg.synthetic import correlated_vectors
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("scheme", ["rand-proj-spatial", "rand-k", "rand-k-spatial"])
 def test_correlation_terms_are_unbiased(scheme: str) -> None:

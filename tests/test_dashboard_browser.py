@@ -11,7 +11,6 @@ reduced to 128 colours).
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import urllib.request
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from http_util import free_port, get_json
 from service_util import client_command, kill_all, server_command, wait_port_file
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -26,24 +26,11 @@ CHROMEDRIVER = Path("/usr/bin/chromedriver")
 OUTPUT = Path(__file__).resolve().parents[1] / "test-output"
 N, K, D, ROUNDS = 4, 16, 256, 8
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.browser, pytest.mark.skipif(
     not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
     reason="needs Debian's chromium and chromium-driver (/usr/bin/chromium, "
     "/usr/bin/chromedriver); scripts/setup-env.sh test installs them as root",
-)
-
-
-def free_port() -> int:
-    """A loopback port that was free a moment ago (uvicorn needs a fixed --http-port)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as res:
-        return json.load(res)
+)]
 
 
 def post_json(url: str, body: Any) -> Any:

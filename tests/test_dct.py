@@ -15,12 +15,12 @@ import math
 import numpy as np
 import pytest
 from anyd_util import check_joint_operator
-from test_spec import (
-    VECTORS,
+from test_spec import VECTORS
+from wire_reference import (
     f32_bits,
     golden_x,
+    ref_dct_encode,
     ref_key,
-    ref_sample_distinct,
     ref_sign_bits,
 )
 
@@ -29,23 +29,7 @@ from rpsagg import spec
 from rpsagg._dct import JointDCT, dct_encode, dct_matrix
 from rpsagg._projection import resolve_projection
 
-
-def ref_dct_encode(x: list[float], seed: int, k: int) -> tuple[int, list[int], list[float]]:
-    """Shift, rows and binary64 sketch of section 12, in plain Python (``math.fsum`` sums)."""
-    d = len(x)
-    bits = ref_sign_bits(seed, d)
-    shift = ref_sample_distinct(seed, "rpsSHIFT", 1, d)[0]
-    w = [0.0] * d
-    for j in range(d):
-        w[(j + shift) % d] = -x[j] if bits[j] else x[j]
-    rows = ref_sample_distinct(seed, "rpsROWS_", k, d)
-    out = []
-    for r in rows:
-        scale = math.sqrt((1.0 if r == 0 else 2.0) / d)
-        angle = math.pi / (2 * d)
-        terms = (w[m] * math.cos(angle * ((r * (2 * m + 1)) % (4 * d))) for m in range(d))
-        out.append(scale * math.fsum(terms))
-    return shift, rows, out
+pytestmark = pytest.mark.unit
 
 
 # --------------------------------------------------------------------------------------

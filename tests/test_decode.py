@@ -24,6 +24,8 @@ from rpsagg._srht import JointSRHT
 from rpsagg.spec import randk_indices
 from rpsagg.synthetic import correlated_vectors
 
+pytestmark = pytest.mark.unit
+
 
 def dense_rps(est: rpsagg.Estimator, msgs: list[rpsagg.Encoded]) -> np.ndarray:
     projection = getattr(est, "projection", "srht")

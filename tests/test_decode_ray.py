@@ -35,6 +35,8 @@ from service_util import (
 
 import rpsagg
 
+pytestmark = pytest.mark.service
+
 RAY = str(Path(sys.executable).with_name("ray"))
 # A multi-node Ray cluster always uses the host's routable address (it maps 127.0.0.1 to it;
 # a loopback-only cluster is single-node), so the nodes here listen there, as any Ray would.

@@ -21,6 +21,8 @@ from rpsagg._decode import joint_solve
 from rpsagg._srht import JointSRHT, _split, default_threads
 from rpsagg.synthetic import correlated_vectors
 
+pytestmark = pytest.mark.unit
+
 
 def _paths() -> list[str]:
     out = ["passes-numpy"]

@@ -24,6 +24,8 @@ from rpsagg._fwht import fwht
 from rpsagg._srht import JointSRHT, srht_encode
 from rpsagg.synthetic import correlated_vectors
 
+pytestmark = pytest.mark.unit
+
 torch = pytest.importorskip("torch", reason="scripts/setup-env.sh test installs rpsagg[torch]")
 # One intra-op thread: on this shared 2-core machine torch's OpenMP pool spin-waits on busy
 # cores (a 30-iteration solve took 4 s with 2 threads against 0.23 s with one).

@@ -11,6 +11,8 @@ import pytest
 
 from rpsagg_server.decodepool import DecodePool
 
+pytestmark = pytest.mark.unit
+
 WAIT = 10.0  # seconds any wait below may take at most (they are all bounded)
 
 

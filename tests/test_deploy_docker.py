@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILES = {"server": ROOT / "docker" / "server.Dockerfile",
                "client": ROOT / "docker" / "client.Dockerfile"}

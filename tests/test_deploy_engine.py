@@ -62,7 +62,7 @@ from engine_util import (
     wait_for,
 )
 
-pytestmark = pytest.mark.usefixtures("docker_engine")
+pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("docker_engine")]
 
 ACK = re.compile(r"^\[(?P<cid>[^\]]+)\] round (?P<rid>\d+): sent .*, acked as \d+ of \d+",
                  re.MULTILINE)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -32,7 +31,10 @@ from typing import Any
 
 import pytest
 from engine_util import COMPOSE, COMPOSE_TLS, ROOT, engine, resolve_compose
+from http_util import free_port, get_json
 from service_util import client_command, kill_all, server_command, wait_port_file
+
+pytestmark = pytest.mark.engine
 
 MONITORING = ROOT / "docker" / "monitoring"
 PROMETHEUS_YML = MONITORING / "prometheus.yml"
@@ -253,19 +255,6 @@ def test_grafana_dashboard_selects_jobs_with_its_variable() -> None:
 
 
 # -- 4. a real Prometheus against a live server ----------------------------------------------
-def free_port() -> int:
-    """A loopback port that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as res:
-        return json.load(res)
-
-
 def query(prom: str, expr: str) -> list[dict[str, Any]]:
     """Run an instant query through Prometheus's HTTP API; its result vector."""
     body = get_json(f"{prom}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))

@@ -13,20 +13,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from http_util import free_port
 from service_util import kill_all, wait_port_file
+
+pytestmark = pytest.mark.service
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "vectors.md"
 BIN = Path(sys.executable).parent
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.mark.timeout(180)
@@ -47,7 +41,7 @@ def test_own_vectors_walkthrough_runs_as_written(tmp_path: Path) -> None:
     assert server_line.startswith("rpsagg-server ") and "rpsagg-client" in clients_line
     assert download_line.startswith("curl ") and "127.0.0.1:8000" in download_line
 
-    http_port = _free_port()
+    http_port = free_port()
     port_file = tmp_path / "port"
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("RPSAGG_")},
            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",

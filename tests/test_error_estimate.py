@@ -43,6 +43,8 @@ from rpsagg._error_coef import (
 )
 from rpsagg.synthetic import correlated_vectors
 
+pytestmark = pytest.mark.unit
+
 N, D, K = 8, 256, 16
 T = 400
 Z = 4.0  # standard errors allowed

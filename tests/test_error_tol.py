@@ -9,6 +9,8 @@ import pytest
 import rpsagg
 from rpsagg._decode import error_stop_scale
 
+pytestmark = pytest.mark.unit
+
 # Blockwise like the Flower benchmark's wide model with 8-bit codes (blocks of 2^18, n = 5,
 # k_j = 10,010 per block: nk / b = 0.19), scaled down to blocks of 2^12: the same
 # nk / b = 800 / 4096 = 0.195, so the same spectrum of K and the same c (avg, n = 5).

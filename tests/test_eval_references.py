@@ -25,6 +25,8 @@ from rpsagg_server.decoding import decode_round, messages
 from rpsagg_server.http import create_app
 from rpsagg_wire.v1.serde import Submission, VectorPayload
 
+pytestmark = pytest.mark.service
+
 N, K, D = 2, 8, 128
 SCHEME = "rand-proj-spatial"
 BIG = 1.3e154  # BIG**2 = 1.69e308 < float64 max 1.80e308

@@ -19,6 +19,8 @@ from rpsagg_server.ledger import DECODE_BUCKETS, MetricsLedger
 from rpsagg_server.state import ServerState
 from rpsagg_server.views import ClientView, RoundView
 
+pytestmark = pytest.mark.unit
+
 
 def _view(round_id: int, state: str, seconds: float | None) -> RoundView:
     return RoundView(

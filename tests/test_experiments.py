@@ -21,6 +21,8 @@ from rpsagg_experiments import closed_forms, full_correlation, rank, varying_cor
 from rpsagg_experiments.montecarlo import mse
 from rpsagg_experiments.runtime import seed_of
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[1]
 UJI = ROOT.parent / "shared" / "data" / "ujiindoorloc.zip"
 FASHION = Path("/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz")

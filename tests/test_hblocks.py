@@ -14,15 +14,13 @@ from typing import Any
 import numpy as np
 import pytest
 from anyd_util import check_joint_operator
-from test_spec import (
-    VECTORS,
+from test_spec import VECTORS
+from wire_reference import (
     f32_bits,
     golden_x,
-    ref_fwht,
+    ref_hblocks_encode,
     ref_key,
-    ref_sample_distinct,
     ref_sign_bits,
-    ref_words,
 )
 
 import rpsagg
@@ -31,35 +29,7 @@ from rpsagg._decode import joint_solve
 from rpsagg._hblocks import JointHBlocks, hblocks_encode, hblocks_matrix
 from rpsagg._projection import resolve_projection
 
-
-def ref_bits(seed: int, name: str, count: int) -> list[int]:
-    """Bits 0 .. count-1 of the stream ``name`` (bit j: bit j mod 64 of word j // 64)."""
-    words = ref_words(ref_key(seed, name), (count + 63) // 64)
-    return [(words[j // 64] >> (j % 64)) & 1 for j in range(count)]
-
-
-def ref_hblocks_encode(x: list[int], seed: int, k: int) -> dict[str, Any]:
-    """Section 14 in plain Python for integer x: every sum exact, one rounding per value."""
-    d = len(x)
-    b = 1 << (d.bit_length() - 1)
-    e = d - b
-    bits = ref_sign_bits(seed, d)
-    shift = ref_sample_distinct(seed, "rpsSHIFT", 1, d)[0]
-    w = [0] * d
-    for j in range(d):
-        w[(j + shift) % d] = -x[j] if bits[j] else x[j]
-    t = ref_fwht(w[:b])  # sqrt(b) * (H_lo w)[0:b]
-    bits2 = ref_bits(seed, "rpsSIGN2", b - e)
-    # the second block's input is u / sqrt(b) + v with integer u (the overlap, signed by
-    # D2) and v (the raw part w[b:d]); its FWHT is (fwht(u) + sqrt(b) fwht(v)) / sqrt(b)
-    u = [-t[e + j] if bits2[j] else t[e + j] for j in range(b - e)] + [0] * e
-    v = [0] * (b - e) + w[b:]
-    fu, fv = ref_fwht(u), ref_fwht(v)
-    rows = ref_sample_distinct(seed, "rpsROWS_", k, d)
-    root = math.sqrt(b)
-    y = [t[r] / root if r < e else (fu[r - e] + root * fv[r - e]) / b for r in rows]
-    return {"b": b, "shift": shift, "rows": rows, "sign2_bits": bits2, "y": y}
-
+pytestmark = pytest.mark.unit
 
 CASES: list[dict[str, Any]] = VECTORS["hblocks_cases"]
 

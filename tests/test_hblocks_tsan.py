@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.unit
+
 HERE = Path(__file__).resolve().parent
 FAST_C = HERE.parent / "common" / "rpsagg" / "_fast.c"
 

@@ -25,6 +25,8 @@ from rpsagg_server.config import ServerConfig
 from rpsagg_server.http.app import create_app
 from rpsagg_server.state import ServerState
 
+pytestmark = pytest.mark.service
+
 READ, ADMIN = "read-tok", "admin-tok"
 #: the paths a reader without a token may have: probes, the page, the API's schema
 OPEN = {"/", "/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/openapi.json",

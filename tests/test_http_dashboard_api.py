@@ -29,6 +29,8 @@ from rpsagg_server.config import ServerConfig
 from rpsagg_server.http import create_app
 from rpsagg_wire.v1.serde import Submission
 
+pytestmark = pytest.mark.service
+
 N, K, D = 3, 8, 64
 
 

@@ -45,6 +45,8 @@ from test_http_exposure import Server, http_get, metric
 from rpsagg_client import AggregationClient
 from rpsagg_server.http.renders import DIR_PREFIX, PENDING_MAX, WORKER_NICE
 
+pytestmark = pytest.mark.service
+
 D = 70_000  # two chunks of values per body; a JSON body is ~1.3 MB
 ROUNDS = PENDING_MAX + 3
 

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from service_util import base_config, in_process_server
@@ -22,6 +23,8 @@ from service_util import base_config, in_process_server
 from rpsagg_client import AggregationClient
 from rpsagg_server.http import create_app
 from rpsagg_server.http.routes_estimate import CHUNK, json_stream, provenance
+
+pytestmark = pytest.mark.service
 
 N, K, M = 2, 8, 2
 D = 2 * CHUNK + 17  # three chunks per vector

@@ -40,21 +40,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from http_util import free_port
 from service_util import kill_all, make_certs, server_command, wait_port_file
 
 from rpsagg_client import AggregationClient
 
+pytestmark = pytest.mark.service
+
 FD_LIMIT = 256
 FLOOD = 300
 CAP = FD_LIMIT // 4  # rpsagg_server.http.connections.connection_cap(0, 256)
-
-
-def free_port() -> int:
-    """A loopback port that was free a moment ago (the dashboard needs a fixed port)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Server:

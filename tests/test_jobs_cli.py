@@ -27,6 +27,8 @@ import pytest
 
 from rpsagg_client.jobs_cli import main
 
+pytestmark = pytest.mark.service
+
 TOKEN = "s3cret-Admin-t0ken"
 
 

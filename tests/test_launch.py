@@ -18,6 +18,8 @@ from rpsagg_server.launch import (
     host_port,
 )
 
+pytestmark = pytest.mark.service
+
 SMALL = ["--insecure", "--host", "127.0.0.1", "--grpc-port", "0", "--http-port", "0",
          "--n", "2", "--k", "8", "--d", "128", "--task", "mean", "--rounds", "1",
          "--round-timeout", "120", "--db", ":memory:", "--linger", "-1"]

@@ -13,6 +13,10 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[1]
 # distribution folder -> import package
 PACKAGES = {"common": "rpsagg", "wire": "rpsagg_wire", "server": "rpsagg_server",

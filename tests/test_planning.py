@@ -9,6 +9,8 @@ import pytest
 
 from rpsagg import make_estimator, plan_budget, value_bytes
 
+pytestmark = pytest.mark.unit
+
 N, D = 8, 1024
 
 

@@ -32,6 +32,8 @@ from rpsagg._qsgd import qsgd_variance
 from rpsagg._quantize import float32_ceil, pack_codes, packed_size, sum_of_squares, unpack_codes
 from rpsagg.synthetic import correlated_vectors
 
+pytestmark = pytest.mark.unit
+
 Z = 4.0
 
 

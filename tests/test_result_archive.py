@@ -28,6 +28,8 @@ from rpsagg_server.http import create_app
 from rpsagg_server.live import RoundArrays
 from rpsagg_server.store import ReadError, Store, StoredRound
 
+pytestmark = pytest.mark.service
+
 
 def _row(rid: int, d: int, state: str = "done") -> StoredRound:
     est = np.arange(d, dtype=np.float64) + rid

@@ -17,6 +17,8 @@ import pytest
 
 from rpsagg._estimators import ESTIMATOR_NAMES, QUANTIZER_NAMES
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 SCANNED = ("common", "server", "client", "wire", "flower")
 #: The registry: the module that maps names to estimators and the modules whose estimator

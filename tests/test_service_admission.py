@@ -35,6 +35,8 @@ from rpsagg_server.store import Store, StoredSubmission, WriteError
 from rpsagg_wire.v1 import serde
 from rpsagg_wire.v1.serde import Submission
 
+pytestmark = pytest.mark.service
+
 N, K, D = 4, 8, 128
 
 

@@ -22,6 +22,8 @@ from rpsagg_client import AggregationClient
 from rpsagg_wire.v1 import serde
 from rpsagg_wire.v1.serde import RoundInfo, Submission, VectorPayload
 
+pytestmark = pytest.mark.service
+
 N, K, D = 3, 8, 128
 TOKENS = "c0 tok-c0\nc1 tok-c1\nc2 tok-c2\nstranger tok-stranger\n"
 

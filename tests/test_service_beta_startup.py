@@ -25,6 +25,8 @@ from rpsagg_server import betawarm
 from rpsagg_server.http import create_app
 from rpsagg_server.rounds import RoundEngine
 
+pytestmark = pytest.mark.service
+
 K, D = 8, 64
 
 

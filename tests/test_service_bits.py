@@ -20,6 +20,8 @@ from rpsagg_server.flags import load_config
 from rpsagg_wire.v1 import serde
 from rpsagg_wire.v1.serde import VectorPayload
 
+pytestmark = pytest.mark.service
+
 N, K, D = 4, 8, 128
 
 

@@ -20,6 +20,8 @@ from rpsagg_server.config import AUTO, ServerConfig
 from rpsagg_server.flags import load_config
 from rpsagg_server.server import max_request_bytes
 
+pytestmark = pytest.mark.service
+
 BASE = ["--insecure", "--d", "1000", "--k", "64"]
 
 

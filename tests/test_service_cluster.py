@@ -4,17 +4,17 @@ dashboard staying up after the job until Ctrl-C, Ctrl-C (exit status 0, no proce
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
-from typing import Any
 
 import pytest
+from http_util import free_port, get_json
+
+pytestmark = pytest.mark.service
 
 CMD = [sys.executable, "-m", "rpsagg_server.cluster", "--n", "3", "--k", "8", "--d", "128",
        "--data", "synthetic", "--data-r", "1", "--http-port", "0"]
@@ -66,21 +66,6 @@ def wait_group_gone(pgid: int, timeout: float = 30.0) -> None:
             return
         time.sleep(0.2)
     pytest.fail("processes of the cluster are still running after Ctrl-C")
-
-
-def free_port() -> int:
-    """A loopback port that was free a moment ago (the dashboard needs a fixed port)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as res:
-        return json.load(res)
 
 
 @pytest.mark.timeout(180)

@@ -35,6 +35,8 @@ from test_http_exposure import connect, http_get, metric, server, wait_closed
 
 from rpsagg_client import AggregationClient
 
+pytestmark = pytest.mark.service
+
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # an empty SETTINGS frame, stream 0
 FIRST = {"nothing": b"", "preface": PREFACE, "settings": PREFACE + SETTINGS}

@@ -24,6 +24,8 @@ from rpsagg_wire.v1.serde import Submission, VectorPayload
 pytest.importorskip("torch", reason="scripts/setup-env.sh test installs rpsagg[torch]")
 import rpsagg._torch
 
+pytestmark = pytest.mark.service
+
 # nk = 4 * 160 = 640 > 512: the matrix-free solver (not the host's exact one) decodes.
 N, K, D = 4, 160, 1024
 

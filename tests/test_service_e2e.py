@@ -14,6 +14,8 @@ from service_util import (
     run_local_job,
 )
 
+pytestmark = pytest.mark.service
+
 N, K, D, ROUNDS = 10, 8, 128, 5
 
 

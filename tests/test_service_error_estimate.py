@@ -28,6 +28,8 @@ from rpsagg_server.http import create_app
 from rpsagg_server.views import EstimatedError
 from rpsagg_wire.v1.serde import RoundEvent, RoundResult
 
+pytestmark = pytest.mark.service
+
 N, K, D, ROUNDS = 4, 32, 128, 2
 
 

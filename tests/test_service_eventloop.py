@@ -13,6 +13,8 @@ from service_util import check_rounds_against_inprocess, run_local_job
 
 from rpsagg_server import eventloop
 
+pytestmark = pytest.mark.service
+
 N, K, D, ROUNDS = 3, 8, 64, 2
 
 

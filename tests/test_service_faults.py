@@ -31,6 +31,8 @@ from rpsagg_client import AggregationClient
 from rpsagg_server.decoding import messages
 from rpsagg_server.state import ServerState
 
+pytestmark = pytest.mark.service
+
 N, K, D = 4, 8, 128
 
 

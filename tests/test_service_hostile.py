@@ -9,15 +9,17 @@ loopback sockets, every wait bounded and on a state (never a fixed sleep).
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+from http_util import free_port
 
 from rpsagg_server.launch import LocalJob, ServerProcess, client_command, server_command
+
+pytestmark = pytest.mark.service
 
 
 def _server(tmp_path: Path, *flags: str, db: str = "job.db") -> ServerProcess:
@@ -104,13 +106,6 @@ def test_max_d_bounds_what_a_join_can_make_the_server_allocate(tmp_path: Path) -
         assert (out.returncode, out.stderr.splitlines()) == (2, [line])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.mark.timeout(240)
 def test_a_client_of_a_finished_job_exits_when_it_meets_the_next_job(tmp_path: Path) -> None:
     """``--on-finished-job new``: client A (a stream on stdin) submits round 1 and then waits
@@ -119,7 +114,7 @@ def test_a_client_of_a_finished_job_exits_when_it_meets_the_next_job(tmp_path: P
     aside and starts a new one (another job id in RoundInfo). A, given its next line, meets
     the new job: it exits 0 and says so, instead of waiting for rounds forever."""
     d = 8
-    port = _free_port()
+    port = free_port()
     rng = np.random.default_rng(3)
     np.save(tmp_path / "b.npy", rng.standard_normal((2, d)))
     flags = ("--grpc-port", str(port), "--n", "2", "--min-clients", "1", "--k", "4",

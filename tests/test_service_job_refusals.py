@@ -26,6 +26,8 @@ from rpsagg_client import AggregationClient
 from rpsagg_server.bounds import DOUBLE_EXACT, INT64_MAX, MAX_SECONDS, UINT32_MAX
 from rpsagg_server.config import JOB_KEYS
 
+pytestmark = pytest.mark.service
+
 #: a small job of the clients' own vectors (d from the settings, no data set to load)
 SMALL = {"task": "mean", "data": "external", "n": 2, "k": 8, "d": 64}
 #: what a creation may answer (anything else, a 500 first, is a defect)

@@ -35,6 +35,8 @@ from rpsagg_server.http import create_app
 from rpsagg_wire.v1 import serde
 from rpsagg_wire.v1.serde import RoundEvent, RoundInfo, RoundResult
 
+pytestmark = pytest.mark.service
+
 K, D = 8, 64
 
 

@@ -26,6 +26,8 @@ from service_util import base_config, in_process_server, run_local_job
 from rpsagg_server import jobs
 from rpsagg_server.http import create_app
 
+pytestmark = pytest.mark.service
+
 N, K, D, ROUNDS = 2, 8, 64, 2
 
 

@@ -18,7 +18,6 @@ import io
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -27,22 +26,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from http_util import free_port
 from test_http_exposure import http_get, metric
 
 from rpsagg_client import AggregationClient
 from rpsagg_server.launch import ServerProcess
 
+pytestmark = pytest.mark.service
+
 D = 1 << 18  # 2 MiB of float64 an estimate
 CACHE = 2 * D * 8  # --result-cache-bytes: two rounds
 ROUNDS = 40
-
-
-def free_port() -> int:
-    """A loopback port that was free a moment ago (uvicorn needs a fixed --http-port)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def rss_mib(pid: int) -> float:

@@ -30,6 +30,8 @@ from service_util import (
 from rpsagg_client import AggregationClient
 from rpsagg_server.store import Store
 
+pytestmark = pytest.mark.service
+
 
 @pytest.fixture
 def insecure(tmp_path: Path) -> Iterator[Service]:

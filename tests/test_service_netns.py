@@ -24,6 +24,8 @@ from service_util import (
     wait_port_file,
 )
 
+pytestmark = pytest.mark.service
+
 N, K, D, ROUNDS, CLIENT_NS = 4, 8, 128, 3, 2
 PREFIX = f"rpsagg-test-{os.getpid()}-"
 

@@ -17,6 +17,8 @@ from rpsagg.synthetic import correlated_vectors
 from rpsagg_client import AggregationClient
 from rpsagg_server.decoding import messages
 
+pytestmark = pytest.mark.service
+
 N, K, D, ROUNDS = 4, 8, 128, 3
 
 

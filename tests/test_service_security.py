@@ -18,6 +18,8 @@ from rpsagg_server.flags import load_config
 from rpsagg_server.http import create_app
 from rpsagg_wire.v1 import serde
 
+pytestmark = pytest.mark.service
+
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Certs, str]]:

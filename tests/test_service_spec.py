@@ -26,6 +26,8 @@ from rpsagg_server.config import ServerConfig
 from rpsagg_wire.v1 import serde
 from rpsagg_wire.v1.serde import RoundInfo
 
+pytestmark = pytest.mark.service
+
 N, K = 3, 8
 
 

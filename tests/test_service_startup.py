@@ -21,10 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from http_util import free_port
 from service_util import Certs, kill_all, make_certs, server_command, wait_port_file
 
 from rpsagg_server.startup import StartupError, bind_http_sockets
 from rpsagg_server.store import Store
+
+pytestmark = pytest.mark.service
 
 JOB = ["--n", "2", "--k", "4", "--d", "16", "--task", "mean", "--rounds", "1"]
 
@@ -221,13 +224,6 @@ def test_bad_flag_values(args: list[str], env: dict[str, str],
     assert_one_line_error(status, err, *fragments)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.mark.parametrize(("content", "fragments"), [
     (None, ("--http-tokens", "cannot read it", "No such file or directory")),
     ("# only a comment\n\n", ("--http-tokens", "no tokens")),
@@ -240,7 +236,7 @@ def test_bad_dashboard_token_files(content: str | None, fragments: tuple[str, ..
         path.write_text(content)
     db = tmp_path / "x.db"
     status, err = run_server([*JOB, "--insecure", "--db", str(db), "--grpc-port", "0",
-                              "--http-port", str(_free_port()), "--http-tokens", str(path)])
+                              "--http-port", str(free_port()), "--http-tokens", str(path)])
     assert_one_line_error(status, err, *fragments)
     assert "token-a" not in err and "one-token" not in err  # no token in the message
     assert not db.exists()  # refused before the job was started
@@ -265,7 +261,7 @@ def test_token_files_that_are_not_text_files(flag: str, kind: str, tmp_path: Pat
         reason = "not a regular file (a directory)"
     db = tmp_path / "x.db"
     status, err = run_server([*JOB, "--insecure", "--db", str(db), "--grpc-port", "0",
-                              "--http-port", str(_free_port()), flag, str(path)])
+                              "--http-port", str(free_port()), flag, str(path)])
     assert_one_line_error(status, err, f"{flag} {path}: {reason}")
     assert "s3cret" not in err
     assert not db.exists()  # refused before the job was started
@@ -276,7 +272,7 @@ def test_a_connection_cap_that_leaves_grpc_no_descriptors(tmp_path: Path) -> Non
 
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     status, err = run_server([*JOB, "--insecure", "--db", ":memory:", "--grpc-port", "0",
-                              "--http-port", str(_free_port()),
+                              "--http-port", str(free_port()),
                               "--http-max-connections", str(soft)])
     assert_one_line_error(status, err, f"--http-max-connections {soft} leaves fewer than 128",
                           f"at most {soft - 192}")

@@ -22,6 +22,8 @@ from rpsagg_client import AggregationClient
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.http import create_app
 
+pytestmark = pytest.mark.service
+
 N, D, K_MAX, EPS = 8, 1024, 128, 1.5
 
 

@@ -27,7 +27,6 @@ import io
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import urllib.error
@@ -38,20 +37,15 @@ from typing import IO, Any
 
 import numpy as np
 import pytest
+from http_util import free_port
 from service_util import base_config, in_process_server, round_messages, wait_until
 
 from rpsagg import make_estimator
 from rpsagg_server.launch import LocalJob, ServerProcess, client_command
 
+pytestmark = pytest.mark.service
+
 Z = 5.0
-
-
-def free_port() -> int:
-    """A loopback port that was free a moment ago (uvicorn needs a fixed --http-port)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def get(url: str) -> tuple[bytes, dict[str, str]]:

@@ -37,6 +37,8 @@ from rpsagg_client import AggregationClient
 from rpsagg_wire.v1 import serde
 from rpsagg_wire.v1.serde import Submission
 
+pytestmark = pytest.mark.service
+
 N, K, D = 4, 8, 128
 
 

@@ -5,7 +5,8 @@ indices and uniforms in every language and on every machine, and the SRHT encodi
 ``(1/sqrt(d')) (H D x_pad)[rows]`` rounded to float32. This file pins it three ways:
 
 * a plain-Python reference of the spec (Python ints and floats only, no numpy), written
-  from the document, compared with the vectorized library on random inputs;
+  from the document (``conformance/wire_reference.py``, shared with the vector generator
+  and the conformance runner), compared with the vectorized library on random inputs;
 * golden values, generated once with the library and checked against the reference,
   hard-coded below, including SplitMix64's published outputs for seeds 0 and 1234567;
 * a fresh interpreter (with each FWHT backend) reproduces the golden values.
@@ -16,11 +17,9 @@ backends against a dense Sylvester-Hadamard matrix, and the ValueErrors on bad i
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
-import struct
 import subprocess
 import sys
 from collections.abc import Callable
@@ -29,124 +28,36 @@ from typing import Any
 
 import numpy as np
 import pytest
+import wire_reference
+from wire_reference import (  # the plain-Python reference of the spec (conformance/)
+    MASK64,
+    f32_bits,
+    golden_x,
+    named_x,
+    ref_encode,
+    ref_induced_encode,
+    ref_key,
+    ref_round_seed,
+    ref_sample_distinct,
+    ref_sign_bits,
+    ref_tag,
+    ref_uniforms,
+    ref_wangni_c,
+    ref_wangni_encode,
+    ref_words,
+)
 
 import rpsagg
 from rpsagg import _fwht, spec
 from rpsagg._srht import JointSRHT, srht_encode
 
-# --------------------------------------------------------------------------------------
-# Plain-Python reference of the spec (docs/wire-format.md), no numpy.
-# --------------------------------------------------------------------------------------
-MASK64 = (1 << 64) - 1
-REF_GAMMA = 0x9E3779B97F4A7C15
-
-
-def ref_mix64(z: int) -> int:
-    """SplitMix64's output function (finalizer)."""
-    z &= MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
-    return z ^ (z >> 31)
-
-
-def splitmix64(state: int) -> tuple[int, int]:
-    """One step of the sequential SplitMix64 generator: ``(new_state, output)``."""
-    state = (state + REF_GAMMA) & MASK64
-    return state, ref_mix64(state)
-
-
-def ref_tag(name: str) -> int:
-    """The 8 ASCII bytes of a stream name as a big-endian integer."""
-    raw = name.encode("ascii")
-    assert len(raw) == 8
-    return int.from_bytes(raw, "big")
-
-
-def ref_key(seed: int, name: str) -> int:
-    return ref_mix64(seed ^ ref_tag(name))
-
-
-def ref_words(key: int, count: int) -> list[int]:
-    """The first ``count`` outputs of a SplitMix64 generator whose state is ``key``."""
-    out = []
-    state = key
-    for _ in range(count):
-        state, word = splitmix64(state)
-        out.append(word)
-    return out
-
-
-def ref_sign_bits(seed: int, d_pad: int) -> list[int]:
-    words = ref_words(ref_key(seed, "rpsSIGNS"), (d_pad + 63) // 64)
-    return [(words[j // 64] >> (j % 64)) & 1 for j in range(d_pad)]
-
-
-def ref_sample_distinct(seed: int, name: str, k: int, bound: int) -> list[int]:
-    """Rejection sampling on the top m bits of successive words, first-accepted order."""
-    m = (bound - 1).bit_length()
-    state = ref_key(seed, name)
-    out: list[int] = []
-    seen: set[int] = set()
-    while len(out) < k:
-        state, word = splitmix64(state)
-        cand = word >> (64 - m) if m else 0
-        if cand < bound and cand not in seen:
-            seen.add(cand)
-            out.append(cand)
-    return out
-
-
-def ref_uniforms(seed: int, name: str, count: int) -> list[float]:
-    return [(w >> 11) * 2.0**-53 for w in ref_words(ref_key(seed, name), count)]
-
-
-def ref_fwht(v: list[Any]) -> list[Any]:
-    """Sylvester-order Walsh-Hadamard transform by butterflies on a Python list."""
-    a = list(v)
-    h = 1
-    while h < len(a):
-        for i in range(0, len(a), 2 * h):
-            for j in range(i, i + h):
-                a[j], a[j + h] = a[j] + a[j + h], a[j] - a[j + h]
-        h *= 2
-    return a
-
-
-def ref_encode(x: list[float], seed: int, k: int) -> list[float]:
-    """float64 ``(1/sqrt(d')) (H D x_pad)[rows]``; exact up to the final division when x
-    holds small integers (the transform is then computed in exact integer arithmetic)."""
-    d_pad = 1 << (len(x) - 1).bit_length()
-    xs = list(x) + [0] * (d_pad - len(x))
-    if all(float(v).is_integer() for v in xs):
-        xs = [int(v) for v in xs]
-    bits = ref_sign_bits(seed, d_pad)
-    t = ref_fwht([-v if b else v for v, b in zip(xs, bits, strict=True)])
-    rows = ref_sample_distinct(seed, "rpsROWS_", k, d_pad)
-    return [t[r] / math.sqrt(d_pad) for r in rows]
-
-
-def f32_bits(value: float) -> int:
-    """Bit pattern of ``value`` rounded to the nearest float32."""
-    return int(struct.unpack("<I", struct.pack("<f", value))[0])
-
-
-def ref_round_seed(client_seed: int, nonce: int, client_id: str, index: int) -> int:
-    id_word = int.from_bytes(hashlib.sha256(client_id.encode("utf-8")).digest()[:8], "big")
-    z = ref_mix64(client_seed ^ ref_tag("rpsROUND"))
-    z = ref_mix64(z ^ nonce)
-    z = ref_mix64(z ^ id_word)
-    return ref_mix64(z ^ index)
-
-
-def golden_x(d: int) -> list[float]:
-    """The fixed input of the golden encodings: ``x_j = (j mod 7) - 3``."""
-    return [float((j % 7) - 3) for j in range(d)]
-
+pytestmark = pytest.mark.unit
 
 # --------------------------------------------------------------------------------------
 # Golden values: docs/wire-vectors.json, the language-neutral file beside the spec (moved
 # there from this file; generated once with rpsagg 0.1.0 and checked against the reference
-# above). Keys: stream key mix64(seed ^ tag). Sign words: words 0..3 of the rpsSIGNS stream.
+# of conformance/wire_reference.py). Keys: stream key mix64(seed ^ tag). Sign words: words
+# 0..3 of the rpsSIGNS stream.
 # Cases: sign_bits = sum_j b_j 2^j over the first min(64, d') bits; y = float32 bit
 # patterns of the encoding of golden_x(d); induced = the k - k//2 indices of rpsINDCD.
 # Round: (client_seed, nonce, client_id, vector_index, derive_round_seed(...)).
@@ -311,13 +222,14 @@ def test_fresh_interpreter_reproduces_golden_values() -> None:
     env = dict(os.environ)
     env.pop("RPSAGG_FWHT", None)
     code = (
-        "import json, sys; sys.path.insert(0, sys.argv[1]); import test_spec, rpsagg; "
+        "import json, sys; sys.path[:0] = sys.argv[1:]; import test_spec, rpsagg; "
         "from rpsagg import _fwht; first = test_spec.library_snapshot(); "
         "_fwht._FAST = None; _fwht._NATIVE = None; "
         "print(json.dumps([rpsagg.FWHT_BACKEND, first, test_spec.library_snapshot()]))"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code, str(Path(__file__).parent)],
+        [sys.executable, "-c", code, str(Path(__file__).parent),
+         str(Path(wire_reference.__file__).parent)],
         capture_output=True,
         text=True,
         env=env,
@@ -825,54 +737,6 @@ def test_worked_example_of_the_document() -> None:
 
 
 # -- Rand-k-Wangni and Induced (sections 5 and 6), from the document in plain Python --------
-def named_x(kind: str, d: int) -> list[float]:
-    """The inputs of the vectors' ``wangni_cases`` and ``induced_cases``."""
-    if kind == "squares":
-        return [float((j * j) % 23 - 11) for j in range(d)]
-    if kind == "spike":
-        return [100.0, *golden_x(d)[1:]]
-    if kind == "sparse":
-        return [0.0] * (d - 3) + [2.5, -1.0, 0.5]
-    assert kind == "golden"
-    return golden_x(d)
-
-
-def ref_wangni_c(x: list[float], k: int) -> float | None:
-    """Section 6: c from the magnitudes sorted decreasing and their suffix sums."""
-    a = sorted((abs(v) for v in x), reverse=True)
-    if sum(1 for v in a if v) <= k:
-        return None
-    suffix = [0.0] * len(a)
-    running = 0.0
-    for j in range(len(a) - 1, -1, -1):  # from the smallest up
-        running += a[j]
-        suffix[j] = running
-    for j in range(k):
-        c = (k - j) / suffix[j]
-        if a[j] * c <= 1.0:
-            return c
-    return k / suffix[0]
-
-
-def ref_wangni_encode(x: list[float], seed: int, k: int) -> tuple[list[int], list[int]]:
-    c = ref_wangni_c(x, k)
-    p = [(1.0 if v else 0.0) if c is None else min(1.0, c * abs(v)) for v in x]
-    u = ref_uniforms(seed, "rpsWNGNI", len(x))
-    keep = [j for j in range(len(x)) if u[j] < p[j]]
-    return keep, [f32_bits(x[j] / p[j]) for j in keep]
-
-
-def ref_induced_encode(x: list[float], seed: int, k: int) -> tuple[list[int], list[int]]:
-    d, k_top = len(x), k // 2
-    k_rand = k - k_top
-    top = sorted(range(d), key=lambda j: (-abs(x[j]), j))[:k_top]
-    residual = [0.0 if j in top else v for j, v in enumerate(x)]
-    rand = ref_sample_distinct(seed, "rpsINDCD", k_rand, d)
-    scale = d / k_rand
-    values = [x[j] for j in top] + [residual[j] * scale for j in rand]
-    return top + rand, [f32_bits(v) for v in values]
-
-
 @pytest.mark.parametrize("group", ["wangni_cases", "induced_cases"])
 def test_sparse_vectors_follow_the_document(group: str, kernels: str) -> None:
     scheme = "rand-k-wangni" if group == "wangni_cases" else "induced"

@@ -21,10 +21,10 @@ import pytest
 from rpsagg import _srht, spec
 from rpsagg._srht import JointSRHT, forward_groups, product_path, srht_matrix, tile_bits
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.unit, pytest.mark.skipif(
     spec.NATIVE is None,
     reason="compiled kernels absent (RPSAGG_NATIVE=0); test_spec checks they are built",
-)
+)]
 
 REL = 1e-13
 

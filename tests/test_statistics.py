@@ -27,6 +27,8 @@ import pytest
 import rpsagg
 from rpsagg.synthetic import correlated_vectors
 
+pytestmark = pytest.mark.unit
+
 Z = 4.0
 
 

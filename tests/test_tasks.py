@@ -14,6 +14,8 @@ from rpsagg.tasks import DataUnavailable, load_shard, make_task, synthetic_shard
 from rpsagg.tasks.base import Shard
 from rpsagg.tasks.data import _resize_bilinear, load_fashion_mnist, load_ujiindoorloc
 
+pytestmark = pytest.mark.unit
+
 N, D = 4, 32
 
 

@@ -7,6 +7,8 @@ import pytest
 
 import rpsagg
 
+pytestmark = pytest.mark.unit
+
 
 def est(name: str = "rand-proj-spatial", **kw: object) -> rpsagg.Estimator:
     args: dict[str, object] = {"n": 4, "k": 4, "d": 20}

@@ -23,6 +23,8 @@ import rpsagg
 from rpsagg._quantize import dequantize, float32_ceil, quantize_uniform
 from rpsagg.synthetic import correlated_vectors
 
+pytestmark = pytest.mark.unit
+
 Z = 4.0
 N, K, D = 10, 10, 100
 

@@ -19,6 +19,8 @@ from rpsagg_wire.v1 import aggregation_pb2 as pb
 from rpsagg_wire.v1 import serde
 from rpsagg_wire.v1.serde import Submission, VectorPayload
 
+pytestmark = pytest.mark.service
+
 
 def varint_len(x: int) -> int:
     """Bytes of a protobuf varint."""

@@ -22,6 +22,8 @@ from rpsagg._estimators import (
 from rpsagg.spec import SPEC_V1, SPEC_V2, SPEC_V3, SPEC_V4
 from rpsagg_wire.v1.serde import VectorPayload
 
+pytestmark = pytest.mark.unit
+
 N, K, D = 4, 8, 24  # d not a power of two: rand-proj-spatial picks hblocks
 
 # (make_estimator arguments, count name, count, exact, sends indices, spec, projection)

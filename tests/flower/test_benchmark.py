@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.unit
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flower-fashion-mnist"
 sys.path.insert(0, str(EXAMPLE))
 

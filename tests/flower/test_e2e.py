@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.service
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flower-fashion-mnist"
 sys.path.insert(0, str(EXAMPLE))
 

@@ -20,6 +20,8 @@ from rpsagg_flower.settings import KEY_NONCE, RoundEncoding, nonce_from_bytes
 
 from .flower_util import FakeGrid, context, model, run_round, seeds, sent
 
+pytestmark = pytest.mark.unit
+
 # a frozen float32 "embedding" first, then the trained arrays: d = 20 + 48 + 12
 SHAPES = {"emb": ((5, 4), "float32"), "w": ((6, 8), "float64"), "b": ((12,), "float64")}
 NODES = [5, 6, 7, 8, 9]

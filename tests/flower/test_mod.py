@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from flwr.app import (
     Array,
     ArrayRecord,
@@ -23,6 +24,8 @@ from rpsagg_flower.reply import REPLY_KEY, payload_records, read_reply
 from rpsagg_flower.settings import RoundEncoding, nonce_from_bytes
 
 from .flower_util import adding_app, context, model
+
+pytestmark = pytest.mark.unit
 
 SHAPES = {"w": ((6, 8), "float32"), "b": ((12,), "float32")}  # d = 60
 NONCE = 0xFEDC_BA98_7654_3210

@@ -50,6 +50,8 @@ from rpsagg_flower.wire import wire_bytes
 from .flower_util import adding_app, context, layout_of, model, run_round, seeds, sent
 from .test_wire import _pushed
 
+pytestmark = pytest.mark.unit
+
 # every kind of array: compressed float32/float64, a float kept uncompressed, an int64
 # counter, a boolean mask, a frozen array; d = 48 + 12 = 60
 SHAPES = {

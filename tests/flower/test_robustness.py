@@ -37,6 +37,8 @@ from rpsagg_flower.reply import REPLY_KEY, payload_records
 from .flower_util import FakeGrid, adding_app, as_v01, context, model, run_round, seeds, sent
 from .test_mod import instruction, round_config
 
+pytestmark = pytest.mark.unit
+
 # a PyTorch-like state dict: conv weight, BatchNorm's float statistics, its int64 counter,
 # a boolean pruning mask; d (the compressed part) = 48 + 12 = 60 without the statistics
 BN = {

@@ -16,6 +16,8 @@ from rpsagg_flower.wire import wire_bytes
 
 from .flower_util import FakeGrid, error_reply, model, resend, run_round, seeds, sent
 
+pytestmark = pytest.mark.unit
+
 SHAPES = {"w": ((6, 8), "float64"), "b": ((12,), "float64")}  # d = 60
 NODES = [5, 6, 7, 8, 9]
 

@@ -22,6 +22,8 @@ from rpsagg_flower.payload import PLAIN_PREFIX, STYPE_RAW
 
 from .flower_util import FakeGrid, context, seeds, sent
 
+pytestmark = pytest.mark.unit
+
 STATS = ["bn.running_mean", "bn.running_var"]
 
 

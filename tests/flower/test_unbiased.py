@@ -39,6 +39,8 @@ from rpsagg_flower.payload import Layout, flatten
 
 from .flower_util import model, run_round, seeds
 
+pytestmark = pytest.mark.unit
+
 SHAPES = {"w": ((6, 8), "float64"), "b": ((12,), "float64")}  # d = 60
 D = 60
 NODES = [11, 22, 33, 44]

@@ -38,6 +38,8 @@ from rpsagg_flower.settings import RoundEncoding
 
 from .flower_util import FakeGrid, adding_app, seeds
 
+pytestmark = pytest.mark.unit
+
 D, N, K = 256, 4, 8
 NODES = [1, 2, 3, 4]
 

@@ -25,6 +25,8 @@ from rpsagg_flower.wire import distinct_wire_bytes, wire_bytes
 
 from .flower_util import adding_app, context, model, run_round, seeds, sent
 
+pytestmark = pytest.mark.unit
+
 SHAPES = {"w": ((40,), "float32"), "b": ((20,), "float32"), "count": ((), "int64")}
 
 
