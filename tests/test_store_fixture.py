@@ -35,6 +35,8 @@ from service_util import (
 from rpsagg_client import AggregationClient
 from rpsagg_server.store import Store
 
+pytestmark = pytest.mark.service
+
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "store-v0.1.0"
 N, K, D, ROUNDS = 2, 8, 64, 3
 #: the default job of the fixture's server (a restart must name the same settings)
