@@ -1,4 +1,6 @@
-"""Choosing k (and value bits) for a target relative error (rpsagg.plan_budget)."""
+"""Choosing k (and value bits) for a target relative error (rpsagg.plan_budget), and target
+mode's rule (rpsagg.planning.BudgetPolicy) that the server, the Flower strategy and the
+bench share."""
 
 from __future__ import annotations
 
@@ -7,7 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from rpsagg import make_estimator, plan_budget, value_bytes
+from rpsagg import VectorCorrelationTracker, make_estimator, plan_budget, value_bytes
+from rpsagg.planning import BudgetPolicy, planning_r
+from rpsagg.synthetic import correlated_vectors
 
 N, D = 8, 1024
 
@@ -80,3 +84,68 @@ def test_the_planned_k_reaches_the_target_when_decoded() -> None:
     se = rel.std(ddof=1) / math.sqrt(trials)
     assert abs(rel.mean() - plan.predicted_relative_error) <= (
         0.03 * plan.predicted_relative_error + 4 * se)
+
+
+# -- target mode's rule: rpsagg.planning.BudgetPolicy ----------------------------------------
+
+def test_policy_plans_at_the_least_known_prior() -> None:
+    policy = BudgetPolicy(2.0, 1, 128)
+    plan = policy.plan([5.0, None, 2.5], _make)
+    assert plan == plan_budget(_make, 2.0, 2.5, k_min=1, k_max=128)
+    assert planning_r([5.0, None, 2.5]) == 2.5
+    assert planning_r([None, None]) is None and planning_r([]) is None
+
+
+def test_policy_without_a_prior_sends_the_largest_budget() -> None:
+    def never(k: int, bits: int):
+        raise AssertionError("no estimator is needed without an R")
+
+    plan = BudgetPolicy(2.0, 1, 96, value_bits=(4, 8, 32)).plan([None, None], never)
+    assert (plan.k, plan.value_bits, plan.reached) == (96, 32, False)
+    assert math.isnan(plan.predicted_relative_error) and plan.value_bytes == 4 * 96
+
+
+def test_policy_with_unknown_r_plans_at_it() -> None:
+    plan = BudgetPolicy(2.0, 1, D, unknown_r=0.0).plan([None], _make)
+    assert plan == plan_budget(_make, 2.0, 0.0, k_min=1, k_max=D)
+    assert plan.reached and plan.k < D
+
+
+def test_policy_bits_auto_is_plan_budgets_choice() -> None:
+    widths = (1, 2, 4, 8, 32)
+    plan = BudgetPolicy(2.0, 1, D // N, widths).plan([3.5], _make)
+    assert plan == plan_budget(_make, 2.0, 3.5, k_min=1, k_max=D // N, value_bits=widths)
+    assert plan.value_bits < 32  # codes are cheaper than float32 at this target
+
+
+@pytest.mark.parametrize("bad", [dict(target=0.0), dict(target=math.inf), dict(k_min=0),
+                                 dict(k_min=9, k_max=8), dict(value_bits=())])
+def test_policy_refuses_bad_settings(bad: dict) -> None:
+    args: dict = dict(target=1.0, k_min=1, k_max=8, value_bits=(32,))
+    args.update(bad)
+    with pytest.raises(ValueError):
+        BudgetPolicy(**args)
+
+
+def _tracked(m: int, seed: int, rounds: int) -> VectorCorrelationTracker:
+    """A tracker after ``rounds`` rounds of correlated vectors (fixed seeds)."""
+    tracker = VectorCorrelationTracker(m)
+    est = _make(64, 32)
+    for t in range(rounds):
+        batches = []
+        for j in range(m):
+            xs = correlated_vectors(N, D, 1.5 + 2.0 * j + t, seed=seed + 10 * t + j)
+            batches.append([est.encode(x, seed=1000 * t + 100 * j + i)
+                            for i, x in enumerate(xs)])
+        tracker.update(batches)
+    return tracker
+
+
+def test_policy_plans_for_the_trackers_least_of_smoothed_and_newest() -> None:
+    tracker = _tracked(2, seed=5, rounds=3)
+    priors = tracker.planning_priors(N)
+    assert all(p is not None for p in priors)
+    r = min(min(s.fraction, s.last) * (N - 1) for s in tracker.slots)  # type: ignore[type-var]
+    assert planning_r(priors) == pytest.approx(r, rel=1e-12)
+    plan = BudgetPolicy(1.0, 1, D).plan(priors, _make)
+    assert plan == plan_budget(_make, 1.0, planning_r(priors), k_min=1, k_max=D)
