@@ -1,13 +1,13 @@
 r"""The server's target mode (``--target-rel-error EPS``) against the fixed-k sweep.
 
-In-process, with the server's rule: before every round the k is
-``plan_budget(make, EPS, R, k_min=, k_max=min(k_max, d))`` at R = the least of
-``VectorCorrelationTracker(m).planning_priors(n)`` (alpha 0.5: per slot the least of the
-smoothed R_hat and the last round's), k_max while no R_hat is known (the first round); with
-``--transform auto`` the round's estimator takes the smoothed prior; after the decode the
-tracker folds in the round's messages (``rpsagg_server.rounds.RoundEngine.round_budget``,
-``decoding.decode_round``). Where ``rpsagg_server`` is importable every round's k is checked
-against ``RoundEngine.round_budget`` itself.
+In-process, with the server's rule, the library's ``rpsagg.planning.BudgetPolicy``: before
+every round the k is ``BudgetPolicy(EPS, k_min, min(k_max, d)).plan(priors, make)``, which
+plans at R = the least of ``VectorCorrelationTracker(m).planning_priors(n)`` (alpha 0.5: per
+slot the least of the smoothed R_hat and the last round's), k_max while no R_hat is known
+(the first round); with ``--transform auto`` the round's estimator takes the smoothed prior;
+after the decode the tracker folds in the round's messages (``decoding.decode_round``). Where
+``rpsagg_server`` is importable every round's k is checked against the server's
+``rpsagg_server.planner.RoundPlanner.budget`` itself.
 
 Workloads (n = 10 clients, d = 1024; the vectors of every round are fixed first, so the
 target mode and every fixed k see the same vectors and the same client seeds):
@@ -54,8 +54,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 import rpsagg
-from rpsagg import VectorCorrelationTracker, plan_budget
+from rpsagg import VectorCorrelationTracker
 from rpsagg.linalg import one_blas_thread
+from rpsagg.planning import BudgetPolicy, planning_r
 from rpsagg.schemes import estimator_from_options
 from rpsagg.synthetic import correlated_vectors
 
@@ -109,8 +110,8 @@ def fmnist_power(rounds: int) -> Workload | None:
 
 
 class Rule:
-    """The server's choice of a round's k and estimator (``RoundEngine.round_k`` and
-    ``_new_round``), with the job's options."""
+    """The server's choice of a round's k and estimator (``RoundPlanner.budget`` and
+    ``RoundPlanner.choose``), with the job's options."""
 
     def __init__(self, target: float, k_min: int, k_max: int, transform: str) -> None:
         self.target, self.k_min, self.k_max, self.transform = target, k_min, k_max, transform
@@ -122,36 +123,33 @@ class Rule:
 
     def round_k(self, priors: tuple[float | None, ...],
                 decode_prior: float | None = None) -> int:
-        known = [p for p in priors if p is not None]
         if self.target <= 0:
             return self.k_max
-        if not known:
-            return self.k_max
-        r = min(known)
+        r = planning_r(priors)
         prior = (r if decode_prior is None else decode_prior) if self.transform == "auto" else None
-        plan = plan_budget(lambda k, bits: self.make(prior, k), self.target, r,
-                           k_min=self.k_min, k_max=min(self.k_max, D), value_bits=(32,))
-        return plan.k
+        policy = BudgetPolicy(self.target, self.k_min, min(self.k_max, D))
+        return policy.plan(priors, lambda k, bits: self.make(prior, k)).k
 
 
 def server_round_k() -> Callable[[Rule, tuple[float | None, ...], float | None], int] | None:
-    """``RoundEngine.round_k`` of the server, on a stand-in for the engine with the rule's
-    options (None where ``rpsagg_server`` is not importable)."""
+    """The server's round planner (``RoundPlanner.budget``) with the rule's options (None
+    where ``rpsagg_server`` is not importable)."""
     try:
         from rpsagg_server.config import ServerConfig
-        from rpsagg_server.rounds import RoundEngine
+        from rpsagg_server.planner import RoundPlanner
     except ImportError:
         return None
 
+    planners: dict[tuple[float, int, int, str], RoundPlanner] = {}
+
     def call(rule: Rule, priors: tuple[float | None, ...], decode_prior: float | None) -> int:
-        cfg = ServerConfig(n=N, d=D, k=rule.k_max, estimator=ESTIMATOR,
-                           transform=rule.transform, target_rel_error=rule.target,
-                           k_min=rule.k_min, k_max=rule.k_max, insecure=True)
-        # the engine's own methods on an engine with only the options (no store, no bus)
-        engine = RoundEngine.__new__(RoundEngine)
-        engine.cfg = cfg
-        engine.projection = "auto"
-        return int(engine.round_budget(priors, decode_prior)[0])
+        key = (rule.target, rule.k_min, rule.k_max, rule.transform)
+        if key not in planners:
+            planners[key] = RoundPlanner(ServerConfig(
+                n=N, d=D, k=rule.k_max, estimator=ESTIMATOR, transform=rule.transform,
+                target_rel_error=rule.target, k_min=rule.k_min, k_max=rule.k_max,
+                insecure=True))
+        return int(planners[key].budget(priors, decode_prior)[0])
 
     return call
 
@@ -237,8 +235,7 @@ def run(wl: Workload, rule: Rule, fixed_k: int | None = None,
         out.k.append(k)
         out.sq.append(sq)
         out.norm.append(norm)
-        known = [p for p in planned if p is not None]
-        out.prior.append(min(known) if known else None)
+        out.prior.append(planning_r(planned))
     return out
 
 

@@ -1,13 +1,22 @@
-"""Choosing k (and value bits) for a target relative error (rpsagg.plan_budget)."""
+"""Choosing k (and value bits) for a target relative error (rpsagg.plan_budget), and target
+mode's rule (rpsagg.planning.BudgetPolicy) that the server, the Flower strategy and the
+bench share."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import math
+import sys
+from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
 
-from rpsagg import make_estimator, plan_budget, value_bytes
+from rpsagg import VectorCorrelationTracker, make_estimator, plan_budget, value_bytes
+from rpsagg.planning import BudgetPolicy, planning_r
+from rpsagg.synthetic import correlated_vectors
 
 pytestmark = pytest.mark.unit
 
@@ -82,3 +91,139 @@ def test_the_planned_k_reaches_the_target_when_decoded() -> None:
     se = rel.std(ddof=1) / math.sqrt(trials)
     assert abs(rel.mean() - plan.predicted_relative_error) <= (
         0.03 * plan.predicted_relative_error + 4 * se)
+
+
+# -- target mode's rule: rpsagg.planning.BudgetPolicy ----------------------------------------
+
+def test_policy_plans_at_the_least_known_prior() -> None:
+    policy = BudgetPolicy(2.0, 1, 128)
+    plan = policy.plan([5.0, None, 2.5], _make)
+    assert plan == plan_budget(_make, 2.0, 2.5, k_min=1, k_max=128)
+    assert planning_r([5.0, None, 2.5]) == 2.5
+    assert planning_r([None, None]) is None and planning_r([]) is None
+
+
+def test_policy_without_a_prior_sends_the_largest_budget() -> None:
+    def never(k: int, bits: int):
+        raise AssertionError("no estimator is needed without an R")
+
+    plan = BudgetPolicy(2.0, 1, 96, value_bits=(4, 8, 32)).plan([None, None], never)
+    assert (plan.k, plan.value_bits, plan.reached) == (96, 32, False)
+    assert math.isnan(plan.predicted_relative_error) and plan.value_bytes == 4 * 96
+
+
+def test_policy_with_unknown_r_plans_at_it() -> None:
+    plan = BudgetPolicy(2.0, 1, D, unknown_r=0.0).plan([None], _make)
+    assert plan == plan_budget(_make, 2.0, 0.0, k_min=1, k_max=D)
+    assert plan.reached and plan.k < D
+
+
+def test_policy_bits_auto_is_plan_budgets_choice() -> None:
+    widths = (1, 2, 4, 8, 32)
+    plan = BudgetPolicy(2.0, 1, D // N, widths).plan([3.5], _make)
+    assert plan == plan_budget(_make, 2.0, 3.5, k_min=1, k_max=D // N, value_bits=widths)
+    assert plan.value_bits < 32  # codes are cheaper than float32 at this target
+
+
+@pytest.mark.parametrize("bad", [dict(target=0.0), dict(target=math.inf), dict(k_min=0),
+                                 dict(k_min=9, k_max=8), dict(value_bits=())])
+def test_policy_refuses_bad_settings(bad: dict) -> None:
+    args: dict = dict(target=1.0, k_min=1, k_max=8, value_bits=(32,))
+    args.update(bad)
+    with pytest.raises(ValueError):
+        BudgetPolicy(**args)
+
+
+def _tracked(m: int, seed: int, rounds: int) -> VectorCorrelationTracker:
+    """A tracker after ``rounds`` rounds of correlated vectors (fixed seeds)."""
+    tracker = VectorCorrelationTracker(m)
+    est = _make(64, 32)
+    for t in range(rounds):
+        batches = []
+        for j in range(m):
+            xs = correlated_vectors(N, D, 1.5 + 2.0 * j + t, seed=seed + 10 * t + j)
+            batches.append([est.encode(x, seed=1000 * t + 100 * j + i)
+                            for i, x in enumerate(xs)])
+        tracker.update(batches)
+    return tracker
+
+
+def test_policy_plans_for_the_trackers_least_of_smoothed_and_newest() -> None:
+    tracker = _tracked(2, seed=5, rounds=3)
+    priors = tracker.planning_priors(N)
+    assert all(p is not None for p in priors)
+    r = min(min(s.fraction, s.last) * (N - 1) for s in tracker.slots)  # type: ignore[type-var]
+    assert planning_r(priors) == pytest.approx(r, rel=1e-12)
+    plan = BudgetPolicy(1.0, 1, D).plan(priors, _make)
+    assert plan == plan_budget(_make, 1.0, planning_r(priors), k_min=1, k_max=D)
+
+
+# -- one rule: the server's planner, the Flower strategy and the bench choose the same k ------
+
+SAME_N, SAME_D, SAME_K = 10, 1024, 1024  # bench/target_mode.py's n and d
+
+
+def _policy_k(target: float, r: float | None, k_min: int, k_max: int) -> int:
+    def make(k: int, bits: int):
+        return make_estimator("rand-proj-spatial", n=SAME_N, k=k, d=SAME_D, value_bits=bits)
+
+    return BudgetPolicy(target, k_min, k_max).plan([r], make).k
+
+
+def _server_k(target: float, r: float | None, k_min: int, k_max: int) -> int:
+    config = pytest.importorskip("rpsagg_server.config")
+    planner = pytest.importorskip("rpsagg_server.planner")
+    cfg = config.ServerConfig(n=SAME_N, d=SAME_D, k=k_max, target_rel_error=target,
+                              k_min=k_min, k_max=k_max, insecure=True)
+    return int(planner.RoundPlanner(cfg).budget((r,))[0])
+
+
+@functools.cache
+def _bench() -> ModuleType:
+    """``bench/target_mode.py``, imported once."""
+    path = Path(__file__).resolve().parent.parent / "bench" / "target_mode.py"
+    spec = importlib.util.spec_from_file_location("bench_target_mode", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # its dataclasses look their module up
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def _bench_k(target: float, r: float | None, k_min: int, k_max: int) -> int:
+    bench = _bench()
+    assert (bench.N, bench.D) == (SAME_N, SAME_D)
+    return int(bench.Rule(target, k_min, k_max, "avg").round_k((r,)))
+
+
+def _strategy_k(target: float, r: float | None, k_min: int, k_max: int) -> int:
+    """The Flower strategy's k after a round of ``SAME_N`` replies whose R_hat was ``r``
+    (the strategy plans at R 0 rather than sending k_max when none is known)."""
+    pytest.importorskip("flwr")
+    from rpsagg_flower.settings import RoundEncoding
+    from rpsagg_flower.strategy import RandProjSpatialFedAvg
+
+    strategy = RandProjSpatialFedAvg(k=k_max, target_rel_error=target, k_min=k_min)
+    strategy._last_n = SAME_N
+    if r is not None:  # r / (n - 1) is exact for these r: the tracker gives back r itself
+        strategy.tracker.fold(r, SAME_N)
+        assert strategy.tracker.planning_prior(SAME_N) == r
+    return int(strategy._target_k(RoundEncoding("rand-proj-spatial", k_max, SAME_D, 1)))
+
+
+CHOOSERS = {"server": _server_k, "bench": _bench_k, "strategy": _strategy_k}
+#: (target, r, k_min, k_max); tests/flower/test_target_policy.py runs the strategy's in CI
+CASES = [(0.05, 4.5, 1, 1024), (0.2, 7.875, 1, 1024), (0.2, 1.125, 16, 512),
+         (1e-4, 2.25, 1, 256)]
+
+
+@pytest.mark.parametrize("who", sorted(CHOOSERS))
+@pytest.mark.parametrize(("target", "r", "k_min", "k_max"), CASES)
+def test_every_caller_chooses_the_policys_k(who: str, target: float, r: float, k_min: int,
+                                            k_max: int) -> None:
+    assert CHOOSERS[who](target, r, k_min, k_max) == _policy_k(target, r, k_min, k_max)
+
+
+@pytest.mark.parametrize("who", ["server", "bench"])
+def test_server_and_bench_send_k_max_before_any_r(who: str) -> None:
+    assert CHOOSERS[who](0.2, None, 1, 512) == 512 == _policy_k(0.2, None, 1, 512)

@@ -69,7 +69,7 @@ def test_quantized_rounds(changes: dict, bits_per_value: int, count: int) -> Non
     assert res.state == "done"
     # the library's decode of the same messages, as the server rebuilds them from the wire
     wire_subs = [serde.decode_submission(serde.encode_submission(s)) for s in subs]
-    est = srv.running.engine._make_estimator(None)
+    est = srv.running.engine.planner.estimator(None)
     msgs = messages(wire_subs, rnd.nonce, cfg.estimator, est.k, D, 0)
     assert res.estimate is not None
     np.testing.assert_array_equal(res.estimate[0], est.decode(msgs))
@@ -186,7 +186,7 @@ def test_acked_quantized_submissions_survive_a_restart(tmp_path: Path) -> None:
             c.join()
             c.submit_encoded(subs[c.client_id])
         res = clients[0].result(rnd.round_id, wait=True, timeout=60)
-        est = srv.running.engine._make_estimator(None)
+        est = srv.running.engine.planner.estimator(None)
         for c in clients:
             c.close()
     assert res.state == "done" and res.n_prime == N

@@ -10,7 +10,8 @@ The public surface is this package's namespace and the public modules
 :mod:`rpsagg.schemes` (the schemes and what their messages carry),
 :mod:`rpsagg.projections` (the seeded projections and their joint operators),
 :mod:`rpsagg.linalg` (the joint decode's solvers), :mod:`rpsagg.beta` (the unbiasing
-scalars), :mod:`rpsagg.quantize` (b-bit value codes), :mod:`rpsagg.device` (the decode
+scalars), :mod:`rpsagg.quantize` (b-bit value codes), :mod:`rpsagg.planning` (target
+mode's budget rule), :mod:`rpsagg.device` (the decode
 device), :mod:`rpsagg.simulate`, :mod:`rpsagg.synthetic` and :mod:`rpsagg.tasks`. Modules
 whose names start with an underscore are internal: other packages import none of them.
 

@@ -25,8 +25,8 @@ from rpsagg import (
     DecodeResult,
     Encoded,
     Estimator,
-    plan_budget,
 )
+from rpsagg.planning import BudgetPolicy
 from rpsagg.schemes import DEFAULT_ESTIMATOR, scheme_traits
 from rpsagg_flower.correlation import r_hat
 from rpsagg_flower.optim import ServerOptimizer, ServerSGD
@@ -360,9 +360,8 @@ class RandProjSpatialFedAvg(FedAvg):
         """The smallest k in ``[k_min, k]`` whose predicted relative error for the last
         round's number of replies, at the least of the smoothed and the newest R_hat (0
         before one is known: the cautious choice), is at most ``target_rel_error``; ``k``
-        when none is."""
+        when none is (:class:`rpsagg.planning.BudgetPolicy`, the server's rule)."""
         n = int(self._last_n or 1)
-        r = self.tracker.planning_prior(n) or 0.0  # the least of the smoothed and newest R_hat
         prior = self.tracker.prior(n) if self.transform == "auto" else None
         top = min(int(self.k or enc.d), enc.d)
 
@@ -370,9 +369,10 @@ class RandProjSpatialFedAvg(FedAvg):
             return replace(enc, k=k, value_bits=bits).estimator(n, self.transform, prior)
 
         assert self.target_rel_error is not None
-        plan = plan_budget(make, self.target_rel_error, r, k_min=min(self.k_min, top),
-                           k_max=top, value_bits=(self.value_bits,))
-        return plan.k
+        policy = BudgetPolicy(self.target_rel_error, min(self.k_min, top), top,
+                              (self.value_bits,), unknown_r=0.0)
+        # planned at the least of the smoothed and newest R_hat (0 while none is known)
+        return policy.plan([self.tracker.planning_prior(n)], make).k
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

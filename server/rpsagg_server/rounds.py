@@ -10,8 +10,10 @@ consecutive rounds have failed: then the job ends as failed, with the reason.
 :class:`RoundEngine` owns this lifecycle and composes the engine's other parts, which the
 servicer calls directly: joins (``engine.membership``, :mod:`~rpsagg_server.membership`),
 admission of submissions (``engine.intake``, :mod:`~rpsagg_server.submissions`), results,
-watchers and the drained job end (``engine.results``, :mod:`~rpsagg_server.results`); and
-restart from the store (:mod:`~rpsagg_server.recovery`).
+watchers and the drained job end (``engine.results``, :mod:`~rpsagg_server.results`); each
+round's budget and estimator (``engine.planner``, :mod:`~rpsagg_server.planner`: target
+mode's rule is :class:`rpsagg.planning.BudgetPolicy`); and restart from the store
+(:mod:`~rpsagg_server.recovery`).
 Every change is published as a domain event (:mod:`~rpsagg_server.events`) on the engine's
 bus, to which the read model, the watchers, the metrics ledger and the task monitor
 subscribe.
@@ -38,13 +40,13 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 
 import numpy as np
 
-from rpsagg import Estimator, VectorCorrelationTracker, plan_budget, round_encoding
-from rpsagg.schemes import WireProfile, estimator_from_options
+from rpsagg import Estimator, VectorCorrelationTracker, round_encoding
+from rpsagg.schemes import WireProfile
 from rpsagg.tasks import Task, make_task
 from rpsagg_server import deadline
 from rpsagg_server.archive import RoundArchive
 from rpsagg_server.betawarm import BetaWarmup
-from rpsagg_server.config import AUTO, AUTO_VALUE_BITS, ServerConfig
+from rpsagg_server.config import ServerConfig
 from rpsagg_server.decoding import DecodeOptions, DecodeOutcome, decode_round
 from rpsagg_server.events import (
     ClientJoined,
@@ -62,6 +64,7 @@ from rpsagg_server.events import (
 from rpsagg_server.jobs import job_id
 from rpsagg_server.live import LiveRound
 from rpsagg_server.membership import Membership
+from rpsagg_server.planner import RoundPlanner
 from rpsagg_server.recovery import Recovery, next_state
 from rpsagg_server.results import JobProgress, ResultBook
 from rpsagg_server.store import Store, WriteError
@@ -87,10 +90,13 @@ class RoundEngine:
         Where beta's warm-up and the decodes run, one at a time in order: a server of
         several jobs passes each job's lane of its shared pool
         (:class:`~rpsagg_server.decodepool.DecodePool`); default, a thread of its own.
+    planner : RoundPlanner, optional
+        Each round's budget and estimator (default: one for ``config``).
     """
 
     def __init__(self, config: ServerConfig, store: Store, bus: EventBus,
-                 executor: Executor | None = None) -> None:
+                 executor: Executor | None = None,
+                 planner: RoundPlanner | None = None) -> None:
         self.cfg = config
         self.store = store
         self.bus = bus
@@ -101,14 +107,12 @@ class RoundEngine:
         #: decoded with slot j's prior (``docs/reproduction.md``)
         self.tracker = (VectorCorrelationTracker(self.m)
                         if config.transform == "auto" or config.target_rel_error > 0 else None)
-        #: Rand-Proj-Spatial's projection: "auto" (by d) for a new job; a recovered job keeps
-        #: the one it was started with (its stored submissions were encoded with it).
-        self.projection = "auto"
-        self._base = self._base_estimator()
+        #: each round's budget and estimator (the projection a recovered job keeps included)
+        self.planner = planner or RoundPlanner(config)
         #: the job's progress; ``encoding`` is (spec_version, projection, block_size): the
         #: projection and block size every round announces (the projection follows from d,
         #: not from auto's prior); a round announces its own spec version
-        self.progress = JobProgress(round_encoding(self._encoding_estimator()))
+        self.progress = JobProgress(round_encoding(self.planner.encoding_estimator()))
         self.membership = Membership(config, store, self.publish)
         self.clients = self.membership.clients
         #: finished rounds' arrays: the store behind a cache of ``--result-cache-bytes``
@@ -149,72 +153,10 @@ class RoundEngine:
         self.progress.encoding = value
 
     # -- set-up ----------------------------------------------------------------------------
-    def _make_estimator(self, prior: float | None, k: int | None = None,
-                        value_bits: int | None = None) -> Estimator:
-        c = self.cfg
-        bits = value_bits or c.fixed_value_bits or 32  # 0: --value-bits auto, a round's own
-        return estimator_from_options(c.estimator, n=c.n, k=k or c.k, d=c.d,
-                                      transform=c.transform,
-                                      prior_r=prior if c.transform == "auto" else None,
-                                      projection=self.projection,
-                                      block_size=c.block_size_for(c.d),
-                                      value_bits=bits, bits=c.bits)
-
-    def _base_estimator(self) -> Estimator:
-        """The largest messages a round may ask for (``--k-max`` values, float32 where the
-        width is chosen per round): what bounds a request's size."""
-        return self._make_estimator(None, self.cfg.k_max or None)
-
-    def _encoding_estimator(self) -> Estimator:
-        """What fixes the job's projection and block size (and the version announced while no
-        round is open): with ``--value-bits auto`` rounds may send codes, so the format is
-        that of quantized values. Each open round announces its own version (its estimator's
-        ``wire.spec_version``: float32 rounds of the SRHT say ``rpsagg-seed-v1``)."""
-        if self.cfg.value_bits == AUTO:
-            return self._make_estimator(None, self.cfg.k_max or None, value_bits=8)
-        return self._base
-
     @property
     def wire(self) -> WireProfile:
         """What the job's clients send (the estimator's wire profile)."""
-        return self._base.wire
-
-    def estimator(self, prior: float | None, k: int | None = None,
-                  value_bits: int | None = None) -> Estimator:
-        """A round's estimator (``prior``: the correlation prior of ``transform=auto``;
-        ``k`` and ``value_bits``: the round's, default ``--k`` and ``--value-bits``)."""
-        return self._make_estimator(prior, k, value_bits)
-
-    def round_budget(self, priors: tuple[float | None, ...] | None,
-                     decode_prior: float | None = None) -> tuple[int, int]:
-        """``(k, value_bits)`` of a new round: ``--k`` and ``--value-bits`` without
-        ``--target-rel-error``. With it, the smallest k in ``[--k-min, --k-max]`` whose
-        predicted relative error at the smoothed R_hat (the least of the vector slots': the
-        cautious one) is at most the target; with ``--value-bits auto``, the width (of
-        :data:`~rpsagg_server.config.AUTO_VALUE_BITS`) and k with the fewest bytes that meet
-        it (:func:`rpsagg.plan_budget`). ``priors`` are the R to plan for (the engine passes
-        :meth:`rpsagg.VectorCorrelationTracker.planning_priors`: the least of the smoothed
-        and the newest R_hat); ``decode_prior``, the prior ``transform=auto`` decodes the
-        round with (default: the planned R). While no R_hat is known (the first round), or
-        when no budget reaches the target: ``--k-max`` at the widest width."""
-        c = self.cfg
-        top = c.k_max or c.k
-        widths = AUTO_VALUE_BITS if c.value_bits == AUTO else (c.fixed_value_bits,)
-        if c.target_rel_error <= 0:
-            return c.k, c.fixed_value_bits
-        known = [p for p in (priors or ()) if p is not None]
-        if not known or not c.d:
-            return top, max(widths)
-        r = min(known)
-        prior = (r if decode_prior is None else decode_prior) if c.transform == "auto" else None
-        plan = plan_budget(lambda k, bits: self._make_estimator(prior, k, bits),
-                           c.target_rel_error, r, k_min=c.least_k, k_max=min(top, c.d),
-                           value_bits=widths)
-        return plan.k, plan.value_bits
-
-    def round_k(self, priors: tuple[float | None, ...] | None) -> int:
-        """The k of :meth:`round_budget`."""
-        return self.round_budget(priors)[0]
+        return self.planner.base.wire
 
     def _recover_encoding(self, job_exists: bool) -> None:
         """Keep the projection a job was started with; record it for a new job.
@@ -235,9 +177,8 @@ class RoundEngine:
             log.warning("[Engine] job in %s was started with projection %r; keeping it "
                         "(a new job with d=%d would use %r)", self.cfg.db, projection,
                         self.cfg.d, self.encoding[1])
-            self.projection = projection
-            self._base = self._base_estimator()
-            self.encoding = round_encoding(self._encoding_estimator())
+            self.planner.keep_projection(projection)
+            self.encoding = round_encoding(self.planner.encoding_estimator())
         if saved is None:
             self.store.put_meta("encoding", json.dumps(list(self.encoding)))
 
@@ -248,7 +189,7 @@ class RoundEngine:
     async def start(self) -> None:
         """Recover from the store (or start a fresh job) and open the current round."""
         rec = Recovery(self.cfg, self.store, self.m, self.progress, self.tracker,
-                       self.estimator, self)
+                       self.planner.estimator, self)
         # the start-up writes (settings, encoding, the job's id: each a synchronous commit)
         # run off the event loop, which serves the server's other jobs meanwhile; nothing
         # reads this engine yet
@@ -274,7 +215,7 @@ class RoundEngine:
 
     def _compute_beta(self) -> float:
         """beta for n (runs in the decode thread; a Monte Carlo on a cold cache)."""
-        return float(self._base.beta_for(self.cfg.n))
+        return float(self.planner.base.beta_for(self.cfg.n))
 
     # -- recovery's host (recovery.RoundHost) -------------------------------------------------
     def show_recovered(self, live: LiveRound, current: bool) -> None:
@@ -351,21 +292,14 @@ class RoundEngine:
         """A new round; its row must be durable before :meth:`_install` shows its nonce, so
         a committed submission always has its round row (a restart resumes the same round).
         """
-        tracked = None if self.tracker is None else tuple(self.tracker.priors(self.cfg.n))
-        # the budget is planned at the least of the smoothed and the newest R_hat
-        priors = tracked if self.cfg.transform == "auto" else None  # what the decode uses
-        prior = None if priors is None else priors[0]
-        k, bits = self.round_budget(
-            None if self.tracker is None else tuple(self.tracker.planning_priors(self.cfg.n)),
-            prior)
-        est = self._make_estimator(prior, k, bits)
+        plan = self.planner.choose(self.tracker)
         live = LiveRound(
             round_id=round_id, nonce=secrets.randbits(64), task_step=self.progress.steps_done,
-            transform=self._transform_label(est), r_prior=prior,
+            transform=self._transform_label(plan.estimator), r_prior=plan.r_prior,
             global_state=np.asarray(global_state, dtype=np.float64), opened_at=time.time(),
-            r_priors=priors, k=k, value_bits=bits,
+            r_priors=plan.r_priors, k=plan.k, value_bits=plan.value_bits,
         )
-        live.estimator = est
+        live.estimator = plan.estimator
         return live
 
     def _install(self, live: LiveRound) -> None:
