@@ -35,11 +35,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 import rpsagg
 from rpsagg_server.archive import ArchiveCollector
+from rpsagg_server.http import errors
 from rpsagg_server.http.app import create_app, mount_page
 from rpsagg_server.http.auth import Gate, HttpTokens, verdict
 from rpsagg_server.http.bodies import MAX_BODY, parse_settings, read_body
 from rpsagg_server.http.renders import DEFAULT_MAX_BYTES, BodyCache, BodyCacheCollector
-from rpsagg_server.jobhost import JobHost, JobRefused, JobRuntime
+from rpsagg_server.jobhost import JobHost, JobRuntime
 from rpsagg_server.state import ServerState
 
 log = logging.getLogger("rpsagg.server")
@@ -130,6 +131,7 @@ def create_service_app(host: JobHost, registry: CollectorRegistry | None = None,
     app.state.host = host
     app.state.registry = registry
     app.state.bodies = cache
+    errors.install(app)
     # /docs: the jobs API and a job's own API (its paths as the default job's; each is also
     # under /api/jobs/{id}/), from a template app that is never served
     template = create_app(ServerState(host.cfg.public_dict()), CollectorRegistry(),
@@ -168,10 +170,7 @@ def create_service_app(host: JobHost, registry: CollectorRegistry | None = None,
         line naming a bad setting."""
         guard.check(request)
         settings = parse_settings(await read_body(request, MAX_BODY))
-        try:
-            job = await host.create(settings)
-        except JobRefused as exc:
-            raise HTTPException(exc.status, str(exc)) from None
+        job = await host.create(settings)  # a refusal: answered by http.errors
         return JSONResponse(job, status_code=201,
                             headers={"Location": f"/api/jobs/{job['id']}"})
 
@@ -185,10 +184,7 @@ def create_service_app(host: JobHost, registry: CollectorRegistry | None = None,
 
     async def cancel(request: Request, job_id: str) -> dict[str, Any]:
         guard.check(request)
-        try:
-            return await host.cancel(job_id)
-        except JobRefused as exc:
-            raise HTTPException(exc.status, str(exc)) from None
+        return await host.cancel(job_id)  # a refusal: answered by http.errors
 
     @app.post("/api/jobs/{job_id}/cancel", tags=["jobs"], summary="Cancel a job")
     async def cancel_job(request: Request, job_id: str) -> dict[str, Any]:
