@@ -2,21 +2,30 @@
 
 - both edges' tables list every :class:`~rpsagg_server.errors.DomainError` subclass;
 - no domain module speaks gRPC or HTTP: no ``grpc``/``fastapi`` import, no status name, no
-  HTTP status in a ``raise`` (the edge modules, where the mapping lives, are listed).
+  HTTP status in a ``raise`` (the edge modules, where the mapping lives, are listed);
+- :meth:`JobHost.restore` marks a job whose database cannot be reopened failed, but lets a
+  programming error through.
 """
 
 from __future__ import annotations
 
 import ast
+import asyncio
 import re
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
+from rpsagg_server import jobhost
+from rpsagg_server.catalog import Catalog
+from rpsagg_server.config import load_config
+from rpsagg_server.decodepool import DecodePool
 from rpsagg_server.errors import DomainError, error_classes
 from rpsagg_server.grpcerrors import GRPC_STATUS, status_of
 from rpsagg_server.http.errors import HTTP_STATUS, http_status
+from rpsagg_server.startup import StartupError
 
 SERVER = Path(__file__).resolve().parents[1] / "server" / "rpsagg_server"
 #: the modules that speak a protocol: the gRPC and HTTP edges and the server's assembly
@@ -84,6 +93,56 @@ def test_the_protocol_check_finds_each_form() -> None:
 @pytest.mark.parametrize("path", _domain_modules(), ids=lambda p: p.name)
 def test_no_domain_module_speaks_grpc_or_http(path: Path) -> None:
     assert _protocol_words(path.read_text()) == []
+
+
+def _host_with_one_running_job(tmp_path: Path) -> jobhost.JobHost:
+    cfg = load_config(["--insecure", "--db", str(tmp_path / "s.db")], env={})
+    catalog = Catalog(cfg.db)
+    catalog.add("j1", {"n": 2})
+    catalog.set_state("j1", "running")
+    catalog.close()
+    return jobhost.JobHost(cfg, DecodePool(1))
+
+
+async def _restore(host: jobhost.JobHost) -> None:
+    try:
+        await host.restore()
+    finally:
+        host.catalog.close()
+
+
+def test_a_job_that_cannot_be_reopened_is_marked_failed(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise StartupError("--db x: cannot open it (disk I/O error)")
+
+    monkeypatch.setattr(jobhost, "open_job", broken)
+    host = _host_with_one_running_job(tmp_path)
+    asyncio.run(_restore(host))
+    rec = host._records["j1"]
+    assert rec.state == "failed" and rec.failure.startswith("cannot be reopened: --db x")
+
+
+def _value_bug() -> None:
+    int("j1")  # a ValueError of the code's own making, not of the job's database
+
+
+def _type_bug() -> None:
+    raise TypeError("open_job() got an unexpected keyword argument")
+
+
+@pytest.mark.parametrize(("bug", "kind"), [(_value_bug, ValueError), (_type_bug, TypeError)])
+def test_a_programming_error_is_not_taken_for_cannot_be_reopened(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bug: Any, kind: type) -> None:
+    # a ValueError of a bug used to be taken for a database that cannot be reopened
+    async def buggy(*args: Any, **kwargs: Any) -> Any:
+        bug()
+
+    monkeypatch.setattr(jobhost, "open_job", buggy)
+    host = _host_with_one_running_job(tmp_path)
+    with pytest.raises(kind):
+        asyncio.run(_restore(host))
+    assert host._records["j1"].state == "running"
 
 
 def test_domain_error_is_the_old_rejected() -> None:

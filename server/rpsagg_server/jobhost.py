@@ -56,6 +56,7 @@ from rpsagg_server.errors import (
     Unavailable,
 )
 from rpsagg_server.events import EventBus
+from rpsagg_server.recovery import SettingsMismatch
 from rpsagg_server.rounds import RoundEngine
 from rpsagg_server.startup import StartupError
 from rpsagg_server.state import ServerState
@@ -72,6 +73,10 @@ JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 AUTO_REQUEST_BYTES = 64 << 20
 #: jobs waiting for a slot, at most
 MAX_QUEUED = 1000
+#: what opening a job raises when its database cannot be (re)opened: a start-up check, the
+#: store's or SQLite's errors, the file system, settings that do not fit the database. Any
+#: other exception is a bug and is not taken for "cannot be reopened".
+CANNOT_OPEN = (StartupError, SettingsMismatch, ReadError, WriteError, sqlite3.Error, OSError)
 
 
 def check_job_id(job_id: object) -> None:
@@ -157,7 +162,8 @@ async def open_job(job_id: str, cfg: ServerConfig, executor: Executor | None,
     """Open (recover or start) one job on ``cfg.db``.
 
     Raises :class:`~rpsagg_server.startup.StartupError` for a database that cannot be opened
-    or written, ``ValueError`` for a database of a job with other settings.
+    or written, :class:`~rpsagg_server.recovery.SettingsMismatch` for a database of a job with
+    other settings.
     """
     try:
         # a new database's file, log mode and tables are synchronous commits: made off the
@@ -269,13 +275,14 @@ class JobHost:
 
     async def restore(self) -> None:
         """Reopen the created jobs the catalog lists (queued ones start when there is room;
-        a cancel acknowledged before a crash is applied again)."""
+        a cancel acknowledged before a crash is applied again). A job whose database cannot
+        be reopened (:data:`CANNOT_OPEN`) is marked failed; any other error propagates."""
         for rec in list(self._records.values()):
             if rec.state == "queued":
                 continue
             try:
                 rt = await self._open(rec)
-            except (StartupError, ValueError, OSError) as exc:
+            except CANNOT_OPEN as exc:
                 log.error("[Jobs] job %s cannot be reopened: %s", rec.id, exc)
                 if rec.state not in ENDED:  # in memory only: the next start tries again
                     self._records[rec.id] = dataclasses.replace(
@@ -287,7 +294,10 @@ class JobHost:
 
     async def _open(self, rec: JobRecord) -> JobRuntime:
         settings = {k: v for k, v in rec.settings.items() if k in JOB_KEYS}
-        cfg = job_config(self.cfg, settings, self.catalog.job_db(rec.id))
+        try:
+            cfg = job_config(self.cfg, settings, self.catalog.job_db(rec.id))
+        except ValueError as exc:  # recorded settings this version refuses
+            raise SettingsMismatch(str(exc)) from None
         rt = await open_job(rec.id, cfg, self.pool.lane(rec.id))
         self._install(rt)
         return rt
@@ -373,7 +383,7 @@ class JobHost:
         it is cancelled before anything can join it)."""
         try:
             rt = await self._open(rec)
-        except (StartupError, ValueError, OSError) as exc:
+        except CANNOT_OPEN as exc:
             log.error("[Jobs] job %s failed to start: %s", rec.id, exc)
             await self._set_state(rec.id, "failed", f"failed to start: {exc}", must=False,
                                   only_from=("queued",))

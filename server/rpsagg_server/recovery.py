@@ -35,6 +35,12 @@ CONFIG_KEYS = ("n", "k", "d", "estimator", "transform", "task", "eval", "mean_ve
 _BEFORE = {"mean_vectors": 1}
 
 
+class SettingsMismatch(ValueError):
+    """A job's database (or catalog record) holds settings this server cannot run it with:
+    another job's, or settings this version refuses. The job cannot be (re)opened; the
+    message says which settings."""
+
+
 class RoundHost(Protocol):
     """What a restart asks of the round engine."""
 
@@ -89,7 +95,8 @@ class Recovery:
                 if theirs.get(k, _BEFORE.get(k)) != v}
         if diff:
             detail = ", ".join(f"{k}={a!r} (now {b!r})" for k, (a, b) in diff.items())
-            raise ValueError(f"database {cfg.db} belongs to a job with other settings: {detail}")
+            raise SettingsMismatch(f"database {cfg.db} belongs to a job with other settings: "
+                                   f"{detail}")
         return True
 
     def recover_rounds(self) -> LiveRound | None:
