@@ -11,8 +11,8 @@ store's second connection, off the event loop), bit for bit what was stored. A r
 loads none eagerly: the rounds are read back without their arrays, and the newest
 finished round's arrays come back with it (the next round starts from its state).
 
-A failed read is the caller's error (:class:`~rpsagg_server.store.ReadError`: GetResult
-answers ``UNAVAILABLE``, a download 503) and changes nothing: the row stays in the store
+A failed read is the caller's error (:class:`~rpsagg_server.store.ReadError`: GetResult is
+refused as unavailable, and so is a download) and changes nothing: the row stays in the store
 and the next read tries again. Concurrent reads of one evicted round share one read, and
 every read runs in one thread of the archive's own.
 """

@@ -2,10 +2,10 @@
 
 With ``--tokens FILE``, every call of the service must carry exactly one metadata entry
 ``authorization: Bearer <token>`` with a token of the file; anything else is answered
-UNAUTHENTICATED before the handler runs (more than one entry included: "the last one wins"
+unauthenticated before the handler runs (more than one entry included: "the last one wins"
 never picks among several tokens). A token bound to a client id in the file
 (``CLIENT_ID TOKEN``) may only act as that client: the handler checks the id the request
-names with :func:`authorize` (PERMISSION_DENIED otherwise). A token of a job
+names with :func:`authorize` (forbidden otherwise). A token of a job
 (``JOB CLIENT_ID TOKEN``) may only act in that job (:func:`authorize_job`). Other services
 on the same server (the gRPC health service) are not intercepted.
 """
@@ -14,18 +14,16 @@ from __future__ import annotations
 
 import contextvars
 import hmac
-import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
-from rpsagg_server.live import Rejected, check_bound
+from rpsagg_server.errors import DomainError, Forbidden, Unauthenticated
+from rpsagg_server.live import check_bound
 from rpsagg_wire.v1 import serde
 
-log = logging.getLogger("rpsagg.server")
-_CODES = {c.name: c for c in grpc.StatusCode}
 #: the client id the caller's token is bound to (None: any client, or no tokens)
 _bound: contextvars.ContextVar[str | None] = contextvars.ContextVar("rpsagg_bound",
                                                                    default=None)
@@ -110,32 +108,34 @@ class TokenBook:
 
     def authenticate(self, metadata: Any) -> Verdict:
         """The client id and job the call's token is bound to (None: any); raises
-        :class:`~rpsagg_server.live.Rejected` (UNAUTHENTICATED) for anything but exactly one
+        :class:`~rpsagg_server.errors.Unauthenticated` for anything but exactly one
         ``authorization: Bearer <known token>`` entry."""
         headers = [v for k, v in (metadata or ()) if k == "authorization"]
         if len(headers) > 1:
-            raise Rejected("UNAUTHENTICATED",
-                           f"{len(headers)} 'authorization' metadata entries; send exactly one")
+            raise Unauthenticated(
+                f"{len(headers)} 'authorization' metadata entries; send exactly one")
         header = headers[0] if headers else ""
         if not isinstance(header, str) or not header.startswith("Bearer ") or not header[7:]:
-            raise Rejected("UNAUTHENTICATED",
-                           "missing token: send metadata 'authorization: Bearer <token>'")
+            raise Unauthenticated(
+                "missing token: send metadata 'authorization: Bearer <token>'")
         known, bound = self.lookup_scoped(header[7:])
         if not known:
-            raise Rejected("UNAUTHENTICATED", "invalid token")
+            raise Unauthenticated("invalid token")
         return bound
 
 
 def authorize(client_id: str) -> None:
-    """Refuse (PERMISSION_DENIED) a request naming another client than the token's own."""
+    """Refuse (:class:`~rpsagg_server.errors.Forbidden`) a request naming another client
+    than the token's own."""
     check_bound(_bound.get(), client_id)
 
 
 def authorize_job(job: str) -> None:
-    """Refuse (PERMISSION_DENIED) a call in another job than the token's own."""
+    """Refuse (:class:`~rpsagg_server.errors.Forbidden`) a call in another job than the
+    token's own."""
     scope = _bound_job.get()
     if scope is not None and scope != job:
-        raise Rejected("PERMISSION_DENIED", f"this token is for job {scope!r}, not {job!r}")
+        raise Forbidden(f"this token is for job {scope!r}, not {job!r}")
 
 
 def bound_client() -> str | None:
@@ -144,17 +144,14 @@ def bound_client() -> str | None:
     return _bound.get()
 
 
-async def abort(context: Any, method: str, exc: Rejected) -> None:
-    """Log a refusal with the method's tag and end the call with its status."""
-    log.info("[Aggregator.%s] %s: %s", method, exc.code, exc.message)
-    await context.abort(_CODES[exc.code], exc.message)
-
-
-Refused = Callable[[str, Rejected], None]
+Refused = Callable[[str, DomainError], None]
 
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):
     """Authenticates every call of the Aggregation service before its handler runs.
+
+    A refused call raises its :class:`~rpsagg_server.errors.Unauthenticated`; the
+    :class:`~rpsagg_server.grpcerrors.RefusalInterceptor` installed before this one answers it.
 
     Parameters
     ----------
@@ -181,9 +178,9 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
             return handler
         method = path[len(self._prefix):]
         try:
-            verdict: Verdict | Rejected = self.tokens.authenticate(
+            verdict: Verdict | DomainError = self.tokens.authenticate(
                 details.invocation_metadata)
-        except Rejected as exc:
+        except DomainError as exc:
             verdict = exc
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
@@ -197,16 +194,15 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
                 response_serializer=handler.response_serializer)
         return handler  # the service has no other kinds of method
 
-    async def _refuse(self, context: Any, method: str, exc: Rejected) -> None:
+    def _refuse(self, method: str, exc: DomainError) -> NoReturn:
         if self.on_refused is not None:
             self.on_refused(method, exc)
-        await abort(context, method, exc)
+        raise exc
 
-    def _unary(self, method: str, inner: Any, verdict: Verdict | Rejected) -> Any:
+    def _unary(self, method: str, inner: Any, verdict: Verdict | DomainError) -> Any:
         async def behavior(request: Any, context: Any) -> Any:
-            if isinstance(verdict, Rejected):
-                await self._refuse(context, method, verdict)
-                raise AssertionError("unreachable")
+            if isinstance(verdict, DomainError):
+                self._refuse(method, verdict)
             token = _bound.set(verdict.client)
             job_token = _bound_job.set(verdict.job)
             try:
@@ -216,11 +212,10 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
                 _bound.reset(token)
         return behavior
 
-    def _stream(self, method: str, inner: Any, verdict: Verdict | Rejected) -> Any:
+    def _stream(self, method: str, inner: Any, verdict: Verdict | DomainError) -> Any:
         async def behavior(request: Any, context: Any) -> AsyncIterator[Any]:
-            if isinstance(verdict, Rejected):
-                await self._refuse(context, method, verdict)
-                return
+            if isinstance(verdict, DomainError):
+                self._refuse(method, verdict)
             _bound.set(verdict.client)  # this call's own task: nothing else reads it
             _bound_job.set(verdict.job)
             async for item in inner(request, context):

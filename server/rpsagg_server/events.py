@@ -63,8 +63,8 @@ class SubmissionDuplicate:
 
 @dataclass(frozen=True)
 class SubmissionRefused:
-    """A Submit call was refused; ``code`` is the gRPC status name (``INVALID_ARGUMENT``,
-    ``UNAUTHENTICATED``, ``UNAVAILABLE``, ...)."""
+    """A Submit call was refused; ``code`` is the name the gRPC edge answers the refusal with
+    (:data:`rpsagg_server.grpcerrors.GRPC_STATUS`; the metrics count refusals by it)."""
 
     code: str
     message: str = ""

@@ -47,8 +47,16 @@ from rpsagg_server.config import (
     memory_limit,
 )
 from rpsagg_server.decodepool import DecodePool
+from rpsagg_server.errors import (
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    NotReady,
+    PreconditionFailed,
+    Unavailable,
+)
 from rpsagg_server.events import EventBus
-from rpsagg_server.live import Rejected
+from rpsagg_server.recovery import SettingsMismatch
 from rpsagg_server.rounds import RoundEngine
 from rpsagg_server.startup import StartupError
 from rpsagg_server.state import ServerState
@@ -65,16 +73,20 @@ JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 AUTO_REQUEST_BYTES = 64 << 20
 #: jobs waiting for a slot, at most
 MAX_QUEUED = 1000
+#: what opening a job raises when its database cannot be (re)opened: a start-up check, the
+#: store's or SQLite's errors, the file system, settings that do not fit the database. Any
+#: other exception is a bug and is not taken for "cannot be reopened".
+CANNOT_OPEN = (StartupError, SettingsMismatch, ReadError, WriteError, sqlite3.Error, OSError)
 
 
 def check_job_id(job_id: object) -> None:
     """Refuse an id that is not :data:`JOB_ID`'s shape, or one of :data:`RESERVED_IDS`
-    (:class:`JobRefused` 400)."""
+    (:class:`~rpsagg_server.errors.InvalidRequest`)."""
     if not isinstance(job_id, str) or not JOB_ID.match(job_id):
-        raise JobRefused("id must be 1..64 characters of [A-Za-z0-9._-], starting with a "
+        raise InvalidRequest("id must be 1..64 characters of [A-Za-z0-9._-], starting with a "
                          f"letter or digit; got {job_id!r}")
     if job_id.lower() in RESERVED_IDS:
-        raise JobRefused(f"id {job_id!r} is reserved (the store's own files use it)")
+        raise InvalidRequest(f"id {job_id!r} is reserved (the store's own files use it)")
 
 
 @dataclass(frozen=True)
@@ -87,19 +99,11 @@ class _Need:
     memory: int
 
 
-class JobRefused(ValueError):
-    """A job the server does not take: ``status`` is the HTTP status to answer."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 def max_request_bytes(cfg: ServerConfig, m: int, max_values: int, sends_indices: bool,
                       block_size: int) -> int:
     """Request size limit of a job: m vectors of values (+ indices) (+ float64 reference),
     plus 25% and 4 KiB of slack, so a slightly wrong submission still reaches validation and
-    gets a precise INVALID_ARGUMENT, while anything far larger is refused before it is
+    gets a precise refusal (an invalid request), while anything far larger is refused before it is
     parsed. Values count 4 bytes each (which bounds packed codes too); a blockwise job adds
     4 bytes per block for the block scales of quantized values."""
     indices = max_values if sends_indices else 0
@@ -158,7 +162,8 @@ async def open_job(job_id: str, cfg: ServerConfig, executor: Executor | None,
     """Open (recover or start) one job on ``cfg.db``.
 
     Raises :class:`~rpsagg_server.startup.StartupError` for a database that cannot be opened
-    or written, ``ValueError`` for a database of a job with other settings.
+    or written, :class:`~rpsagg_server.recovery.SettingsMismatch` for a database of a job with
+    other settings.
     """
     try:
         # a new database's file, log mode and tables are synchronous commits: made off the
@@ -270,13 +275,14 @@ class JobHost:
 
     async def restore(self) -> None:
         """Reopen the created jobs the catalog lists (queued ones start when there is room;
-        a cancel acknowledged before a crash is applied again)."""
+        a cancel acknowledged before a crash is applied again). A job whose database cannot
+        be reopened (:data:`CANNOT_OPEN`) is marked failed; any other error propagates."""
         for rec in list(self._records.values()):
             if rec.state == "queued":
                 continue
             try:
                 rt = await self._open(rec)
-            except (StartupError, ValueError, OSError) as exc:
+            except CANNOT_OPEN as exc:
                 log.error("[Jobs] job %s cannot be reopened: %s", rec.id, exc)
                 if rec.state not in ENDED:  # in memory only: the next start tries again
                     self._records[rec.id] = dataclasses.replace(
@@ -288,7 +294,10 @@ class JobHost:
 
     async def _open(self, rec: JobRecord) -> JobRuntime:
         settings = {k: v for k, v in rec.settings.items() if k in JOB_KEYS}
-        cfg = job_config(self.cfg, settings, self.catalog.job_db(rec.id))
+        try:
+            cfg = job_config(self.cfg, settings, self.catalog.job_db(rec.id))
+        except ValueError as exc:  # recorded settings this version refuses
+            raise SettingsMismatch(str(exc)) from None
         rt = await open_job(rec.id, cfg, self.pool.lane(rec.id))
         self._install(rt)
         return rt
@@ -374,7 +383,7 @@ class JobHost:
         it is cancelled before anything can join it)."""
         try:
             rt = await self._open(rec)
-        except (StartupError, ValueError, OSError) as exc:
+        except CANNOT_OPEN as exc:
             log.error("[Jobs] job %s failed to start: %s", rec.id, exc)
             await self._set_state(rec.id, "failed", f"failed to start: {exc}", must=False,
                                   only_from=("queued",))
@@ -401,8 +410,10 @@ class JobHost:
         ``settings`` may name the job (``id``; default ``j`` and 8 random hex digits), so
         that a token file can scope tokens to it ahead of its creation.
 
-        Raises :class:`JobRefused` (400: a bad setting, or a job that would not fit in
-        memory or under the request limit; 503: too many queued or a catalog write failed).
+        Raises :class:`~rpsagg_server.errors.InvalidRequest` (a bad setting, or a job that
+        would not fit in memory or under the request limit), :class:`~.errors.Conflict` (the
+        id is taken), :class:`~.errors.NotReady` (too many queued) or
+        :class:`~.errors.Unavailable` (the catalog write failed).
         """
         settings = dict(settings)
         wanted = settings.pop("id", None)
@@ -410,28 +421,28 @@ class JobHost:
             if wanted is not None:
                 check_job_id(wanted)
                 if wanted in self._records or wanted == DEFAULT_JOB:
-                    raise JobRefused(f"id: a job {wanted!r} exists already", 409)
+                    raise Conflict(f"id: a job {wanted!r} exists already")
             need, limit = self._vet(settings)
             left = self.memory_budget - self._committed_memory()
             if need.memory > left:
-                raise JobRefused(
+                raise InvalidRequest(
                     f"d: a job of d = {need.cfg.d}, m = {need.m}, n = {need.cfg.n} is estimated "
                     f"at {need.memory / 2**20:.1f} MiB; {max(left, 0) / 2**20:.1f} MiB of the "
                     f"jobs' {self.memory_budget / 2**20:.1f} MiB (--jobs-memory-bytes) are left")
             if limit > self.request_limit:
-                raise JobRefused(
+                raise InvalidRequest(
                     f"d: this job's submissions may take {limit} bytes; the server takes "
                     f"requests of at most {self.request_limit} bytes (--max-request-bytes)")
             queued = sum(r.state == "queued" for r in self._records.values())
             if queued >= MAX_QUEUED:
-                raise JobRefused(f"{queued} jobs are queued already; try again later", 503)
+                raise NotReady(f"{queued} jobs are queued already; try again later")
             job_id = wanted or self._new_id()
             stored = {k: v for k, v in dict(settings).items() if k in JOB_KEYS}
             stored["_memory"] = need.memory
             try:
                 rec = await asyncio.to_thread(self.catalog.add, job_id, stored)
             except CatalogError as exc:
-                raise JobRefused(f"the job could not be recorded: {exc}", 503) from None
+                raise Unavailable(f"the job could not be recorded: {exc}") from None
             self._records[job_id] = rec
             log.info("[Jobs] job %s created: %s", job_id,
                      ", ".join(f"{k}={v}" for k, v in sorted(stored.items()) if k[0] != "_"))
@@ -442,15 +453,15 @@ class JobHost:
 
     def _vet(self, settings: Mapping[str, Any]) -> tuple[_Need, int]:
         """Everything a job's settings imply, derived before anything is recorded: its
-        configuration, task, memory estimate and request limit (:class:`JobRefused` 400,
-        one line naming the setting, for whatever the flags' checks or the library's
-        refuse)."""
+        configuration, task, memory estimate and request limit
+        (:class:`~rpsagg_server.errors.InvalidRequest`, one line naming the setting, for
+        whatever the flags' checks or the library's refuse)."""
         try:
             cfg = job_config(self.cfg, settings, ":memory:")
             m = make_task(cfg.task, cfg.d, cfg.params).m
             probe = _wire(cfg)
         except ValueError as exc:
-            raise JobRefused(_flag_names(str(exc))) from None
+            raise InvalidRequest(_flag_names(str(exc))) from None
         limit = max_request_bytes(cfg, m, probe.max_values, probe.sends_indices,
                                   probe.block_size)
         return _Need(cfg, m, job_memory(cfg, m)), limit
@@ -472,26 +483,28 @@ class JobHost:
                 return job_id
 
     async def cancel(self, job_id: str) -> dict[str, Any]:
-        """Cancel a job (durably, then its current round fails); 404 unknown, 409 ended."""
+        """Cancel a job (durably, then its current round fails); refused
+        :class:`~rpsagg_server.errors.NotFound` for an unknown job,
+        :class:`~rpsagg_server.errors.PreconditionFailed` for one that has ended."""
         if job_id == self.default_id:
             rt = self.jobs[job_id]
             if rt.engine.job_done:
-                raise JobRefused(f"job {job_id} has ended already", 409)
+                raise PreconditionFailed(f"job {job_id} has ended already")
             await rt.engine.cancel("cancelled over the API")
             return self.describe(job_id)
         rec = self._records.get(job_id)
         if rec is None:
-            raise JobRefused(f"no job {job_id!r}", 404)
+            raise NotFound(f"no job {job_id!r}")
         if rec.state in ENDED:
-            raise JobRefused(f"job {job_id} has ended already ({rec.state})", 409)
+            raise PreconditionFailed(f"job {job_id} has ended already ({rec.state})")
         try:
             moved = await self._set_state(job_id, "cancelled", "cancelled over the API",
                                           only_from=OPEN_STATES)
         except CatalogError as exc:
-            raise JobRefused(f"the cancel could not be recorded: {exc}", 503) from None
+            raise Unavailable(f"the cancel could not be recorded: {exc}") from None
         if not moved:  # it ended while the cancel was written
-            raise JobRefused(f"job {job_id} has ended already "
-                             f"({self._records[job_id].state})", 409)
+            raise PreconditionFailed(f"job {job_id} has ended already "
+                                     f"({self._records[job_id].state})")
         live = self.jobs.get(job_id)
         if live is not None:
             await live.engine.cancel("cancelled over the API")
@@ -501,7 +514,8 @@ class JobHost:
 
     def route(self, job: str) -> JobRuntime:
         """The job a request names (``""``: the default job, else the only open job);
-        :class:`~rpsagg_server.live.Rejected` NOT_FOUND or FAILED_PRECONDITION otherwise."""
+        :class:`~rpsagg_server.errors.NotFound`, :class:`~rpsagg_server.errors.NotReady` (queued) or
+        :class:`~rpsagg_server.errors.PreconditionFailed` otherwise."""
         if not job:
             if self.default_id is not None:
                 return self.jobs[self.default_id]
@@ -512,19 +526,18 @@ class JobHost:
                     return self.jobs[live[0]]
                 job = queued[0]  # the only job is about to start: as when it is named
             else:
-                raise Rejected("FAILED_PRECONDITION",
-                               f"this server has no default job and {len(live) + len(queued)} "
-                               "open jobs: name one (rpsagg-client --job ID)")
+                raise PreconditionFailed(
+                    f"this server has no default job and {len(live) + len(queued)} "
+                    "open jobs: name one (rpsagg-client --job ID)")
         rt = self.jobs.get(job)
         if rt is not None:
             return rt
         rec = self._records.get(job)
         if rec is not None and rec.state == "queued":
-            raise Rejected("UNAVAILABLE", f"job {job} is queued; it starts when a slot is "
-                           "free (retry)")
+            raise NotReady(f"job {job} is queued; it starts when a slot is free (retry)")
         if rec is not None:
-            raise Rejected("FAILED_PRECONDITION", f"job {job} is {rec.state}: {rec.failure}")
-        raise Rejected("NOT_FOUND", f"no job {job!r} on this server")
+            raise PreconditionFailed(f"job {job} is {rec.state}: {rec.failure}")
+        raise NotFound(f"no job {job!r} on this server")
 
     def default(self) -> JobRuntime | None:
         """The default job's runtime (None on a server without one)."""

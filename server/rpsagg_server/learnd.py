@@ -25,18 +25,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
 from rpsagg.tasks import make_task
-from rpsagg_server.auth import TokenBook, TokenInterceptor, abort, authorize
+from rpsagg_server.auth import TokenBook, TokenInterceptor, authorize
 from rpsagg_server.config import BYTES_PER_COORDINATE, ServerConfig, memory_limit
+from rpsagg_server.errors import InvalidRequest, NotReady, PreconditionFailed
+from rpsagg_server.grpcerrors import RefusalInterceptor
 from rpsagg_server.grpcguard import ConnectionGuard, grpc_connection_options, server_budget
 from rpsagg_server.jobs import job_id
-from rpsagg_server.live import Rejected, check_client_id
+from rpsagg_server.live import check_client_id
 from rpsagg_server.results import announced_k
 from rpsagg_server.startup import (
     StartupError,
@@ -66,43 +68,39 @@ class _FirstJoin:
         self.max_d = cfg.d_limit
         self.job_id = job_id(store)
 
-    def _starting(self) -> Rejected:
+    def _starting(self) -> NotReady:
         if self.learned.done():
-            return Rejected("UNAVAILABLE", f"the job starts with d = {self.learned.result()}; "
-                            "retry")
-        return Rejected("UNAVAILABLE", "the job has not started: it takes d from the first "
-                        "client's join")
+            return NotReady(f"the job starts with d = {self.learned.result()}; retry")
+        return NotReady("the job has not started: it takes d from the first client's join")
 
-    async def Join(self, raw: bytes, context: Any) -> serde.JoinReply:
+    async def Join(self, raw: bytes, context: Any) -> NoReturn:
+        """The first join that says its d fixes it; every join is then refused (retried)."""
         try:
             req = serde.parse_request("Join", raw)
-            check_client_id(req.client_id)
-            authorize(req.client_id)
-            if self._taking or self.learned.done():
-                raise self._starting()
-            if req.d == 0:
-                raise Rejected("FAILED_PRECONDITION", "this job takes d from the first "
-                               "client's join, and this join says none (JoinRequest.d; "
-                               "rpsagg-client --vectors sends it)")
-            if req.d < announced_k(self.cfg, self.cfg.k):
-                raise Rejected("INVALID_ARGUMENT", f"d = {req.d} (client {req.client_id!r}) "
-                               f"is below the job's k = {self.cfg.k}")
-            if req.d > self.max_d:
-                raise Rejected("INVALID_ARGUMENT", f"d = {req.d} (client {req.client_id!r}) "
-                               f"is above the server's --max-d {self.max_d}")
-            self._taking = True
-            try:  # durable before anyone is told: a restart keeps this d
-                await asyncio.to_thread(self.store.put_meta, LEARNED_KEY, str(req.d))
-            finally:
-                self._taking = False
-            log.info("[Server] d = %d from client %s's join", req.d, req.client_id)
-            self.learned.set_result(req.d)
-            raise self._starting()
         except serde.WireError as exc:
-            await abort(context, "Join", Rejected("INVALID_ARGUMENT", str(exc)))
-        except Rejected as exc:
-            await abort(context, "Join", exc)
-        raise AssertionError("unreachable")
+            raise InvalidRequest(str(exc)) from None
+        check_client_id(req.client_id)
+        authorize(req.client_id)
+        if self._taking or self.learned.done():
+            raise self._starting()
+        if req.d == 0:
+            raise PreconditionFailed("this job takes d from the first client's join, and this "
+                                     "join says none (JoinRequest.d; rpsagg-client --vectors "
+                                     "sends it)")
+        if req.d < announced_k(self.cfg, self.cfg.k):
+            raise InvalidRequest(f"d = {req.d} (client {req.client_id!r}) "
+                                 f"is below the job's k = {self.cfg.k}")
+        if req.d > self.max_d:
+            raise InvalidRequest(f"d = {req.d} (client {req.client_id!r}) "
+                                 f"is above the server's --max-d {self.max_d}")
+        self._taking = True
+        try:  # durable before anyone is told: a restart keeps this d
+            await asyncio.to_thread(self.store.put_meta, LEARNED_KEY, str(req.d))
+        finally:
+            self._taking = False
+        log.info("[Server] d = %d from client %s's join", req.d, req.client_id)
+        self.learned.set_result(req.d)
+        raise self._starting()
 
     async def GetRound(self, raw: bytes, context: Any) -> RoundInfo:
         c = self.cfg
@@ -113,12 +111,14 @@ class _FirstJoin:
                          job_done=False, task_step=0, total_rounds=c.rounds,
                          value_bits=c.fixed_value_bits, bits=c.bits, job_id=self.job_id)
 
-    async def unavailable(self, raw: bytes, context: Any) -> Any:
-        await abort(context, "FirstJoin", self._starting())
+    async def unavailable(self, raw: bytes, context: Any) -> NoReturn:
+        """Any other call: the job is not ready yet."""
+        raise self._starting()
 
-    async def unavailable_stream(self, raw: bytes, context: Any) -> Any:
-        await abort(context, "FirstJoin", self._starting())
-        yield  # pragma: no cover - abort raises
+    async def unavailable_stream(self, raw: bytes, context: Any) -> AsyncIterator[Any]:
+        """WatchRounds: the job is not ready yet."""
+        raise self._starting()
+        yield  # pragma: no cover - makes this a stream's generator
 
     def handler(self) -> grpc.GenericRpcHandler:
         def unary(name: str, fn: Any) -> Any:
@@ -177,7 +177,8 @@ async def learn_d(cfg: ServerConfig,
         # must not keep the first client out either)
         budget = server_budget(cfg)
         guard = ConnectionGuard(0, budget.grpc)
-        interceptors: list[grpc.aio.ServerInterceptor] = [guard.interceptor()]
+        interceptors: list[grpc.aio.ServerInterceptor] = [guard.interceptor(),
+                                                          RefusalInterceptor()]
         if tokens is not None:
             interceptors.append(TokenInterceptor(tokens))
         server = grpc.aio.server(interceptors=interceptors, options=[

@@ -9,7 +9,7 @@ always agree, whenever the dashboard app was started.
 Counter keys (:meth:`MetricsLedger.counters`):
 
 - ``"submissions_total:<outcome>"``: Submit calls by outcome, ``ok``, ``duplicate``, or the
-  gRPC status name of a refusal (``INVALID_ARGUMENT``, ``UNAUTHENTICATED``, ...);
+  name the gRPC edge answers a refusal with (:data:`rpsagg_server.grpcerrors.GRPC_STATUS`);
 - ``"bytes_received_total:wire"``: serialized request bytes of accepted submissions (eval
   references excluded); ``"bytes_received_total:payload"``: their encoded payload (seed,
   values, indices);

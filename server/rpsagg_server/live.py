@@ -15,6 +15,7 @@ from rpsagg.schemes import WireProfile, scheme_traits
 from rpsagg.spec import SpecTooOld, UnknownSpecVersion
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.decoding import DecodeOutcome
+from rpsagg_server.errors import DomainError, Forbidden, InvalidRequest, PreconditionFailed
 from rpsagg_server.rows import StoredRound
 from rpsagg_server.views import Arrival, EstimatedError, EstimateInfo, EvalErrors, RoundView
 from rpsagg_wire.v1.serde import Submission
@@ -71,13 +72,8 @@ def _array(blob: bytes) -> FloatArray:
     return np.frombuffer(blob, dtype="<f8").astype(np.float64, copy=False)
 
 
-class Rejected(Exception):
-    """A request the server refuses: a gRPC status name and a message saying why."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+#: the name the domain's refusals had before :mod:`rpsagg_server.errors` (kept for callers)
+Rejected = DomainError
 
 
 def check_client_id(client_id: str) -> None:
@@ -86,17 +82,18 @@ def check_client_id(client_id: str) -> None:
         ch.isascii() and (ch.isalnum() or ch in "._-") for ch in client_id
     )
     if not ok:
-        raise Rejected("INVALID_ARGUMENT",
-                       f"client_id must be 1..{MAX_CLIENT_ID} characters of [A-Za-z0-9._-]; "
-                       f"got {client_id!r}")
+        raise InvalidRequest(
+            f"client_id must be 1..{MAX_CLIENT_ID} characters of [A-Za-z0-9._-]; "
+            f"got {client_id!r}")
 
 
 def check_bound(bound: str | None, client_id: str) -> None:
-    """Refuse (PERMISSION_DENIED) a request naming another client than ``bound``, the client
-    its token belongs to (None: a token for any client, or no tokens)."""
+    """Refuse (:class:`~rpsagg_server.errors.Forbidden`) a request naming another client
+    than ``bound``, the client its token belongs to (None: a token for any client, or no
+    tokens)."""
     if bound is not None and bound != client_id:
-        raise Rejected("PERMISSION_DENIED",
-                       f"this token belongs to client {bound!r}, not {client_id!r}")
+        raise Forbidden(
+            f"this token belongs to client {bound!r}, not {client_id!r}")
 
 
 def check_submission_spec(sub: Submission, wire: WireProfile) -> None:
@@ -104,9 +101,9 @@ def check_submission_spec(sub: Submission, wire: WireProfile) -> None:
 
     ``wire``: the round's messages; their ``spec_version`` is the round's (the least version
     that defines what the round uses, :data:`rpsagg.spec.FEATURE_SPEC`). A version the
-    server does not speak is INVALID_ARGUMENT (the message names the versions it speaks); a
+    server does not speak is an invalid request (the message names the versions it speaks); a
     known version older than the round's (e.g. ``rpsagg-seed-v1`` for a round of the
-    randomized DCT) is FAILED_PRECONDITION, naming what needs the round's version
+    randomized DCT) is a failed precondition, naming what needs the round's version
     (:attr:`~rpsagg.schemes.WireProfile.spec_reason`: the projection, quantized values,
     quantized blockwise values). No ``spec_version`` (a client from before the field)
     counts as ``rpsagg-seed-v1``.
@@ -114,47 +111,47 @@ def check_submission_spec(sub: Submission, wire: WireProfile) -> None:
     try:
         check_spec_version(sub.spec_version, wire.spec_version)
     except SpecTooOld as exc:
-        raise Rejected("FAILED_PRECONDITION", f"submission {exc}; {wire.spec_reason} "
-                       "(see RoundInfo.spec_version)") from None
+        raise PreconditionFailed(f"submission {exc}; {wire.spec_reason} "
+                                 "(see RoundInfo.spec_version)") from None
     except UnknownSpecVersion:
-        raise Rejected("INVALID_ARGUMENT",
-                       f"submission encoded with spec version {sub.spec_version!r}, which "
-                       f"this server does not speak; it speaks {', '.join(SPEC_VERSIONS)}"
-                       ) from None
+        raise InvalidRequest(
+            f"submission encoded with spec version {sub.spec_version!r}, which "
+            f"this server does not speak; it speaks {', '.join(SPEC_VERSIONS)}"
+            ) from None
 
 
 def validate_submission(sub: Submission, cfg: ServerConfig, m: int, wire: WireProfile) -> None:
-    """Check the shape and content of a submission against the job; raises :class:`Rejected`.
+    """Check the shape and content of a submission against the job; raises
+    :class:`~rpsagg_server.errors.InvalidRequest`.
 
     Each vector is checked against the round's :class:`~rpsagg.schemes.WireProfile` (its
     estimator's :attr:`~rpsagg.Estimator.wire`, built once per admission pass); the
     evaluation references against the configuration."""
-    bad = "INVALID_ARGUMENT"
     if len(sub.vectors) != m:
-        raise Rejected(bad, f"expected m={m} vector(s) per submission for task {cfg.task!r}; "
-                       f"got {len(sub.vectors)}")
+        raise InvalidRequest(f"expected m={m} vector(s) per submission for task {cfg.task!r}; "
+                             f"got {len(sub.vectors)}")
     for j, v in enumerate(sub.vectors):
         try:
             wire.validate(v, f"vectors[{j}]")
         except ValueError as exc:
-            raise Rejected(bad, str(exc)) from None
+            raise InvalidRequest(str(exc)) from None
         if cfg.eval:
             if v.reference is None:
-                raise Rejected(bad, f"vectors[{j}] lacks its reference vector (the server "
-                               "runs in evaluation mode)")
+                raise InvalidRequest(f"vectors[{j}] lacks its reference vector (the server "
+                                     "runs in evaluation mode)")
             if v.reference.size != cfg.d:
-                raise Rejected(bad, f"vectors[{j}].reference has {v.reference.size} values; "
-                               f"expected d={cfg.d}")
+                raise InvalidRequest(f"vectors[{j}].reference has {v.reference.size} values; "
+                                     f"expected d={cfg.d}")
             if not np.all(np.isfinite(v.reference)):
-                raise Rejected(bad, f"vectors[{j}].reference contains NaN or Inf")
+                raise InvalidRequest(f"vectors[{j}].reference contains NaN or Inf")
             with np.errstate(over="ignore"):
                 norm2 = float(np.add.reduce(np.square(v.reference)))  # no BLAS threads
             if not math.isfinite(norm2):  # 1e200 is finite, its square is not
-                raise Rejected(bad, f"vectors[{j}].reference has a squared norm that overflows "
-                               "float64; the evaluation could not use it")
+                raise InvalidRequest(f"vectors[{j}].reference has a squared norm that overflows "
+                                     "float64; the evaluation could not use it")
         elif v.reference is not None:
-            raise Rejected(bad, f"vectors[{j}] carries a reference vector but the server is "
-                           "not in evaluation mode")
+            raise InvalidRequest(f"vectors[{j}] carries a reference vector but the server is "
+                                 "not in evaluation mode")
 
 
 @dataclass(eq=False)

@@ -2,7 +2,7 @@
 
 A join is durable before it is answered: its row is queued on the store's writer, and the
 write's outcome decides (a caller that goes away never undoes a join that commits; a write
-that fails is answered UNAVAILABLE and nothing of it is kept). A client's index is stable
+that fails is refused as unavailable and nothing of it is kept). A client's index is stable
 across re-joins and restarts. Publishes :class:`~rpsagg_server.events.ClientJoined`.
 """
 
@@ -14,8 +14,8 @@ import logging
 import time
 
 from rpsagg_server.config import ServerConfig
+from rpsagg_server.errors import InvalidRequest, LimitExceeded, Unavailable
 from rpsagg_server.events import ClientJoined, Publish
-from rpsagg_server.live import Rejected
 from rpsagg_server.store import Store, WriteError
 from rpsagg_server.views import ClientView
 from rpsagg_wire.v1.serde import JoinReply
@@ -25,12 +25,13 @@ log = logging.getLogger("rpsagg.server")
 
 async def outcome(fut: asyncio.Future[None]) -> None:
     """Wait for a queued write without owning it: cancelling the caller leaves the write (and
-    its callbacks) alone; a failed write is UNAVAILABLE with the reason.
+    its callbacks) alone; a failed write is :class:`~rpsagg_server.errors.Unavailable` with
+    the reason.
     """
     try:
         await asyncio.shield(fut)
     except WriteError as exc:
-        raise Rejected("UNAVAILABLE", exc.reason) from None
+        raise Unavailable(exc.reason) from None
 
 
 class Membership:
@@ -61,11 +62,12 @@ class Membership:
         """Register ``client_id``; its index is stable across re-joins and restarts.
 
         ``d``: the length of the client's vectors, if it says (0): a d other than the
-        job's is refused (INVALID_ARGUMENT) before anything is recorded.
+        job's is refused (:class:`~rpsagg_server.errors.InvalidRequest`) before anything is
+        recorded.
         """
         if d and d != self.cfg.d:
-            raise Rejected("INVALID_ARGUMENT", f"client {client_id!r} has vectors of length "
-                           f"{d}; this job's d is {self.cfg.d}")
+            raise InvalidRequest(f"client {client_id!r} has vectors of length "
+                                 f"{d}; this job's d is {self.cfg.d}")
         if client_id in self.clients:
             idx = self.clients[client_id]
         elif client_id in self._joining:
@@ -74,9 +76,9 @@ class Membership:
         else:
             used = set(self.clients.values()) | {i for i, _ in self._joining.values()}
             if len(used) >= self.cfg.n:
-                raise Rejected("RESOURCE_EXHAUSTED",
-                               f"all n={self.cfg.n} client slots are taken; "
-                               f"client {client_id!r} cannot join")
+                raise LimitExceeded(
+                    f"all n={self.cfg.n} client slots are taken; "
+                    f"client {client_id!r} cannot join")
             idx = next(i for i in range(self.cfg.n) if i not in used)
             now = time.time()
             fut = self.store.add_client(client_id, idx, now)

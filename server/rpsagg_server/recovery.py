@@ -33,6 +33,12 @@ from rpsagg_wire.v1 import serde
 log = logging.getLogger("rpsagg.server")
 
 
+class SettingsMismatch(ValueError):
+    """A job's database (or catalog record) holds settings this server cannot run it with:
+    another job's, or settings this version refuses. The job cannot be (re)opened; the
+    message says which settings."""
+
+
 class RoundHost(Protocol):
     """What a restart asks of the round engine."""
 
@@ -88,7 +94,8 @@ class Recovery:
                 if theirs.get(k, JOB_DEFAULTS[k]) != v}
         if diff:
             detail = ", ".join(f"{k}={a!r} (now {b!r})" for k, (a, b) in diff.items())
-            raise ValueError(f"database {cfg.db} belongs to a job with other settings: {detail}")
+            raise SettingsMismatch(f"database {cfg.db} belongs to a job with other settings: "
+                                   f"{detail}")
         return True
 
     def recover_rounds(self) -> LiveRound | None:

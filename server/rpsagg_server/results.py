@@ -13,7 +13,7 @@ server stops only after each of them has seen it, or after a bounded wait.
 A finished round's result is kept without its arrays (the estimate and the task's state:
 ``m x d`` floats each); GetResult gets them from the :class:`~rpsagg_server.archive.
 RoundArchive`, the store behind a cache of bounded size, so memory does not grow with the
-rounds. A failed read of the store answers that call ``UNAVAILABLE``.
+rounds. A failed read of the store refuses that call (:class:`~rpsagg_server.errors.Unavailable`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from rpsagg.schemes import scheme_traits
 from rpsagg_server.archive import RoundArchive
 from rpsagg_server.config import ServerConfig
+from rpsagg_server.errors import NotFound, Unavailable
 from rpsagg_server.events import Event, RoundClosed, RoundDecoded, RoundFailed, RoundOpened
-from rpsagg_server.live import LiveRound, Rejected
+from rpsagg_server.live import LiveRound
 from rpsagg_server.store import ReadError
 from rpsagg_server.views import EstimatedError
 from rpsagg_wire.v1.serde import Contributor, RoundEvent, RoundInfo, RoundResult
@@ -123,8 +124,8 @@ class ResultBook:
         try:
             arrays = await self.archive.fetch(res.round_id)
         except ReadError as exc:
-            raise Rejected("UNAVAILABLE", f"round {res.round_id}'s result could not be "
-                           f"read back: {exc.reason}") from None
+            raise Unavailable(f"round {res.round_id}'s result could not be "
+                              f"read back: {exc.reason}") from None
         return dataclasses.replace(res, estimate=arrays.estimate, global_state=arrays.state)
 
     def build(self, live: LiveRound) -> RoundResult:
@@ -170,7 +171,7 @@ class ResultBook:
             if self.results:
                 return await self._with_arrays(self.results[max(self.results)])
             if current is None:
-                raise Rejected("NOT_FOUND", "no round has finished yet")
+                raise NotFound("no round has finished yet")
             round_id = current.round_id
         if round_id in self.results and not (
             current is not None and current.round_id == round_id
@@ -179,7 +180,7 @@ class ResultBook:
         live = current
         if live is None or live.round_id != round_id:
             cur = "none" if live is None else str(live.round_id)
-            raise Rejected("NOT_FOUND", f"unknown round {round_id} (current round: {cur})")
+            raise NotFound(f"unknown round {round_id} (current round: {cur})")
         if wait:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(live.finished.wait(), timeout)

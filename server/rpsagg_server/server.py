@@ -33,8 +33,10 @@ from rpsagg_server import eventloop, jobhost, jobs
 from rpsagg_server.auth import TokenBook, TokenInterceptor
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.decodepool import DecodePool
+from rpsagg_server.errors import DomainError
 from rpsagg_server.events import SubmissionRefused
 from rpsagg_server.flags import load_config
+from rpsagg_server.grpcerrors import RefusalInterceptor, status_of
 from rpsagg_server.grpcguard import (
     ConnectionGuard,
     GuardCollector,
@@ -52,7 +54,6 @@ from rpsagg_server.http.connections import (
 from rpsagg_server.http.service import create_standing_app
 from rpsagg_server.jobhost import JobHost, JobRuntime
 from rpsagg_server.learnd import learn_d
-from rpsagg_server.live import Rejected
 from rpsagg_server.rounds import RoundEngine
 from rpsagg_server.servicer import AggregationServicer
 from rpsagg_server.startup import (
@@ -186,7 +187,9 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
         limit = host.request_limit
         # displacement near the cap (its port is known once bound)
         guard = ConnectionGuard(0, budget.grpc)
-        interceptors: list[grpc.aio.ServerInterceptor] = [guard.interceptor()]
+        # refusals are answered outside the token check, which raises its own
+        interceptors: list[grpc.aio.ServerInterceptor] = [guard.interceptor(),
+                                                          RefusalInterceptor()]
         if tokens is not None:
             interceptors.append(TokenInterceptor(tokens, _count_refusal(host)))
         server = grpc.aio.server(interceptors=interceptors, options=[
@@ -224,13 +227,13 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
     return running, port
 
 
-def _count_refusal(host: JobHost) -> Callable[[str, Rejected], None]:
+def _count_refusal(host: JobHost) -> Callable[[str, DomainError], None]:
     """The interceptor's refusals of Submit calls, as events of the default job (the
     metrics count them; a refused call's job is not read)."""
-    def refused(method: str, exc: Rejected) -> None:
+    def refused(method: str, exc: DomainError) -> None:
         rt = host.default()
         if method == "Submit" and rt is not None:
-            rt.engine.publish(SubmissionRefused(exc.code, exc.message))
+            rt.engine.publish(SubmissionRefused(status_of(exc).name, exc.message))
     return refused
 
 

@@ -1,4 +1,8 @@
-"""gRPC servicer: parse at the wire edge, validate, log with a tag, abort.
+"""gRPC servicer: parse at the wire edge, validate, raise the domain's refusals.
+
+A refusal (:class:`~rpsagg_server.errors.DomainError`) raised by a handler is logged with
+the method's tag and answered with its status by
+:class:`~rpsagg_server.grpcerrors.RefusalInterceptor`, the one place that maps them.
 
 Authentication runs before any handler, in :class:`~rpsagg_server.auth.TokenInterceptor`;
 a handler only checks that the client id a request names is the token's own
@@ -23,10 +27,12 @@ from typing import Any
 
 import grpc
 
-from rpsagg_server.auth import abort, authorize, authorize_job, bound_client
+from rpsagg_server.auth import authorize, authorize_job, bound_client
+from rpsagg_server.errors import DomainError, InvalidRequest, LimitExceeded
 from rpsagg_server.events import SubmissionRefused
+from rpsagg_server.grpcerrors import status_of
 from rpsagg_server.jobhost import JobHost, JobRuntime
-from rpsagg_server.live import Rejected, check_client_id
+from rpsagg_server.live import check_client_id
 from rpsagg_wire.v1 import serde
 
 
@@ -71,29 +77,21 @@ class AggregationServicer:
         try:
             return serde.parse_request(method, raw)
         except serde.WireError as exc:
-            raise Rejected("INVALID_ARGUMENT", str(exc)) from None
+            raise InvalidRequest(str(exc)) from None
 
-    # -- methods ---------------------------------------------------------------------------
+    # -- methods: a refusal raised here is answered by grpcerrors.RefusalInterceptor ------
     async def Join(self, raw: bytes, context: Any) -> serde.JoinReply:
         """Register a client id."""
-        try:
-            req = self._parse("Join", raw)
-            check_client_id(req.client_id)
-            authorize(req.client_id)
-            return await self._job(req.job).engine.membership.join(req.client_id, req.d)
-        except Rejected as exc:
-            await abort(context, "Join", exc)
-            raise AssertionError("unreachable") from None
+        req = self._parse("Join", raw)
+        check_client_id(req.client_id)
+        authorize(req.client_id)
+        return await self._job(req.job).engine.membership.join(req.client_id, req.d)
 
     async def GetRound(self, raw: bytes, context: Any) -> serde.RoundInfo:
         """The current round."""
-        try:
-            req = self._parse("GetRound", raw)
-            self._check_reader(req.client_id)
-            return self._job(req.job).engine.results.round_info(req.client_id)
-        except Rejected as exc:
-            await abort(context, "GetRound", exc)
-            raise AssertionError("unreachable") from None
+        req = self._parse("GetRound", raw)
+        self._check_reader(req.client_id)
+        return self._job(req.job).engine.results.round_info(req.client_id)
 
     async def Submit(self, raw: bytes, context: Any) -> serde.SubmitReply:
         """Validate and durably commit a submission; the reply is the ack."""
@@ -102,38 +100,28 @@ class AggregationServicer:
         try:
             rt = self._job(serde.peek_job(raw))
             if len(raw) > rt.limit:
-                raise Rejected("RESOURCE_EXHAUSTED",
-                               f"a submission of {len(raw)} bytes is above job {rt.id}'s "
-                               f"limit of {rt.limit} bytes")
+                raise LimitExceeded(f"a submission of {len(raw)} bytes is above job {rt.id}'s "
+                                    f"limit of {rt.limit} bytes")
             return await rt.engine.intake.admit(raw, arrived, bound_client())
-        except Rejected as exc:
+        except DomainError as exc:
             counted = rt or self.host.default()
             if counted is not None:
-                counted.engine.publish(SubmissionRefused(exc.code, exc.message))
-            await abort(context, "Submit", exc)
-            raise AssertionError("unreachable") from None
+                counted.engine.publish(SubmissionRefused(status_of(exc).name, exc.message))
+            raise
 
     async def GetResult(self, raw: bytes, context: Any) -> serde.RoundResult:
         """A round's result, optionally waiting for it."""
-        try:
-            req = self._parse("GetResult", raw)
-            self._check_reader(req.client_id)
-            remaining = context.time_remaining()
-            timeout = None if remaining is None else max(0.0, remaining - 0.2)
-            return await self._job(req.job).engine.results.result(
-                req.round_id, req.wait, timeout, req.client_id)
-        except Rejected as exc:
-            await abort(context, "GetResult", exc)
-            raise AssertionError("unreachable") from None
+        req = self._parse("GetResult", raw)
+        self._check_reader(req.client_id)
+        remaining = context.time_remaining()
+        timeout = None if remaining is None else max(0.0, remaining - 0.2)
+        return await self._job(req.job).engine.results.result(
+            req.round_id, req.wait, timeout, req.client_id)
 
     async def WatchRounds(self, raw: bytes, context: Any) -> AsyncIterator[serde.RoundEvent]:
         """Stream round events until the job is done."""
-        try:
-            req = self._parse("WatchRounds", raw)
-            self._check_reader(req.client_id)
-            rt = self._job(req.job)
-        except Rejected as exc:
-            await abort(context, "WatchRounds", exc)
-            return
+        req = self._parse("WatchRounds", raw)
+        self._check_reader(req.client_id)
+        rt = self._job(req.job)
         async for ev in rt.engine.results.watch(req.client_id):
             yield ev

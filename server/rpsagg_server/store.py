@@ -74,7 +74,7 @@ class ReadError(Exception):
 
 
 def describe(exc: BaseException) -> str:
-    """The reason a write failed, for logs and for clients (UNAVAILABLE messages)."""
+    """The reason a write failed, for logs and for clients (the message of the refusal)."""
     name = getattr(exc, "sqlite_errorname", "") or type(exc).__name__
     text = str(exc)
     if name.startswith("SQLITE_FULL") or "disk is full" in text or "No space" in text:
@@ -403,7 +403,7 @@ class Store:
 
 
 def describe_read(exc: BaseException) -> str:
-    """The reason a read failed, for logs and for clients (UNAVAILABLE, 503)."""
+    """The reason a read failed, for logs and for clients (the message of the refusal)."""
     name = getattr(exc, "sqlite_errorname", "") or type(exc).__name__
     return f"database read failed ({name}: {exc})"
 

@@ -5,7 +5,7 @@ in-memory update runs in a callback of the store's future, independent of the ha
 caller that goes away (deadline, cancel) never undoes a write that commits. Committed means
 in memory and acknowledged on an identical retry (``duplicate = true``) in every later state
 of its round, closed, finished and after a restart included. A write that fails is
-answered UNAVAILABLE with the reason, and nothing of it is kept.
+refused as unavailable with the reason, and nothing of it is kept.
 
 Requests are admitted in passes (:meth:`Intake.admit`): everything that arrived since the
 last pass is parsed, checked and queued for the store in one loop, and each request still
@@ -27,10 +27,17 @@ from typing import Any, NoReturn, Protocol
 
 from rpsagg.schemes import WireProfile
 from rpsagg_server.config import ServerConfig
+from rpsagg_server.errors import (
+    Conflict,
+    DomainError,
+    InvalidRequest,
+    NotFound,
+    PreconditionFailed,
+    Unavailable,
+)
 from rpsagg_server.events import Publish, SubmissionCommitted, SubmissionDuplicate
 from rpsagg_server.live import (
     LiveRound,
-    Rejected,
     check_bound,
     check_submission_spec,
     validate_submission,
@@ -99,7 +106,8 @@ class Intake:
 
     def admit(self, raw: bytes, arrived: float, bound: str | None) -> asyncio.Future[SubmitReply]:
         """Take one received Submit request; the future resolves with its ack once the
-        submission is durable (or raises :class:`Rejected` saying why not).
+        submission is durable (or raises a :class:`~rpsagg_server.errors.DomainError` saying
+        why not).
 
         Requests are admitted in passes, at most one every :data:`ADMIT_INTERVAL` seconds:
         the requests that arrived since the last pass are parsed, checked and queued for the
@@ -152,8 +160,8 @@ class Intake:
                 if self._admit_now(sub, live, wire, fut, in_pass):
                     queued.append((sub, arrived, fut))
                     in_pass.add(sub.client_id)
-            except Exception as exc:  # Rejected: the answer; anything else: a bug, logged
-                if not isinstance(exc, Rejected):
+            except Exception as exc:  # a DomainError: the answer; anything else: a bug, logged
+                if not isinstance(exc, DomainError):
                     log.exception("[Engine] admitting a submission failed")
                 if not fut.done():
                     fut.set_exception(exc)
@@ -173,17 +181,17 @@ class Intake:
         try:
             sub: Submission = serde.parse_request("Submit", raw)
         except serde.WireError as exc:
-            raise Rejected("INVALID_ARGUMENT", str(exc)) from None
+            raise InvalidRequest(str(exc)) from None
         return sub
 
     def _admit_now(self, sub: Submission, live: LiveRound | None, wire: WireProfile | None,
                    fut: asyncio.Future[SubmitReply], in_pass: set[str]) -> bool:
         """Decide what can be decided now: True to queue the write; False when ``fut`` is
         answered (a duplicate) or a task will answer it (the cases that wait). Raises
-        :class:`Rejected`."""
+        :class:`~rpsagg_server.errors.DomainError`."""
         if sub.client_id not in self.clients:
-            raise Rejected("FAILED_PRECONDITION",
-                           f"client {sub.client_id!r} has not joined; call Join first")
+            raise PreconditionFailed(
+                f"client {sub.client_id!r} has not joined; call Join first")
         if (live is None or sub.round_id != live.round_id or sub.client_id in live.pending
                 or sub.client_id in in_pass):
             # a finished round's retry (read from the database), or a retry while the first
@@ -198,9 +206,9 @@ class Intake:
                                            duplicate=True))
             return False
         if live.state not in ("open", "collecting"):
-            raise Rejected("FAILED_PRECONDITION",
-                           f"round {live.round_id} is closed ({live.state}); "
-                           "no more submissions")
+            raise PreconditionFailed(
+                f"round {live.round_id} is closed ({live.state}); "
+                "no more submissions")
         if committed is not None:
             raise self._different(sub)
         assert wire is not None  # the estimator is set when the round opened or resumed
@@ -240,7 +248,7 @@ class Intake:
                 raise self._different(sub)
             error = (await asyncio.shield(writes))[i]
             if error is not None:
-                raise Rejected("UNAVAILABLE", error.reason)
+                raise Unavailable(error.reason)
         return await self.submit(sub)  # decided now: the next pass answers it
 
     def _landed(self, live: LiveRound,
@@ -258,7 +266,7 @@ class Intake:
                 del live.pending[sub.client_id]
             if error is not None:
                 if not fut.done():
-                    fut.set_exception(Rejected("UNAVAILABLE", error.reason))
+                    fut.set_exception(Unavailable(error.reason))
                 continue
             live.add(sub, arrived)
             landed += 1
@@ -275,9 +283,8 @@ class Intake:
             if len(live.subs) >= self.cfg.n and live.state == "collecting":
                 self.lifecycle.all_committed(live)
 
-    def _different(self, sub: Submission) -> Rejected:
-        return Rejected("ALREADY_EXISTS",
-                        f"client {sub.client_id!r} already submitted a different "
+    def _different(self, sub: Submission) -> Conflict:
+        return Conflict(f"client {sub.client_id!r} already submitted a different "
                         f"submission in round {sub.round_id}")
 
     async def _finished_retry(self, sub: Submission) -> SubmitReply:
@@ -296,10 +303,10 @@ class Intake:
     def _reject_round(self, round_id: int) -> NoReturn:
         results = self.results.results
         if round_id in results:
-            raise Rejected("FAILED_PRECONDITION", f"round {round_id} is finished "
-                           f"({results[round_id].state}); no more submissions")
+            raise PreconditionFailed(f"round {round_id} is finished "
+                                     f"({results[round_id].state}); no more submissions")
         current = self.progress.current
         cur = "none" if current is None else str(current.round_id)
         if self.progress.job_done:
-            raise Rejected("FAILED_PRECONDITION", f"round {round_id}: the job is done")
-        raise Rejected("NOT_FOUND", f"unknown round {round_id} (current round: {cur})")
+            raise PreconditionFailed(f"round {round_id}: the job is done")
+        raise NotFound(f"unknown round {round_id} (current round: {cur})")

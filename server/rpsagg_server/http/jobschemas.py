@@ -67,7 +67,7 @@ def job_body_schema() -> dict[str, Any]:
     return {"required": True, "content": {"application/json": {"schema": schema}}}
 
 
-def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+def refusals(*codes: int) -> dict[int | str, dict[str, Any]]:
     """The ``responses`` of a route that refuses with ``codes``."""
     return {code: {"model": ErrorBody, "description": ERRORS[code]} for code in codes}
 

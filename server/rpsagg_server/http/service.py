@@ -35,12 +35,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 import rpsagg
 from rpsagg_server.archive import ArchiveCollector
+from rpsagg_server.http import errors
 from rpsagg_server.http.app import create_app, mount_page
 from rpsagg_server.http.auth import Gate, HttpTokens, verdict
 from rpsagg_server.http.bodies import MAX_BODY, parse_settings, read_body
-from rpsagg_server.http.jobschemas import JobInfo, add_security, errors, job_body_schema
+from rpsagg_server.http.jobschemas import JobInfo, add_security, job_body_schema, refusals
 from rpsagg_server.http.renders import DEFAULT_MAX_BYTES, BodyCache, BodyCacheCollector
-from rpsagg_server.jobhost import JobHost, JobRefused, JobRuntime
+from rpsagg_server.jobhost import JobHost, JobRuntime
 from rpsagg_server.state import ServerState
 
 log = logging.getLogger("rpsagg.server")
@@ -131,6 +132,7 @@ def create_service_app(host: JobHost, registry: CollectorRegistry | None = None,
     app.state.host = host
     app.state.registry = registry
     app.state.bodies = cache
+    errors.install(app)
     # /docs: the jobs API and a job's own API (its paths as the default job's; each is also
     # under /api/jobs/{id}/), from a template app that is never served
     template = create_app(ServerState(host.cfg.public_dict()), CollectorRegistry(),
@@ -156,7 +158,7 @@ def create_service_app(host: JobHost, registry: CollectorRegistry | None = None,
     app.openapi = openapi  # type: ignore[method-assign]
 
     @app.get("/api/jobs", tags=["jobs"], summary="Every job of this server",
-             responses=errors(401, 403))
+             responses=refusals(401, 403))
     def list_jobs() -> dict[str, Any]:
         """The default job first, then the created jobs oldest first; ``past_jobs``: the
         finished jobs earlier starts moved to ``<db>.jobs/`` (``--on-finished-job new``)."""
@@ -169,22 +171,19 @@ def create_service_app(host: JobHost, registry: CollectorRegistry | None = None,
                                "starts when a slot is free.", "headers": {"Location": {
                                    "description": "/api/jobs/{id}",
                                    "schema": {"type": "string"}}}},
-                         **errors(400, 401, 403, 409, 413, 503)})
+                         **refusals(400, 401, 403, 409, 413, 503)})
     async def create_job(request: Request) -> JSONResponse:
         """The body is a JSON object of job settings (the job flags of ``rpsagg-server`` in
         snake case). ``201`` with the job once it is recorded (durably); ``400`` with one
         line naming a bad setting."""
         guard.check(request)
         settings = parse_settings(await read_body(request, MAX_BODY))
-        try:
-            job = await host.create(settings)
-        except JobRefused as exc:
-            raise HTTPException(exc.status, str(exc)) from None
+        job = await host.create(settings)  # a refusal: answered by http.errors
         return JSONResponse(job, status_code=201,
                             headers={"Location": f"/api/jobs/{job['id']}"})
 
     @app.get("/api/jobs/{job_id}", tags=["jobs"], summary="One job",
-             responses={200: {"model": JobInfo}, **errors(401, 403, 404)})
+             responses={200: {"model": JobInfo}, **refusals(401, 403, 404)})
     def get_job(job_id: str) -> dict[str, Any]:
         """The job's state, settings, progress and bytes."""
         try:
@@ -194,20 +193,17 @@ def create_service_app(host: JobHost, registry: CollectorRegistry | None = None,
 
     async def cancel(request: Request, job_id: str) -> dict[str, Any]:
         guard.check(request)
-        try:
-            return await host.cancel(job_id)
-        except JobRefused as exc:
-            raise HTTPException(exc.status, str(exc)) from None
+        return await host.cancel(job_id)  # a refusal: answered by http.errors
 
     @app.post("/api/jobs/{job_id}/cancel", tags=["jobs"], summary="Cancel a job",
-              responses={200: {"model": JobInfo}, **errors(401, 403, 404, 409, 503)})
+              responses={200: {"model": JobInfo}, **refusals(401, 403, 404, 409, 503)})
     async def cancel_job(request: Request, job_id: str) -> dict[str, Any]:
         """Cancel a queued or running job: recorded durably, then its current round fails
         (what it had committed stays stored). ``409`` when it has ended."""
         return await cancel(request, job_id)
 
     @app.delete("/api/jobs/{job_id}", tags=["jobs"], summary="Cancel a job",
-                responses={200: {"model": JobInfo}, **errors(401, 403, 404, 409, 503)})
+                responses={200: {"model": JobInfo}, **refusals(401, 403, 404, 409, 503)})
     async def delete_job(request: Request, job_id: str) -> dict[str, Any]:
         """The same as ``POST /api/jobs/{job_id}/cancel`` (the job's record stays)."""
         return await cancel(request, job_id)

@@ -1,0 +1,108 @@
+"""The refusals of the domain: one exception class per kind of "no", each with a message.
+
+The domain modules (rounds, submissions, live, membership, results, jobhost, ...) raise
+these and say nothing of how a protocol answers them. Each edge maps the classes exactly
+once: gRPC in :mod:`rpsagg_server.grpcerrors` (a table class -> gRPC status, applied
+by one server interceptor), HTTP in :mod:`rpsagg_server.http.errors` (a table class -> HTTP
+status, applied by one FastAPI exception handler; the body is ``{"detail": message}``).
+
+A new kind of refusal is a new subclass here and one row in each table (a test checks that
+both tables cover every subclass).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class DomainError(Exception):
+    """A request the server refuses, with a message saying why (sent to the caller as is).
+
+    Parameters
+    ----------
+    message : str
+        One line for the caller.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    @property
+    def code(self) -> str:
+        """The name the gRPC edge answers this refusal with, as the metrics and logs name
+        refusals; set by :func:`name_kinds` when that edge is loaded ("" before)."""
+        for cls in type(self).__mro__:
+            if cls in _KIND_NAMES:
+                return _KIND_NAMES[cls]
+        return ""
+
+
+class InvalidRequest(DomainError):
+    """The request itself is wrong: malformed, out of range, inconsistent with the job."""
+
+
+class Unauthenticated(DomainError):
+    """The caller did not say who it is (no credential, or an unknown one)."""
+
+
+class Forbidden(DomainError):
+    """The caller is known but may not do this (another client's id, another job)."""
+
+
+class NotFound(DomainError):
+    """What the request names does not exist (a job, a round)."""
+
+
+class Conflict(DomainError):
+    """What the request would create exists already, differently (a job id, another
+    submission of the same client in the same round)."""
+
+
+class PreconditionFailed(DomainError):
+    """The request is well formed but the state does not allow it (a closed round, an
+    ended job, a client that has not joined); retrying the same request does not help."""
+
+
+class LimitExceeded(DomainError):
+    """The request is above one of the job's limits (its size, the client slots)."""
+
+
+class NotReady(DomainError):
+    """Not yet: the job is queued or starting, or the queue is full; retry later."""
+
+
+class Unavailable(DomainError):
+    """The server could not do it now: the database refused a write or a read."""
+
+
+#: the edge's name of each class (filled by :func:`name_kinds`)
+_KIND_NAMES: dict[type[DomainError], str] = {}
+
+
+def name_kinds(names: Mapping[type[DomainError], str]) -> None:
+    """Record how the gRPC edge names each class (what :attr:`DomainError.code` reads).
+
+    Parameters
+    ----------
+    names : mapping
+        Class -> name, from the gRPC edge's table.
+    """
+    _KIND_NAMES.update(names)
+
+
+def error_classes() -> list[type[DomainError]]:
+    """Every subclass of :class:`DomainError` (at any depth), for the edges' tables.
+
+    Returns
+    -------
+    list of type
+        The subclasses, in definition order.
+    """
+    out: list[type[DomainError]] = []
+    stack = list(reversed(DomainError.__subclasses__()))
+    while stack:
+        cls = stack.pop()
+        out.append(cls)
+        stack.extend(reversed(cls.__subclasses__()))
+    return out
