@@ -20,12 +20,14 @@ import pytest
 
 from rpsagg_server import jobhost
 from rpsagg_server.catalog import Catalog
-from rpsagg_server.config import load_config
 from rpsagg_server.decodepool import DecodePool
 from rpsagg_server.errors import DomainError, error_classes
+from rpsagg_server.flags import load_config
 from rpsagg_server.grpcerrors import GRPC_STATUS, status_of
 from rpsagg_server.http.errors import HTTP_STATUS, http_status
 from rpsagg_server.startup import StartupError
+
+pytestmark = pytest.mark.unit
 
 SERVER = Path(__file__).resolve().parents[1] / "server" / "rpsagg_server"
 #: the modules that speak a protocol: the gRPC and HTTP edges and the server's assembly
