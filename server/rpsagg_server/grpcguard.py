@@ -42,7 +42,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from rpsagg_server.config import ServerConfig
-from rpsagg_server.http.connections import DescriptorBudget, descriptor_budget, descriptor_limit
+from rpsagg_server.descriptors import DescriptorBudget, descriptor_budget, descriptor_limit
 from rpsagg_server.startup import StartupError
 
 log = logging.getLogger("rpsagg.server")

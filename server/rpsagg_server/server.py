@@ -33,6 +33,7 @@ from rpsagg_server import eventloop, jobhost, jobs
 from rpsagg_server.auth import TokenBook, TokenInterceptor
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.decodepool import DecodePool
+from rpsagg_server.descriptors import ACCEPT_BACKLOG, connection_cap, descriptor_limit
 from rpsagg_server.errors import DomainError
 from rpsagg_server.events import SubmissionRefused
 from rpsagg_server.flags import load_config
@@ -44,12 +45,9 @@ from rpsagg_server.grpcguard import (
     server_budget,
 )
 from rpsagg_server.http.connections import (
-    ACCEPT_BACKLOG,
     ConnectionLimits,
     ConnectionsCollector,
     bounded_protocol,
-    connection_cap,
-    descriptor_limit,
 )
 from rpsagg_server.http.service import create_standing_app
 from rpsagg_server.jobhost import JobHost, JobRuntime
