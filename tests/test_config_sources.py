@@ -107,3 +107,19 @@ def test_value_bits_auto_from_every_source(tmp_path: Path) -> None:
         load_config(["--insecure", "--value-bits", "auto"], {})
     with pytest.raises(ValueError, match="--value-bits"):
         load_config([*base, "--value-bits", "many"], {})
+
+
+def test_dotenv_sits_between_the_environment_and_the_config_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``.env`` in the working directory: below flags and the environment, above the TOML
+    file; its other names are left alone, and a bad value there names its variable."""
+    monkeypatch.chdir(tmp_path)
+    cfg_file = tmp_path / "c.toml"
+    cfg_file.write_text("n = 4\nk = 9\nrounds = 7\n")
+    (tmp_path / ".env").write_text("RPSAGG_N=5\nRPSAGG_K=11\nOTHER_TOOL_SETTING=x\n")
+    cfg = load_config(["--insecure", "--config", str(cfg_file), "--k", "12"], {})
+    assert (cfg.n, cfg.k, cfg.rounds) == (5, 12, 7)
+    assert load_config(["--insecure"], {"RPSAGG_N": "6"}).n == 6
+    (tmp_path / ".env").write_text("RPSAGG_N=many\n")
+    with pytest.raises(ValueError, match=r"--n \(RPSAGG_N or config key n\) must be an integer"):
+        load_config(["--insecure"], {})
