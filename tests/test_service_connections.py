@@ -41,7 +41,7 @@ PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # an empty SETTINGS frame, stream 0
 FIRST = {"nothing": b"", "preface": PREFACE, "settings": PREFACE + SETTINGS}
 DEADLINE = 2.0  # --grpc-handshake-timeout and --grpc-idle-timeout here
-# what the automatic budget gives gRPC with the dashboard on (rpsagg_server.descriptors.descriptor_budget)
+# what the automatic budget gives gRPC with the dashboard on (descriptors.descriptor_budget)
 GRPC_CAP = {1024: 1024 - 256 - 128, 256: 256 - 64 - 128}
 
 

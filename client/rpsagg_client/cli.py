@@ -30,33 +30,18 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import signal
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
 import grpc
-import numpy as np
 
-from rpsagg.tasks import DATA_SOURCES, EXTERNAL_DATA, DataUnavailable, load_shard, make_task
-from rpsagg_client.client import AggregationClient
+from rpsagg.tasks import DATA_SOURCES
+from rpsagg_client.commands import BAD_INPUT, fetch_result, log, of_job, run, vectors_path
 from rpsagg_client.identity import default_client_id
-from rpsagg_client.vectors import (
-    ArraySource,
-    VectorError,
-    VectorsEnded,
-    VectorSource,
-    describe,
-    open_vectors,
-)
-from rpsagg_wire.v1 import serde
-from rpsagg_wire.v1.serde import RoundInfo, RoundResult, Submission
-
-log = logging.getLogger("rpsagg.client")
-BAD_INPUT = 2  # exit status of bad input vectors (argparse's for bad flags)
+from rpsagg_client.report import estimated_error_text, fmt_bytes, round_line, wire_bytes
 
 #: exit statuses (the module docstring): refusals that no restart can change
 EXIT_REFUSED = 3
@@ -124,300 +109,6 @@ def _result_parser() -> argparse.ArgumentParser:
     return p
 
 
-def fmt_bytes(b: float) -> str:
-    """``123 B``, ``4.1 KiB``, ``2.0 MiB``."""
-    for unit in ("B", "KiB", "MiB"):
-        if b < 1024 or unit == "MiB":
-            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
-        b /= 1024
-    return f"{b:.1f} GiB"
-
-
-def wire_bytes(sub: Submission) -> int:
-    """Bytes of the Submit request less the evaluation references (the server's count)."""
-    return serde.decode_submission(serde.encode_submission(sub)).wire_bytes
-
-
-def round_line(client_id: str, round_id: int, sent: Submission | None, note: str,
-               res: RoundResult | None, n: int, job: str = "") -> str:
-    """The line printed for a finished round (see the module docstring).
-
-    Parameters
-    ----------
-    client_id : str
-        This client's id; the line starts with ``[client_id]``.
-    round_id : int
-        The round.
-    sent : Submission or None
-        What this client sent in the round (None: nothing; ``note`` says why).
-    note : str
-        How the submission went (``acked as 3 of 10``), or why nothing was sent.
-    res : RoundResult or None
-        The round's result, if known.
-    n : int
-        The job's number of clients.
-    job : str, optional
-        The job's id (``--job``): the line says ``[client_id] job ID round N:``.
-
-    Returns
-    -------
-    str
-    """
-    head = f"[{client_id}] {f'job {job} ' if job else ''}round {round_id}:"
-    if sent is None:
-        body = f"nothing sent ({note})"
-    else:
-        coded = [v for v in sent.vectors if v.codes is not None]
-        if coded:
-            what = f"{sum(v.count for v in coded)} {coded[0].value_bits}-bit values + scale + seed"
-        else:
-            what = f"{sum(v.values.size for v in sent.vectors)} floats + seed"
-        body = f"sent {fmt_bytes(wire_bytes(sent))} ({what}), {note}"
-    if res is None:
-        return f"{head} {body}"
-    if res.state == "done":
-        end = f"round done with {res.n_prime}/{n} clients{estimated_error_text(res)}"
-    elif res.state == "failed":
-        end = f"round failed: {res.reason}"
-    else:
-        end = f"round {res.state}"
-    return f"{head} {body}; {end}"
-
-
-def estimated_error_text(res: RoundResult) -> str:
-    """``", estimated relative error 0.0123 +- 0.0004"`` for a result that carries the
-    server's estimate (its squared error where the relative one is not defined); empty
-    for one that does not (a server that does not send it)."""
-    rel, sq = res.est_relative_error, res.est_sq_error
-    if math.isfinite(rel):
-        mean = res.est_mean_sq_norm
-        err = res.est_sq_error_stderr / mean if mean > 0 else math.nan
-        return f", estimated relative error {rel:.4g}{_pm(err)}"
-    if math.isfinite(sq):
-        return f", estimated squared error {sq:.4g}{_pm(res.est_sq_error_stderr)}"
-    return ""
-
-
-def _pm(stderr: float) -> str:
-    return f" +- {stderr:.2g}" if math.isfinite(stderr) else ""
-
-
-def _client(args: argparse.Namespace) -> AggregationClient:
-    return AggregationClient(
-        args.server, args.client_id, token=args.token, tls_ca=args.tls_ca,
-        tls_cert=args.tls_cert, tls_key=args.tls_key, insecure=args.insecure,
-        timeout=args.timeout, retry_budget=args.retry_budget, job=args.job,
-    )
-
-
-def _of_job(args: argparse.Namespace) -> str:
-    """`` (job ID)`` for messages when ``--job`` is given, else empty."""
-    return f" (job {args.job})" if args.job else ""
-
-
-def vectors_path(template: str, client_id: str) -> str:
-    """``--vectors`` with ``{client_id}`` and ``{replica}`` filled in.
-
-    ``{replica}`` is N of a compose replica's id ``<project>-<service>-N`` (so that every
-    replica of one service reads its own file, e.g. ``/vectors/{replica}.npy``); a
-    :class:`~rpsagg_client.vectors.VectorError` when the id has no such number.
-    """
-    if "{" not in template:
-        return template
-    replica = client_id.rsplit("-", 1)[-1]
-    if "{replica}" in template and not replica.isdigit():
-        raise VectorError(f"--vectors {template}: {{replica}} needs a client id ending in "
-                          f"-N (a compose replica's name); this client is {client_id!r}")
-    return template.replace("{client_id}", client_id).replace("{replica}", replica)
-
-
-def _bad_input(message: str) -> int:
-    print(f"rpsagg-client: {message}", file=sys.stderr, flush=True)
-    return BAD_INPUT
-
-
-def _check_encodes(client: AggregationClient, info: RoundInfo, source: VectorSource) -> None:
-    """Encode every vector of a file once with the job's encoder (as the first round
-    announces it), before joining: values whose encoding overflows (a transformed value
-    beyond float32, a square beyond float64) are refused now, not in the middle of the job.
-    A stream's vectors are checked as they are encoded."""
-    if not isinstance(source, ArraySource):
-        return
-    rnd = replace(info, d=info.d or source.d)
-    try:
-        est = client.estimator_for(rnd)
-    except ValueError:
-        return  # a wire format this client does not speak: the join's own error says so
-    for step in range(info.task_step, source.rounds):
-        for j, x in enumerate(source.vectors(step)):
-            try:
-                est.encode(x, step * 1_000_003 + j)
-            except ValueError as exc:
-                where = f"round step {step + 1}" + (f", vector {j}" if source.m > 1 else "")
-                raise VectorError(f"{source.name}: {where}: {exc}") from None
-
-
-def run(args: argparse.Namespace) -> int:
-    """Join, then for every round compute the task's vectors (or read the user's) and submit.
-
-    With ``--vectors`` the input is read and checked before the client contacts the server,
-    and checked against the job (task, d, m, rounds; from GetRound) before it joins: bad
-    input is one line on stderr and exit status 2, with nothing sent.
-    """
-    source: VectorSource | None = None
-    if args.vectors:
-        try:
-            source = open_vectors(vectors_path(args.vectors, args.client_id))
-        except VectorError as exc:
-            return _bad_input(str(exc))
-    client = _client(args)
-    with client:
-        if source is not None:
-            info = client.current_round()  # what the job needs, before joining it
-            if info.job_done:
-                which = f"the job {args.job}" if args.job else "the server's job"
-                print(f"rpsagg-client: {which} is already over", file=sys.stderr)
-                return 0
-            if info.task != "mean":
-                return _bad_input(f"--vectors needs a server running --task mean; this one "
-                                  f"runs {info.task}")
-            try:
-                source.check_job(info.d, info.m, info.total_rounds, info.task_step)
-                _check_encodes(client, info, source)
-            except VectorError as exc:
-                return _bad_input(str(exc))
-            log.info("[Client] %s: %s", source.name, describe(source))
-        try:  # says d: a server started with --d 0 takes the first join's
-            joined = client.join(source.d if source is not None else 0)
-        except grpc.RpcError as exc:
-            if source is not None and exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                return _bad_input(f"{source.name}: {exc.details()}")
-            raise
-        hint = joined.data_hint
-        if source is None and hint == EXTERNAL_DATA:
-            return _bad_input("the server's job averages the clients' own vectors: pass "
-                              "--vectors PATH (or set RPSAGG_VECTORS)")
-        params = joined.task_params
-        first = client.current_round()
-        task = make_task(joined.task, first.d, params)
-        shard = None
-        if source is None:
-            data = args.data or hint.split(":")[0] or "synthetic"
-            try:
-                shard = load_shard(data, joined.task, joined.client_index, joined.n, first.d,
-                                   r=float(params.get("data_r", 0.0)),
-                                   seed=int(params.get("seed", 0)), path=args.data_path)
-            except DataUnavailable as exc:
-                print(f"rpsagg-client: {exc}; using synthetic data instead", file=sys.stderr)
-                shard = load_shard("synthetic", joined.task, joined.client_index, joined.n,
-                                   first.d, r=float(params.get("data_r", 0.0)))
-        log.info("[Client] %s joined%s as index %d of %d (task %s, data %s)", args.client_id,
-                 _of_job(args), joined.client_index, joined.n, joined.task,
-                 source.name if source is not None else args.data or hint)
-        pending: tuple[int, Submission | None, str] | None = None
-
-        def report() -> None:  # the previous round is over: one line for it
-            if pending is None or args.quiet:
-                return
-            rid, sent, note = pending
-            # the result the client already waited for; no new call once the job is over
-            # (the server may be stopping after its drain)
-            res: RoundResult | None = client.finished_result(rid)
-            if res is None and client.job_failure is None and not client.job_replaced:
-                try:
-                    res = client.result(rid, wait=False)
-                except grpc.RpcError:
-                    res = None
-            print(round_line(args.client_id, rid, sent, note, res, joined.n, args.job),
-                  flush=True)
-
-        for rnd in client.rounds():
-            report()
-            pending = None
-            if source is not None:
-                try:
-                    vectors = source.vectors(rnd.task_step)
-                except VectorsEnded as exc:
-                    if rnd.total_rounds == 0:  # a job until stopped: this client is done
-                        print(f"rpsagg-client: {exc}; leaving the job{_of_job(args)}",
-                              file=sys.stderr)
-                        return 0
-                    return _bad_input(f"{exc}, but the job runs {rnd.total_rounds} rounds; "
-                                      "leaving it")
-                except VectorError as exc:
-                    return _bad_input(f"{exc}; leaving the job")
-            else:
-                assert shard is not None
-                assert rnd.global_state is not None or joined.task == "mean"
-                state = rnd.global_state
-                vectors = task.client_vectors(
-                    state if state is not None else task.initial_state(0), shard,
-                    rnd.task_step)
-            try:
-                sub = client.encode(rnd, vectors)
-            except ValueError as exc:
-                if source is None:
-                    raise
-                return _bad_input(f"{source.name}: round step {rnd.task_step + 1}: {exc}; "
-                                  "leaving the job")
-            try:
-                ack = client.submit_encoded(sub)
-            except grpc.RpcError as exc:
-                if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION,
-                                  grpc.StatusCode.NOT_FOUND):
-                    log.info("[Client]%s round %d closed before submission: %s", _of_job(args),
-                             rnd.round_id, exc.details())
-                    pending = (rnd.round_id, None, f"the round closed first: {exc.details()}")
-                    continue
-                raise
-            log.debug("[Client]%s round %d acked (%d received)", _of_job(args), rnd.round_id,
-                      ack.received)
-            pending = (rnd.round_id, sub, f"acked as {ack.received} of {joined.n}")
-        report()
-    if client.job_replaced:  # its job ended unseen: the server runs another one now
-        which = f"the job {args.job} that {args.client_id}" if args.job else \
-            f"the job {args.client_id}"
-        print(f"rpsagg-client: {which} joined has ended; the server now runs a new job "
-              "(another job id), which this client does not join", file=sys.stderr)
-    elif client.job_failure:  # the job is over either way: exit 0 (a restart cannot help)
-        print(f"rpsagg-client: the job{_of_job(args)} failed: {client.job_failure}",
-              file=sys.stderr)
-    else:
-        log.info("[Client] %s: the job%s is done", args.client_id, _of_job(args))
-    return 0
-
-
-def fetch_result(args: argparse.Namespace) -> int:
-    """``rpsagg-client result``: write a done round's estimate to ``--out`` (GetResult)."""
-    out = Path(args.out)
-    if out.suffix.lower() != ".npy":
-        return _bad_input(f"--out {args.out}: the estimate is written as .npy; name the file "
-                          "FILE.npy")
-    if args.round < 0:
-        return _bad_input(f"--round must be >= 0 (0: the latest done round); got {args.round}")
-    with _client(args) as client:
-        res = client.result(args.round, wait=args.wait)
-        info = client.current_round()
-    if res.state != "done" or res.estimate is None:
-        why = f"failed: {res.reason}" if res.state == "failed" else (
-            f"is {res.state}; it has no estimate yet" + ("" if args.wait else
-                                                          " (--wait waits for it)"))
-        print(f"rpsagg-client: round {res.round_id}{_of_job(args)} {why}", file=sys.stderr)
-        return 1
-    est = np.asarray(res.estimate, dtype=np.float64)
-    values = est[0] if est.ndim == 2 and est.shape[0] == 1 else est
-    tmp = out.with_name(out.name + ".tmp")
-    with tmp.open("wb") as fp:
-        np.save(fp, values, allow_pickle=False)
-    tmp.replace(out)
-    which = f"job {args.job} round" if args.job else "round"
-    print(f"{which} {res.round_id}: the mean of {res.n_prime} of {info.n} clients' vectors "
-          f"({info.scheme}, transform {res.transform}, k={info.k}, d={info.d}, "
-          f"{fmt_bytes(res.wire_bytes)} received{estimated_error_text(res)}), "
-          f"shape {values.shape} -> {out}", flush=True)
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``rpsagg-client``."""
     logging.basicConfig(level=os.environ.get("RPSAGG_LOG_LEVEL", "WARNING").upper(),
@@ -442,12 +133,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except grpc.RpcError as exc:
         code = _REFUSED.get(exc.code(), 1)
         why = " (refused for good: not retrying)" if code != 1 else ""
-        print(f"rpsagg-client: {args.client_id}{_of_job(args)}: {exc.code().name}: "
+        print(f"rpsagg-client: {args.client_id}{of_job(args)}: {exc.code().name}: "
               f"{exc.details()}{why}", file=sys.stderr)
         return code
     except KeyboardInterrupt:
         return 130
 
+
+# re-exported: the commands (commands) and the lines (report) are importable here too
+__all__ = ["BAD_INPUT", "EXIT_CREDENTIALS", "EXIT_REFUSED", "estimated_error_text",
+           "fetch_result", "fmt_bytes", "log", "main", "round_line", "run", "vectors_path",
+           "wire_bytes"]
 
 if __name__ == "__main__":
     raise SystemExit(main())
