@@ -25,7 +25,8 @@ from service_util import base_config, in_process_server
 from rpsagg_client import AggregationClient
 from rpsagg_server.archive import RoundArchive
 from rpsagg_server.http import create_app
-from rpsagg_server.live import RoundArrays
+from rpsagg_server.liveround import RoundArrays
+from rpsagg_server.rowinfo import DecodeMetrics, RowInfo
 from rpsagg_server.store import ReadError, Store, StoredRound
 
 pytestmark = pytest.mark.service
@@ -37,8 +38,16 @@ def _row(rid: int, d: int, state: str = "done") -> StoredRound:
     return StoredRound(
         round_id=rid, nonce=rid, state=state, reason="", task_step=rid - 1, transform="one",
         r_prior=None, global_state=np.zeros(d).tobytes(), global_shape=(d,), opened_at=0.0,
-        info={"shape": [1, d]}, estimate=est.tobytes() if state == "done" else None,
+        info=_info(d, state), estimate=est.tobytes() if state == "done" else None,
         next_state=nxt.tobytes() if state == "done" else None)
+
+
+def _info(d: int, state: str) -> RowInfo:
+    decoded = None if state != "done" else DecodeMetrics(
+        n_prime=1, beta=1.0, c=1.0, seconds=0.0, r_hat=0.0, eval_errors=None, shape=(1, d),
+        estimated_error=None)
+    return RowInfo(first_at=None, deadline=None, closed_at=None, finished_at=None, k=1,
+                   value_bits=32, decoded=decoded)
 
 
 @pytest.fixture
@@ -57,7 +66,7 @@ def _fill(store: Store, rows: list[StoredRound]) -> None:
 def test_the_cache_keeps_at_most_its_bytes_least_recently_used_out(store: Store) -> None:
     d = 64  # a round: 512 bytes of estimate + 512 of state
     _fill(store, [_row(r, d) for r in range(1, 6)] + [_row(6, d, "failed")])
-    arc = RoundArchive(store, 3 * 1024, lambda: (1, d))
+    arc = RoundArchive(store, 3 * 1024)
     for rid in (1, 2, 3):
         a = arc.get(rid)
         assert a.estimate is not None and a.state is not None
@@ -84,7 +93,7 @@ def test_the_cache_keeps_at_most_its_bytes_least_recently_used_out(store: Store)
 def test_concurrent_reads_of_one_round_share_one_read(store: Store) -> None:
     d = 1 << 16
     _fill(store, [_row(1, d)])
-    arc = RoundArchive(store, 1 << 30, lambda: (1, d))
+    arc = RoundArchive(store, 1 << 30)
     gate = threading.Event()
     real = store.round
     calls = []

@@ -31,7 +31,8 @@ from numpy.typing import NDArray
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from rpsagg_server.live import RoundArrays
+from rpsagg_server.liveround import RoundArrays
+from rpsagg_server.rowcodec import arrays_of_row
 from rpsagg_server.store import ReadError, Store
 
 __all__ = ["DEFAULT_CACHE_BYTES", "RoundArchive", "RoundArrays"]
@@ -52,16 +53,11 @@ class RoundArchive:
     max_bytes : int
         The cache's bound (0: nothing cached; every read reads the store). A round larger
         than the bound is never cached.
-    default_shape : callable
-        ``(m, d)`` of an estimate whose row predates the stored shape (d may be learned
-        after start-up: ``--d 0``).
     """
 
-    def __init__(self, store: Store, max_bytes: int,
-                 default_shape: Callable[[], tuple[int, int]]) -> None:
+    def __init__(self, store: Store, max_bytes: int) -> None:
         self.store = store
         self.max_bytes = max_bytes
-        self._default_shape = default_shape
         self._lru: OrderedDict[int, RoundArrays] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -165,7 +161,7 @@ class RoundArchive:
 
     def _read(self, round_id: int) -> RoundArrays:
         """Read a round's row and wrap its arrays (in the reader thread)."""
-        return RoundArrays.of_row(self.store.round(round_id), self._default_shape())
+        return arrays_of_row(self.store.round(round_id))
 
     def close(self) -> None:
         """Stop the reader thread (a read after this raises ``ReadError``)."""

@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 import grpc
 
 from rpsagg_server.errors import DomainError, Forbidden, Unauthenticated
-from rpsagg_server.live import check_bound
+from rpsagg_server.requestchecks import check_bound
 from rpsagg_wire.v1 import serde
 
 #: the client id the caller's token is bound to (None: any client, or no tokens)
@@ -140,7 +140,8 @@ def authorize_job(job: str) -> None:
 
 def bound_client() -> str | None:
     """The client id this call's token belongs to (None: any client, or no tokens); for a
-    check made later, outside the call's context (:func:`~rpsagg_server.live.check_bound`)."""
+    check made later, outside the call's context
+    (:func:`~rpsagg_server.requestchecks.check_bound`)."""
     return _bound.get()
 
 

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from rpsagg_server.live import LiveRound
+from rpsagg_server.liveround import LiveRound
 
 log = logging.getLogger("rpsagg.server")
 #: a timer this late (seconds) means the process was stalled

@@ -1,6 +1,6 @@
 """The refusals of the domain: one exception class per kind of "no", each with a message.
 
-The domain modules (rounds, submissions, live, membership, results, jobhost, ...) raise
+The domain modules (rounds, submissions, requestchecks, membership, results, jobhost, ...) raise
 these and say nothing of how a protocol answers them. Each edge maps the classes exactly
 once: gRPC in :mod:`rpsagg_server.grpcerrors` (a table class -> gRPC status, applied
 by one server interceptor), HTTP in :mod:`rpsagg_server.http.errors` (a table class -> HTTP

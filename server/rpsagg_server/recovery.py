@@ -25,8 +25,9 @@ from rpsagg.tasks import Task
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.jobs import job_id
 from rpsagg_server.jobspec import IDENTITY_KEYS, JOB_DEFAULTS
-from rpsagg_server.live import LiveRound
+from rpsagg_server.liveround import LiveRound
 from rpsagg_server.results import JobProgress
+from rpsagg_server.rowcodec import from_row
 from rpsagg_server.store import Store
 from rpsagg_wire.v1 import serde
 
@@ -117,7 +118,7 @@ class Recovery:
         for i, stored in enumerate(rows):
             if i == len(rows) - 1:
                 stored = store.round(stored.round_id)
-            live = LiveRound.from_stored(stored, self.cfg, self.m)
+            live = from_row(stored)
             if live.state == "done":
                 p.steps_done += 1
             if live.state in ("done", "failed"):

@@ -30,7 +30,7 @@ from rpsagg_server.archive import RoundArchive
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.errors import NotFound, Unavailable
 from rpsagg_server.events import Event, RoundClosed, RoundDecoded, RoundFailed, RoundOpened
-from rpsagg_server.live import LiveRound
+from rpsagg_server.liveround import LiveRound
 from rpsagg_server.store import ReadError
 from rpsagg_server.views import EstimatedError
 from rpsagg_wire.v1.serde import Contributor, RoundEvent, RoundInfo, RoundResult

@@ -62,11 +62,13 @@ from rpsagg_server.events import (
     RoundRecovered,
 )
 from rpsagg_server.jobs import job_id
-from rpsagg_server.live import LiveRound
+from rpsagg_server.liveround import LiveRound
 from rpsagg_server.membership import Membership
 from rpsagg_server.planner import RoundPlanner
 from rpsagg_server.recovery import Recovery, next_state
 from rpsagg_server.results import JobProgress, ResultBook
+from rpsagg_server.roundview import estimate_info, round_view
+from rpsagg_server.rowcodec import to_row
 from rpsagg_server.store import Store, WriteError
 from rpsagg_server.submissions import Intake
 from rpsagg_server.views import JobView, RoundView
@@ -116,8 +118,7 @@ class RoundEngine:
         self.membership = Membership(config, store, self.publish)
         self.clients = self.membership.clients
         #: finished rounds' arrays: the store behind a cache of ``--result-cache-bytes``
-        self.archive = RoundArchive(store, config.result_cache_bytes,
-                                    lambda: (self.m, self.cfg.d))
+        self.archive = RoundArchive(store, config.result_cache_bytes)
         self.results = ResultBook(config, self.m, self.clients, self.progress, self.archive)
         self.intake = Intake(config, self.m, store, self.publish, self.clients, self.progress,
                              self.results, self)
@@ -204,7 +205,7 @@ class RoundEngine:
         elif not p.job_done:
             live = self._new_round(next_state(self.task, self.cfg.seed, last),
                                    (last.round_id if last else 0) + 1)
-            await self.store.open_round(live.stored())  # start-up: a write error is fatal
+            await self.store.open_round(to_row(live))  # start-up: a write error is fatal
             self._install(live)
         self._publish_job()
         if p.job_done:
@@ -224,7 +225,7 @@ class RoundEngine:
         if not current:
             self.results.record(live)
             self.publish(RoundRecovered(view, current=False,
-                                        estimate=live.estimate_info(view, self.cfg)))
+                                        estimate=estimate_info(live, view, self.cfg)))
         else:
             self.publish(RoundRecovered(view, current=True))
 
@@ -236,7 +237,7 @@ class RoundEngine:
     def view(self, live: LiveRound) -> RoundView:
         """The read model's snapshot of a round (with the job's projection and block size)."""
         _, projection, block_size = self.encoding
-        return live.view(self.cfg, self.clients, projection, block_size)
+        return round_view(live, self.cfg, self.clients, projection, block_size)
 
     def _on_event(self, event: Event) -> None:
         if isinstance(event, ClientJoined) and not event.recovered:
@@ -314,7 +315,7 @@ class RoundEngine:
         live.deadline = live.first_at + self.cfg.round_timeout
         live.state = "collecting"
         self.arm_deadline(live)
-        row = live.stored()
+        row = to_row(live)
         self.spawn(self._durable(lambda: self.store.save_round(row)))
         self.publish(RoundCollecting(self.view(live)))
 
@@ -344,7 +345,7 @@ class RoundEngine:
             # cancelling this task must not cancel the store's futures)
             await asyncio.wait({f for _, f, _ in live.pending.values()})
         # the closed set is durable: after a crash the round is decoded from exactly this set
-        row = live.stored()
+        row = to_row(live)
         await self._durable(lambda: self.store.save_round(row))
         if len(live.subs) < self.cfg.min_clients:
             await self._finish(live, None, f"{why}: {len(live.subs)} of the minimum "
@@ -394,7 +395,7 @@ class RoundEngine:
                        f"{limit}); the last: {reason}")
         # the next round opens in the same transaction
         nxt = None if job_done else self._new_round(next_state, live.round_id + 1)
-        row, next_row = live.stored(), None if nxt is None else nxt.stored()
+        row, next_row = to_row(live), None if nxt is None else to_row(nxt)
         tracker = self.tracker
         fraction = None if tracker is None else tracker.fractions
         await self._durable(lambda: self.store.finish_round(
@@ -408,7 +409,7 @@ class RoundEngine:
         view = self.view(live)
         if live.state == "done" and live.next_state is not None:
             self.publish(RoundDecoded(view, live.next_state, job_done,
-                                      live.estimate_info(view, self.cfg)))
+                                      estimate_info(live, view, self.cfg)))
         else:
             self.publish(RoundFailed(view, job_done, failure))
         if failure:
@@ -466,7 +467,7 @@ class RoundEngine:
         self.publish(RoundClosed(self.view(live), why))
         if live.pending:  # queued writes decide first (as in close_round)
             await asyncio.wait({f for _, f, _ in live.pending.values()})
-        row = live.stored()
+        row = to_row(live)
         await self._durable(lambda: self.store.save_round(row))
         await self._finish(live, None, why)
 

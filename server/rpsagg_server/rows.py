@@ -1,13 +1,16 @@
 """The store's rows: the SQLite schema and the row dataclasses the engine reads and writes.
 
-One representation of a round per layer: the engine's :class:`~rpsagg_server.live.LiveRound`
-turns into a :class:`StoredRound` to be written and back at a restart.
+One representation of a round per layer: the engine's
+:class:`~rpsagg_server.liveround.LiveRound` turns into a :class:`StoredRound` to be written
+and back at a restart (:mod:`rpsagg_server.rowcodec`). The schema's version (SQLite's
+``user_version``) and the migrations of older versions are :mod:`rpsagg_server.migrations`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from rpsagg_server.rowinfo import RowInfo
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -28,7 +31,7 @@ CREATE TABLE IF NOT EXISTS submissions (
 
 @dataclass(frozen=True)
 class StoredRound:
-    """A round row as stored (``info`` holds timestamps, metrics and eval errors).
+    """A round row as stored (``info``: timestamps, budget, summary and metrics, typed).
 
     ``arrays`` False: read without its arrays (``Store.rounds(arrays=False)``):
     ``global_state`` is empty, ``next_state`` None, ``estimate`` empty where the row has
@@ -45,7 +48,7 @@ class StoredRound:
     global_state: bytes
     global_shape: tuple[int, ...]
     opened_at: float
-    info: dict[str, Any]
+    info: RowInfo
     estimate: bytes | None
     next_state: bytes | None
     arrays: bool = True

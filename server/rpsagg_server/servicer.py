@@ -32,7 +32,7 @@ from rpsagg_server.errors import DomainError, InvalidRequest, LimitExceeded
 from rpsagg_server.events import SubmissionRefused
 from rpsagg_server.grpcerrors import status_of
 from rpsagg_server.jobhost import JobHost, JobRuntime
-from rpsagg_server.live import check_client_id
+from rpsagg_server.requestchecks import check_client_id
 from rpsagg_wire.v1 import serde
 
 

@@ -1,5 +1,8 @@
 """Durable server state in SQLite (WAL): clients, rounds, submissions, results.
 
+Opening a database creates its tables, or brings a database of an older schema version to
+the current one (:mod:`rpsagg_server.migrations`; a newer version is refused).
+
 An ack is sent only after the submission's transaction has committed with
 ``synchronous=FULL``. Writes go through one writer thread that commits whatever is queued
 in a single transaction (group commit), so many concurrent submissions share one fsync.
@@ -25,7 +28,9 @@ from collections.abc import Sequence
 from operator import itemgetter
 from typing import Any, NamedTuple
 
-from rpsagg_server.rows import SCHEMA, StoredRound, StoredSubmission
+from rpsagg_server.migrations import CURRENT_VERSION, check_version, open_schema
+from rpsagg_server.rowinfo import RowInfo
+from rpsagg_server.rows import StoredRound, StoredSubmission
 
 __all__ = ["ReadError", "Store", "StoredRound", "StoredSubmission", "WriteError", "describe"]
 log = logging.getLogger("rpsagg.server")
@@ -110,9 +115,16 @@ class Store:
         self.path = path
         self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
                                      timeout=busy_timeout)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=FULL")
-        self._conn.executescript(f"BEGIN;\n{SCHEMA}\nCOMMIT;")  # one commit, not one per table
+        try:
+            check_version(self._conn)  # a newer version is refused before any write
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=FULL")
+            # the tables of a new database, or an older one migrated: one transaction
+            if open_schema(self._conn):
+                log.info("[Store] %s: migrated to schema version %d", path, CURRENT_VERSION)
+        except BaseException:
+            self._conn.close()
+            raise
         self._lock = threading.Lock()
         self._reader: sqlite3.Connection | None = None
         self._read_lock = threading.Lock()
@@ -414,7 +426,7 @@ def _stored_round(r: Sequence[Any], arrays: bool) -> StoredRound:
     return StoredRound(round_id=int(r[0]), nonce=int(r[1]), state=r[2], reason=r[3],
                        task_step=int(r[4]), transform=r[5], r_prior=r[6],
                        global_shape=tuple(json.loads(r[7])), opened_at=float(r[8]),
-                       info=json.loads(r[9]), global_state=bytes(r[10]),
+                       info=RowInfo.from_json(r[9]), global_state=bytes(r[10]),
                        estimate=None if r[11] is None else bytes(r[11]),
                        next_state=None if r[12] is None else bytes(r[12]), arrays=arrays)
 
@@ -451,7 +463,7 @@ def _op_round(r: StoredRound) -> _Op:
         "r_prior, global_state, global_shape, opened_at, info, estimate, next_state) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (r.round_id, str(r.nonce), r.state, r.reason, r.task_step, r.transform, r.r_prior,
-         r.global_state, json.dumps(list(r.global_shape)), r.opened_at, json.dumps(r.info),
+         r.global_state, json.dumps(list(r.global_shape)), r.opened_at, r.info.to_json(),
          r.estimate, r.next_state),
     )
 

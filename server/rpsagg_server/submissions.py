@@ -36,12 +36,8 @@ from rpsagg_server.errors import (
     Unavailable,
 )
 from rpsagg_server.events import Publish, SubmissionCommitted, SubmissionDuplicate
-from rpsagg_server.live import (
-    LiveRound,
-    check_bound,
-    check_submission_spec,
-    validate_submission,
-)
+from rpsagg_server.liveround import LiveRound
+from rpsagg_server.requestchecks import check_bound, check_submission_spec, validate_submission
 from rpsagg_server.results import JobProgress, ResultBook
 from rpsagg_server.store import Store, StoredSubmission, WriteError
 from rpsagg_wire.v1 import serde

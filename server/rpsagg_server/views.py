@@ -1,7 +1,7 @@
 """The snapshots the read model serves: rounds, clients, the job, beta, task metrics.
 
 Frozen dataclasses, built by the engine (a round's view by
-:meth:`~rpsagg_server.live.LiveRound.view`) and carried by the domain events of
+:func:`~rpsagg_server.roundview.round_view`) and carried by the domain events of
 :mod:`rpsagg_server.events` to :class:`~rpsagg_server.state.ServerState`, which the dashboard
 reads.
 """
