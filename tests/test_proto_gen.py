@@ -35,3 +35,15 @@ def test_only_the_serde_module_imports_generated_code() -> None:
             if "import aggregation_pb2" in path.read_text():
                 offenders.append(str(path.relative_to(ROOT)))
     assert offenders == []
+
+
+def test_round_states_are_the_wire_enum_in_its_order() -> None:
+    """``RoundState``'s members are the proto enum's values, by position (serde maps the
+    numbers by position)."""
+    from rpsagg_wire.v1 import serde
+    from rpsagg_wire.v1.messages import RoundState
+
+    names = [f"ROUND_STATE_{s.name}" for s in RoundState]
+    assert names == list(serde.pb.RoundState.keys())
+    assert [serde.pb.RoundState.Value(n) for n in names] == list(range(len(names)))
+    assert [serde._state_number(s) for s in RoundState] == list(range(len(names)))

@@ -40,6 +40,7 @@ from rpsagg import SPEC_VERSION, SPEC_VERSIONS, Estimator, check_spec_version
 from rpsagg.schemes import estimator_from_options
 from rpsagg.spec import derive_round_seed
 from rpsagg_wire.v1 import serde
+from rpsagg_wire.v1.messages import ACCEPTING, FINISHED, RoundState
 from rpsagg_wire.v1.serde import (
     GetResultRequest,
     GetRoundRequest,
@@ -311,13 +312,13 @@ class AggregationClient:
             res: RoundResult = self._call(
                 "GetResult", GetResultRequest(round_id, wait, self.client_id, job=self.job),
                 timeout=min(left, 30.0))
-            if res.state in ("done", "failed"):
+            if res.state in FINISHED:
                 self._finished[res.round_id] = res
             if res.job_done:
                 # a job ends on a failed round only when it failed as a whole
-                self.job_failure = ("" if res.state == "done"
+                self.job_failure = ("" if res.state == RoundState.DONE
                                     else f"its last round failed: {res.reason}")
-            if not wait or res.state in ("done", "failed") or time.monotonic() >= deadline:
+            if not wait or res.state in FINISHED or time.monotonic() >= deadline:
                 return res
 
     def finished_result(self, round_id: int) -> RoundResult | None:
@@ -345,11 +346,11 @@ class AggregationClient:
                         timeout=self.timeout, metadata=self._metadata)
                 except grpc.RpcError:
                     return
-                if res.state in ("done", "failed"):
+                if res.state in FINISHED:
                     self._finished[res.round_id] = res
             if info.job_done or self.job_replaced:
                 return
-            if info.round_id > seen and info.state in ("open", "collecting"):
+            if info.round_id > seen and info.state in ACCEPTING:
                 seen = info.round_id
                 yield info
             elif info.round_id:

@@ -29,6 +29,7 @@ from rpsagg_client.vectors import (
     describe,
     open_vectors,
 )
+from rpsagg_wire.v1.messages import RoundState
 from rpsagg_wire.v1.serde import JoinReply, RoundInfo, RoundResult, Submission
 
 log = logging.getLogger("rpsagg.client")
@@ -289,8 +290,8 @@ def fetch_result(args: argparse.Namespace) -> int:
     with _client(args) as client:
         res = client.result(args.round, wait=args.wait)
         info = client.current_round()
-    if res.state != "done" or res.estimate is None:
-        why = f"failed: {res.reason}" if res.state == "failed" else (
+    if res.state != RoundState.DONE or res.estimate is None:
+        why = f"failed: {res.reason}" if res.state == RoundState.FAILED else (
             f"is {res.state}; it has no estimate yet" + ("" if args.wait else
                                                           " (--wait waits for it)"))
         print(f"rpsagg-client: round {res.round_id}{of_job(args)} {why}", file=sys.stderr)

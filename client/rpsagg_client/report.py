@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from rpsagg_wire.v1 import serde
+from rpsagg_wire.v1.messages import RoundState
 from rpsagg_wire.v1.serde import RoundResult, Submission
 
 
@@ -64,9 +65,9 @@ def round_line(client_id: str, round_id: int, sent: Submission | None, note: str
         body = f"sent {fmt_bytes(wire_bytes(sent))} ({what}), {note}"
     if res is None:
         return f"{head} {body}"
-    if res.state == "done":
+    if res.state == RoundState.DONE:
         end = f"round done with {res.n_prime}/{n} clients{estimated_error_text(res)}"
-    elif res.state == "failed":
+    elif res.state == RoundState.FAILED:
         end = f"round failed: {res.reason}"
     else:
         end = f"round {res.state}"

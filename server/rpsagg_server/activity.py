@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rpsagg_wire.v1.messages import FINISHED
+
 if TYPE_CHECKING:
     from rpsagg_server.views import ClientView, RoundView
 
@@ -66,7 +68,7 @@ def client_stats(clients: Sequence[ClientView], rounds: Sequence[RoundView]) -> 
                 wire[a.client_id] += a.wire_bytes
                 payload[a.client_id] += a.payload_bytes
         closed = r.closed_at if r.closed_at is not None else r.finished_at
-        if r.state in ("done", "failed") and closed is not None:
+        if r.state in FINISHED and closed is not None:
             for c in ordered:
                 if closed >= c.joined_at:  # the round was open to it
                     absent = c.client_id not in arrived

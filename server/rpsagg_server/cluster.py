@@ -28,6 +28,7 @@ import grpc
 from rpsagg.schemes import DEFAULT_ESTIMATOR
 from rpsagg.tasks.data import FASHION_DIR, FASHION_IMAGES
 from rpsagg_server.launch import LocalJob, ServerExited, ServerProcess
+from rpsagg_wire.v1.messages import FINISHED, RoundState
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -202,13 +203,13 @@ def run(args: argparse.Namespace) -> int:
                                retry_budget=10) as mon:
             decoded = False
             for ev in mon.watch():
-                if ev.state == "decoding" and ev.round_id:
+                if ev.state == RoundState.DECODING and ev.round_id:
                     waiting.start(f"round {ev.round_id} decoding", "" if decoded else BETA_HINT)
-                if ev.state in ("done", "failed") and ev.round_id:
+                if ev.state in FINISHED and ev.round_id:
                     waiting.stop()
-                    decoded = decoded or ev.state == "done"
+                    decoded = decoded or ev.state == RoundState.DONE
                     res = mon.result(ev.round_id, wait=False)
-                    if res.state == "failed":
+                    if res.state == RoundState.FAILED:
                         print(f"{res.round_id:>5} failed: {res.reason}", flush=True)
                     else:
                         raw = res.n_prime * (res.estimate.shape[0] if res.estimate is not None

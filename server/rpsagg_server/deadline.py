@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 from rpsagg_server.liveround import LiveRound
+from rpsagg_wire.v1.messages import RoundState
 
 log = logging.getLogger("rpsagg.server")
 #: a timer this late (seconds) means the process was stalled
@@ -35,7 +36,7 @@ async def settle(live: LiveRound, last_arrival: Callable[[], float]) -> None:
     quiet. ``last_arrival()`` is the loop time of the newest Submit."""
     assert live.deadline is not None
     late = time.time() - live.deadline
-    if late <= STALL_SLACK or live.state != "collecting":
+    if late <= STALL_SLACK or live.state != RoundState.COLLECTING:
         return
     loop = asyncio.get_running_loop()
     fired = loop.time()

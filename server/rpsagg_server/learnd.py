@@ -50,6 +50,7 @@ from rpsagg_server.startup import (
 )
 from rpsagg_server.store import Store
 from rpsagg_wire.v1 import serde
+from rpsagg_wire.v1.messages import RoundState
 from rpsagg_wire.v1.serde import RoundInfo
 
 log = logging.getLogger("rpsagg.server")
@@ -107,7 +108,7 @@ class _FirstJoin:
         return RoundInfo(round_id=0, nonce=0, scheme=c.estimator, n=c.n,
                          k=announced_k(c, c.k), d=0,
                          transform="", task=c.task, m=self.m, global_state=None,
-                         state="unspecified", deadline_unix_ms=0, eval=c.eval,
+                         state=RoundState.UNSPECIFIED, deadline_unix_ms=0, eval=c.eval,
                          job_done=False, task_step=0, total_rounds=c.rounds,
                          value_bits=c.fixed_value_bits, bits=c.bits, job_id=self.job_id)
 

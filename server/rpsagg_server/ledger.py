@@ -34,12 +34,14 @@ from rpsagg_server.events import (
     SubmissionDuplicate,
     SubmissionRefused,
 )
+from rpsagg_wire.v1.messages import RoundState
 
 #: upper bounds (seconds) of the decode-time histogram's buckets (``+Inf`` is implied)
 DECODE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                   10.0, 30.0, 60.0)
-_ROUND_STATE = {RoundOpened: "open", RoundCollecting: "collecting", RoundClosed: "decoding",
-                RoundDecoded: "done", RoundFailed: "failed"}
+_ROUND_STATE = {RoundOpened: RoundState.OPEN, RoundCollecting: RoundState.COLLECTING,
+                RoundClosed: RoundState.DECODING, RoundDecoded: RoundState.DONE,
+                RoundFailed: RoundState.FAILED}
 
 
 class MetricsLedger:

@@ -19,6 +19,7 @@ from rpsagg import Estimator
 from rpsagg_server.decoding import DecodeOutcome
 from rpsagg_server.rowinfo import ArchivedSummary
 from rpsagg_server.views import Arrival
+from rpsagg_wire.v1.messages import FINISHED, RoundState
 from rpsagg_wire.v1.serde import Submission
 
 FloatArray = NDArray[np.float64]
@@ -60,7 +61,7 @@ class LiveRound:
     r_prior: float | None
     global_state: FloatArray
     opened_at: float
-    state: str = "open"
+    state: RoundState = RoundState.OPEN
     reason: str = ""
     first_at: float | None = None
     deadline: float | None = None
@@ -135,9 +136,9 @@ class LiveRound:
     def arrays(self) -> RoundArrays | None:
         """A finished round's arrays as the engine holds them (None while it runs, and for
         a :attr:`light` round)."""
-        if self.light or self.state not in ("done", "failed"):
+        if self.light or self.state not in FINISHED:
             return None
         o = self.outcome
-        if self.state == "done":
+        if self.state == RoundState.DONE:
             return RoundArrays(None if o is None else o.estimate, self.next_state)
         return RoundArrays(None, self.global_state)

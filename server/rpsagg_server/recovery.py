@@ -30,6 +30,7 @@ from rpsagg_server.results import JobProgress
 from rpsagg_server.rowcodec import from_row
 from rpsagg_server.store import Store
 from rpsagg_wire.v1 import serde
+from rpsagg_wire.v1.messages import FINISHED, RoundState
 
 log = logging.getLogger("rpsagg.server")
 
@@ -119,10 +120,10 @@ class Recovery:
             if i == len(rows) - 1:
                 stored = store.round(stored.round_id)
             live = from_row(stored)
-            if live.state == "done":
+            if live.state == RoundState.DONE:
                 p.steps_done += 1
-            if live.state in ("done", "failed"):
-                p.failed_streak = p.failed_streak + 1 if live.state == "failed" else 0
+            if live.state in FINISHED:
+                p.failed_streak = p.failed_streak + 1 if live.state == RoundState.FAILED else 0
             self.host.show_recovered(live, current=False)
             last = live
         return last
@@ -135,11 +136,11 @@ class Recovery:
         log.info("[Engine] resuming round %d (%s) with %d committed submissions",
                  live.round_id, live.state, len(live.subs))
         self.progress.current = live
-        if live.state == "decoding" or len(live.subs) >= self.cfg.n:
-            live.state = "collecting"
+        if live.state == RoundState.DECODING or len(live.subs) >= self.cfg.n:
+            live.state = RoundState.COLLECTING
             self.host.close_again(live)
         elif live.subs:  # collecting (or open when its row's update did not land)
-            live.state = "collecting"
+            live.state = RoundState.COLLECTING
             if live.first_at is None:
                 live.first_at = min(a.received_at for a in live.arrivals())
             live.deadline = time.time() + self.cfg.round_timeout

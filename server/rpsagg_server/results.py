@@ -33,6 +33,7 @@ from rpsagg_server.events import Event, RoundClosed, RoundDecoded, RoundFailed, 
 from rpsagg_server.liveround import LiveRound
 from rpsagg_server.store import ReadError
 from rpsagg_server.views import EstimatedError
+from rpsagg_wire.v1.messages import FINISHED, RoundState
 from rpsagg_wire.v1.serde import Contributor, RoundEvent, RoundInfo, RoundResult
 
 
@@ -133,7 +134,7 @@ class ResultBook:
         o = live.outcome
         nan = math.nan
         ev = o.eval_errors if o is not None and o.eval_errors is not None else (nan, nan, nan)
-        done = live.state == "done"
+        done = live.state == RoundState.DONE
         contributors = tuple(
             Contributor(client_id=cid, client_seed=seed)
             for cid, seed in sorted(live.contributors(), key=lambda p: self.clients.get(p[0], 0))
@@ -147,7 +148,7 @@ class ResultBook:
             contributors=contributors, r_hat=nan if o is None else o.r_hat,
             eval_sq_error=ev[0], eval_sq_error_rand_k=ev[1],
             eval_sq_error_rand_k_spatial=ev[2],
-            job_done=self.progress.job_done and live.state in ("done", "failed"),
+            job_done=self.progress.job_done and live.state in FINISHED,
             nonce=live.nonce, transform=live.transform, payload_bytes=live.payload_bytes(),
             wire_bytes=live.wire_bytes(),
             **estimated_fields(None if o is None else o.estimated_error),
@@ -209,7 +210,7 @@ class ResultBook:
             k=announced_k(c, c.k if live is None else (live.k or c.k)), d=c.d,
             transform="" if live is None else live.transform, task=c.task, m=self.m,
             global_state=None if live is None else live.global_state,
-            state="unspecified" if live is None else live.state,
+            state=RoundState.UNSPECIFIED if live is None else live.state,
             deadline_unix_ms=(0 if live is None or live.deadline is None
                               else int(live.deadline * 1000)),
             eval=c.eval, job_done=live is None and p.job_done,
@@ -224,16 +225,17 @@ class ResultBook:
     def observe(self, event: Event) -> None:
         """Broadcast the round transitions a watcher sees (subscribed to the event bus)."""
         if isinstance(event, RoundOpened):
-            ev = RoundEvent(round_id=event.view.round_id, state="open")
+            ev = RoundEvent(round_id=event.view.round_id, state=RoundState.OPEN)
         elif isinstance(event, RoundClosed):
-            ev = RoundEvent(round_id=event.view.round_id, state="decoding", reason=event.why,
-                            received=len(event.view.clients_arrived))
+            ev = RoundEvent(round_id=event.view.round_id, state=RoundState.DECODING,
+                            reason=event.why, received=len(event.view.clients_arrived))
         elif isinstance(event, RoundDecoded | RoundFailed):
             v = event.view
             failure = event.job_failure if isinstance(event, RoundFailed) else ""
             ev = RoundEvent(round_id=v.round_id, state=v.state, reason=failure or v.reason,
                             job_done=event.job_done, received=len(v.clients_arrived),
-                            **estimated_fields(v.estimated_error if v.state == "done" else None))
+                            **estimated_fields(v.estimated_error
+                                               if v.state == RoundState.DONE else None))
         else:
             return
         for q in self._watchers:
@@ -248,7 +250,7 @@ class ResultBook:
         try:
             if p.job_done:
                 failed = bool(p.job_failure)
-                yield RoundEvent(round_id=0, state="failed" if failed else "done",
+                yield RoundEvent(round_id=0, state=RoundState.FAILED if failed else RoundState.DONE,
                                  reason=p.job_failure if failed else "job done", job_done=True)
                 self.seen(client_id)
                 return

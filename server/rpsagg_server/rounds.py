@@ -72,6 +72,7 @@ from rpsagg_server.rowcodec import to_row
 from rpsagg_server.store import Store, WriteError
 from rpsagg_server.submissions import Intake
 from rpsagg_server.views import JobView, RoundView
+from rpsagg_wire.v1.messages import ACCEPTING, LIVE, RoundState
 
 log = logging.getLogger("rpsagg.server")
 
@@ -200,7 +201,7 @@ class RoundEngine:
         self.membership.recover()
         last = rec.recover_rounds()
         p = self.progress
-        if last is not None and last.state in ("open", "collecting", "decoding"):
+        if last is not None and last.state in LIVE:
             rec.resume(last)
         elif not p.job_done:
             live = self._new_round(next_state(self.task, self.cfg.seed, last),
@@ -313,7 +314,7 @@ class RoundEngine:
         """The round's first submission committed: its deadline starts running."""
         live.first_at = time.time()
         live.deadline = live.first_at + self.cfg.round_timeout
-        live.state = "collecting"
+        live.state = RoundState.COLLECTING
         self.arm_deadline(live)
         row = to_row(live)
         self.spawn(self._durable(lambda: self.store.save_round(row)))
@@ -334,9 +335,9 @@ class RoundEngine:
 
     async def close_round(self, live: LiveRound, why: str) -> None:
         """Close the round's set of submissions (durably), decode it and finish it."""
-        if live.state != "collecting" or self.progress.current is not live:
+        if live.state != RoundState.COLLECTING or self.progress.current is not live:
             return
-        live.state = "decoding"
+        live.state = RoundState.DECODING
         if live.timer is not None:
             live.timer.cancel()
         live.closed_at = time.time()
@@ -372,13 +373,13 @@ class RoundEngine:
         p = self.progress
         live.finished_at = time.time()
         if outcome is None:
-            live.state, live.reason = "failed", reason
+            live.state, live.reason = RoundState.FAILED, reason
             next_state = live.global_state
             p.failed_streak += 1
             log.warning("[Engine] round %d failed: %s", live.round_id, reason)
         else:
             p.failed_streak = 0
-            live.state = "done"
+            live.state = RoundState.DONE
             live.outcome = outcome
             next_state = self.task.apply(live.global_state, outcome.estimate)
             live.next_state = np.asarray(next_state, dtype=np.float64)
@@ -407,7 +408,7 @@ class RoundEngine:
         p.current = None
         live.finished.set()
         view = self.view(live)
-        if live.state == "done" and live.next_state is not None:
+        if live.state == RoundState.DONE and live.next_state is not None:
             self.publish(RoundDecoded(view, live.next_state, job_done,
                                       estimate_info(live, view, self.cfg)))
         else:
@@ -439,8 +440,8 @@ class RoundEngine:
         if live is None:
             return
         log.info("[Engine] stopping the job after round %d (%s)", live.round_id, live.state)
-        if live.state in ("open", "collecting"):
-            live.state = "collecting"  # writes still queued decide before the set closes
+        if live.state in ACCEPTING:
+            live.state = RoundState.COLLECTING  # writes still queued decide before the set closes
             self.spawn(self.close_round(live, "the job was stopped"))
 
     async def cancel(self, why: str) -> None:
@@ -457,10 +458,10 @@ class RoundEngine:
         p.stopping = True
         p.cancelled = why
         live = p.current
-        if live is None or live.state not in ("open", "collecting"):
+        if live is None or live.state not in ACCEPTING:
             return
         log.info("[Engine] cancelling the job in round %d (%s)", live.round_id, live.state)
-        live.state = "decoding"  # closed: admission refuses it from now on
+        live.state = RoundState.DECODING  # closed: admission refuses it from now on
         if live.timer is not None:
             live.timer.cancel()
         live.closed_at = time.time()

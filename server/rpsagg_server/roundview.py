@@ -11,6 +11,7 @@ from rpsagg.schemes import scheme_traits
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.liveround import LiveRound
 from rpsagg_server.views import EstimateInfo, EvalErrors, RoundView
+from rpsagg_wire.v1.messages import RoundState
 
 __all__ = ["estimate_info", "round_view"]
 
@@ -61,7 +62,7 @@ def estimate_info(live: LiveRound, view: RoundView, cfg: ServerConfig) -> Estima
     """What ``live``'s estimate came from (None unless it is done): with the projection,
     block size and value bits of ``view``."""
     o = live.outcome
-    if o is None or live.state != "done":
+    if o is None or live.state != RoundState.DONE:
         return None
     return EstimateInfo(
         round_id=live.round_id, n_prime=o.n_prime, scheme=cfg.estimator,

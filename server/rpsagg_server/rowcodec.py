@@ -14,6 +14,7 @@ from rpsagg_server.decoding import DecodeOutcome
 from rpsagg_server.liveround import FloatArray, LiveRound, RoundArrays
 from rpsagg_server.rowinfo import ArchivedSummary, DecodeMetrics, RowInfo
 from rpsagg_server.rows import StoredRound
+from rpsagg_wire.v1.messages import FINISHED, RoundState
 
 __all__ = ["arrays_of_row", "from_row", "to_row"]
 
@@ -44,7 +45,7 @@ def to_row(live: LiveRound) -> StoredRound:
 def _info(live: LiveRound) -> RowInfo:
     """The typed ``info`` of ``live``'s row."""
     archived = None
-    if live.state in ("done", "failed"):
+    if live.state in FINISHED:
         archived = ArchivedSummary(
             contributors=tuple(live.contributors()), payload_bytes=live.payload_bytes(),
             wire_bytes=live.wire_bytes(), m=live.m(),
@@ -89,7 +90,7 @@ def arrays_of_row(r: StoredRound) -> RoundArrays:
     bytes, no copy)."""
     d = r.info.decoded
     est = None if d is None else _array(_estimate(r)).reshape(d.shape)
-    if r.state == "done":
+    if r.state == RoundState.DONE:
         state = None if r.next_state is None else _array(r.next_state).reshape(
             r.global_shape)
     else:

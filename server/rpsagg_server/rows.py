@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rpsagg_server.rowinfo import RowInfo
+from rpsagg_wire.v1.messages import RoundState
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -40,7 +41,7 @@ class StoredRound:
 
     round_id: int
     nonce: int
-    state: str
+    state: RoundState
     reason: str
     task_step: int
     transform: str

@@ -64,7 +64,6 @@ from rpsagg_server.events import (
 from rpsagg_server.ledger import MetricsLedger
 from rpsagg_server.views import (
     BETA_STATES,
-    ROUND_STATES,
     Arrival,
     BetaView,
     ClientView,
@@ -75,10 +74,11 @@ from rpsagg_server.views import (
     RoundView,
     TaskMetrics,
 )
+from rpsagg_wire.v1.messages import LIVE, ROUND_STATES
 
 __all__ = ["BETA_STATES", "ROUND_STATES", "Arrival", "BetaView", "ClientView", "EstimateView",
            "EvalErrors", "JobView", "RoundView", "ServerState", "TaskMetrics"]
-_LIVE = ("open", "collecting", "decoding")
+_LIVE = LIVE
 
 
 @dataclass

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 from rpsagg_server.migrations import CURRENT_VERSION, check_version, open_schema
 from rpsagg_server.rowinfo import RowInfo
 from rpsagg_server.rows import StoredRound, StoredSubmission
+from rpsagg_wire.v1.messages import RoundState
 
 __all__ = ["ReadError", "Store", "StoredRound", "StoredSubmission", "WriteError", "describe"]
 log = logging.getLogger("rpsagg.server")
@@ -423,7 +424,7 @@ def describe_read(exc: BaseException) -> str:
 def _stored_round(r: Sequence[Any], arrays: bool) -> StoredRound:
     """A :class:`StoredRound` from the columns :meth:`Store.rounds` and :meth:`Store.round`
     select (the three arrays last)."""
-    return StoredRound(round_id=int(r[0]), nonce=int(r[1]), state=r[2], reason=r[3],
+    return StoredRound(round_id=int(r[0]), nonce=int(r[1]), state=RoundState(r[2]), reason=r[3],
                        task_step=int(r[4]), transform=r[5], r_prior=r[6],
                        global_shape=tuple(json.loads(r[7])), opened_at=float(r[8]),
                        info=RowInfo.from_json(r[9]), global_state=bytes(r[10]),

@@ -41,6 +41,7 @@ from rpsagg_server.requestchecks import check_bound, check_submission_spec, vali
 from rpsagg_server.results import JobProgress, ResultBook
 from rpsagg_server.store import Store, StoredSubmission, WriteError
 from rpsagg_wire.v1 import serde
+from rpsagg_wire.v1.messages import ACCEPTING, RoundState
 from rpsagg_wire.v1.serde import Submission, SubmitReply
 
 log = logging.getLogger("rpsagg.server")
@@ -201,7 +202,7 @@ class Intake:
                 fut.set_result(SubmitReply(round_id=live.round_id, received=len(live.subs),
                                            duplicate=True))
             return False
-        if live.state not in ("open", "collecting"):
+        if live.state not in ACCEPTING:
             raise PreconditionFailed(
                 f"round {live.round_id} is closed ({live.state}); "
                 "no more submissions")
@@ -266,7 +267,7 @@ class Intake:
                 continue
             live.add(sub, arrived)
             landed += 1
-            if live.first_at is None and live.state == "open":  # the first commit starts
+            if live.first_at is None and live.state == RoundState.OPEN:  # the first commit starts
                 # the deadline (a round closed while open, by a stop, has none)
                 self.lifecycle.first_commit(live)
             self.publish(SubmissionCommitted(live.round_id, sub.client_id, sub.wire_bytes,
@@ -276,7 +277,7 @@ class Intake:
                                            duplicate=False))
         if landed:
             self.lifecycle.view_changed()
-            if len(live.subs) >= self.cfg.n and live.state == "collecting":
+            if len(live.subs) >= self.cfg.n and live.state == RoundState.COLLECTING:
                 self.lifecycle.all_committed(live)
 
     def _different(self, sub: Submission) -> Conflict:

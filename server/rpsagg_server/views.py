@@ -16,8 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rpsagg import ErrorEstimate
-
-ROUND_STATES = ("open", "collecting", "decoding", "done", "failed")
+from rpsagg_wire.v1.messages import RoundState
 
 
 @dataclass(frozen=True)
@@ -173,7 +172,7 @@ class RoundView:
     """
 
     round_id: int
-    state: str
+    state: RoundState
     reason: str
     nonce: int
     scheme: str

@@ -62,6 +62,7 @@ from prometheus_client.utils import floatToGoString
 
 from rpsagg_server.ledger import DECODE_BUCKETS
 from rpsagg_server.state import ROUND_STATES, ServerState
+from rpsagg_wire.v1.messages import RoundState
 
 JOB_STATES = ("running", "done", "failed")
 SERIES = ("estimate", "rand_k", "rand_k_spatial")
@@ -109,7 +110,7 @@ class LedgerCollector(Collector):
         rounds = CounterMetricFamily(
             "rpsagg_rounds", "Rounds that entered each state.", labels=["state"])
         statuses = {"ok": 0.0, "duplicate": 0.0}
-        states = dict.fromkeys(ROUND_STATES, 0.0)
+        states: dict[str, float] = dict.fromkeys(ROUND_STATES, 0.0)
         for key, value in counters.items():
             name, _, label = key.partition(":")
             if name == "submissions_total":
@@ -181,7 +182,7 @@ class StateCollector(Collector):
             "rpsagg_round_estimated_relative_error", "Estimated squared error over the "
             "estimated ||x_bar||^2 of the latest finished round (every mode).")
         for view in self.state.rounds():
-            if view.state != "done":
+            if view.state != RoundState.DONE:
                 continue
             est = view.estimated_error
             if est is not None:

@@ -40,6 +40,7 @@ from rpsagg_server.http.renders import BodyCache, RenderBusy, RenderError
 from rpsagg_server.state import ServerState
 from rpsagg_server.store import ReadError
 from rpsagg_server.views import EstimateInfo, EstimateView
+from rpsagg_wire.v1.messages import RoundState
 
 __all__ = ["CHUNK", "csv_stream", "json_stream", "npy_stream", "provenance", "router"]
 
@@ -105,7 +106,7 @@ def _missing(state: ServerState, round_id: int) -> HTTPException:
         newest = state.rounds(limit=1)
         known = f"rounds 1..{newest[0].round_id} exist" if newest else "no round exists yet"
         return HTTPException(404, f"round {round_id} not found ({known})")
-    why = (f"failed ({view.reason})" if view.state == "failed"
+    why = (f"failed ({view.reason})" if view.state == RoundState.FAILED
            else f"is {view.state}; it has no estimate until it is done")
     return HTTPException(409, f"round {round_id} {why}")
 

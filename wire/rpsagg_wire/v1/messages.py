@@ -8,11 +8,34 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import numpy as np
 from numpy.typing import NDArray
 
 from rpsagg.quantize import packed_size
+
+
+class RoundState(StrEnum):
+    """A round's state, in the order of the wire's ``RoundState`` enum (its numbers are the
+    positions: serde maps them). A member equals its name as a string."""
+
+    UNSPECIFIED = "unspecified"  # no round: RoundInfo outside a round, the job's end event
+    OPEN = "open"
+    COLLECTING = "collecting"
+    DECODING = "decoding"
+    DONE = "done"
+    FAILED = "failed"
+
+
+#: the states a round goes through (UNSPECIFIED is none)
+ROUND_STATES = tuple(s for s in RoundState if s is not RoundState.UNSPECIFIED)
+#: a round that takes submissions
+ACCEPTING = frozenset({RoundState.OPEN, RoundState.COLLECTING})
+#: a round that has not finished
+LIVE = frozenset({RoundState.OPEN, RoundState.COLLECTING, RoundState.DECODING})
+#: a round that has finished
+FINISHED = frozenset({RoundState.DONE, RoundState.FAILED})
 
 
 @dataclass(frozen=True)
@@ -47,7 +70,7 @@ class GetRoundRequest:
 
 @dataclass(frozen=True)
 class RoundInfo:
-    """The current round (see ``docs/protocol.md``); ``state`` is a name from STATES."""
+    """The current round (see ``docs/protocol.md``); ``state`` is a :class:`RoundState`."""
 
     round_id: int
     nonce: int
@@ -59,7 +82,7 @@ class RoundInfo:
     task: str
     m: int
     global_state: NDArray[np.float64] | None
-    state: str
+    state: RoundState
     deadline_unix_ms: int
     eval: bool
     job_done: bool
@@ -188,7 +211,7 @@ class RoundResult:
     """
 
     round_id: int
-    state: str
+    state: RoundState
     reason: str
     estimate: NDArray[np.float64] | None
     global_state: NDArray[np.float64] | None
@@ -226,7 +249,7 @@ class RoundEvent:
     ``est_*`` fields of :class:`RoundResult`; NaN otherwise)."""
 
     round_id: int
-    state: str
+    state: RoundState
     reason: str = ""
     job_done: bool = False
     received: int = 0

@@ -28,6 +28,7 @@ from rpsagg_wire.v1.messages import (
     RoundEvent,
     RoundInfo,
     RoundResult,
+    RoundState,
     Submission,
     SubmitReply,
     VectorPayload,
@@ -39,13 +40,14 @@ from rpsagg_wire.v1.peek import JOB_FIELD as JOB_FIELD
 from rpsagg_wire.v1.peek import peek_job as peek_job
 
 SERVICE = "rpsagg.v1.Aggregation"
-STATES = ("unspecified", "open", "collecting", "decoding", "done", "failed")
+#: the wire's ``RoundState`` numbers: each state's position in :class:`RoundState`
+STATES = tuple(RoundState)
 
 
-def _state_number(name: str) -> Any:
-    """The ``RoundState`` enum number of a state name (typed loosely: the stubs want the
-    enum's own value type, which a plain index is at run time)."""
-    return STATES.index(name)
+def _state_number(state: RoundState) -> Any:
+    """The ``RoundState`` enum number of a state (typed loosely: the stubs want the enum's
+    own value type, which a plain index is at run time)."""
+    return STATES.index(RoundState(state))
 
 
 def method_path(name: str) -> str:
