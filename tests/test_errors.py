@@ -21,7 +21,7 @@ import pytest
 from rpsagg_server import jobhost
 from rpsagg_server.catalog import Catalog
 from rpsagg_server.decodepool import DecodePool
-from rpsagg_server.errors import DomainError, error_classes
+from rpsagg_server.errors import error_classes
 from rpsagg_server.flags import load_config
 from rpsagg_server.grpcerrors import GRPC_STATUS, status_of
 from rpsagg_server.http.errors import HTTP_STATUS, http_status
@@ -56,7 +56,6 @@ def test_both_tables_cover_every_domain_error() -> None:
         exc = cls("why")
         assert status_of(exc) == GRPC_STATUS[cls] and http_status(exc) == HTTP_STATUS[cls]
         assert exc.message == str(exc) == "why"
-        assert exc.code == GRPC_STATUS[cls].name  # the name the metrics label refusals with
 
 
 def _domain_modules() -> list[Path]:
@@ -146,7 +145,3 @@ def test_a_programming_error_is_not_taken_for_cannot_be_reopened(
         asyncio.run(_restore(host))
     assert host._records["j1"].state == "running"
 
-
-def test_domain_error_is_the_old_rejected() -> None:
-    from rpsagg_server.live import Rejected
-    assert Rejected is DomainError

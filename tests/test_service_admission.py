@@ -30,7 +30,8 @@ from service_util import (
 )
 
 from rpsagg_client import AggregationClient
-from rpsagg_server.live import Rejected
+from rpsagg_server.errors import DomainError
+from rpsagg_server.grpcerrors import status_of
 from rpsagg_server.store import Store, StoredSubmission, WriteError
 from rpsagg_wire.v1 import serde
 from rpsagg_wire.v1.serde import Submission
@@ -53,7 +54,7 @@ def _encode(clients: list[AggregationClient], seed: int) -> tuple[int, dict[str,
 def _one_pass(srv: InProcessServer, requests: list[tuple[bytes, str | None]],
               cancel: frozenset[int] = frozenset()) -> list[Any]:
     """Admit ``requests`` (raw bytes, bound client id) in one pass; the answers in order
-    (a SubmitReply, the Rejected or another exception). Requests whose index is in
+    (a SubmitReply, the DomainError or another exception). Requests whose index is in
     ``cancel`` have their caller go away before the pass runs: their answer is None."""
     intake = srv.running.engine.intake
 
@@ -69,7 +70,7 @@ def _one_pass(srv: InProcessServer, requests: list[tuple[bytes, str | None]],
                 continue
             try:
                 out.append(await f)
-            except Exception as exc:  # Rejected: a refusal; anything else: a server bug
+            except Exception as exc:  # DomainError: a refusal; anything else: a server bug
                 out.append(exc)
         return out
 
@@ -118,10 +119,12 @@ def test_one_pass_answers_each_request_on_its_own(tmp_path: Path) -> None:
         c0, bad, c1, c1_again, c1_other, wrong_token, stranger = answers
         assert not c0.duplicate and not c1.duplicate
         assert c1_again.duplicate
-        assert isinstance(bad, Rejected) and bad.code == "INVALID_ARGUMENT"
-        assert isinstance(c1_other, Rejected) and c1_other.code == "ALREADY_EXISTS"
-        assert isinstance(wrong_token, Rejected) and wrong_token.code == "PERMISSION_DENIED"
-        assert isinstance(stranger, Rejected) and stranger.code == "FAILED_PRECONDITION"
+        refused = {"bad": bad, "c1_other": c1_other, "wrong_token": wrong_token,
+                   "stranger": stranger}
+        assert all(isinstance(e, DomainError) for e in refused.values())
+        assert {k: status_of(e).name for k, e in refused.items()} == {  # type: ignore[arg-type]
+            "bad": "INVALID_ARGUMENT", "c1_other": "ALREADY_EXISTS",
+            "wrong_token": "PERMISSION_DENIED", "stranger": "FAILED_PRECONDITION"}
         assert committed_clients(str(db), round_id) == {"c0", "c1"}
         _finish(clients, db, round_id, subs, {"c0", "c1"})
 
@@ -155,7 +158,7 @@ def test_a_write_refused_by_the_database_fails_only_itself(tmp_path: Path) -> No
         conn.commit()
         answers = _one_pass(srv, [(_raw(subs[c]), None) for c in ("c0", "c1", "c2")])
         assert not answers[0].duplicate and not answers[2].duplicate
-        assert isinstance(answers[1], Rejected) and answers[1].code == "UNAVAILABLE"
+        assert isinstance(answers[1], DomainError) and status_of(answers[1]).name == "UNAVAILABLE"
         assert "UNIQUE" in answers[1].message
         assert set(srv.running.engine.current.subs) == {"c0", "c2"}  # nothing of c1's kept
         conn.execute("DELETE FROM submissions WHERE client_id = 'c1'")

@@ -12,8 +12,6 @@ both tables cover every subclass).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 
 class DomainError(Exception):
     """A request the server refuses, with a message saying why (sent to the caller as is).
@@ -27,15 +25,6 @@ class DomainError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-
-    @property
-    def code(self) -> str:
-        """The name the gRPC edge answers this refusal with, as the metrics and logs name
-        refusals; set by :func:`name_kinds` when that edge is loaded ("" before)."""
-        for cls in type(self).__mro__:
-            if cls in _KIND_NAMES:
-                return _KIND_NAMES[cls]
-        return ""
 
 
 class InvalidRequest(DomainError):
@@ -74,21 +63,6 @@ class NotReady(DomainError):
 
 class Unavailable(DomainError):
     """The server could not do it now: the database refused a write or a read."""
-
-
-#: the edge's name of each class (filled by :func:`name_kinds`)
-_KIND_NAMES: dict[type[DomainError], str] = {}
-
-
-def name_kinds(names: Mapping[type[DomainError], str]) -> None:
-    """Record how the gRPC edge names each class (what :attr:`DomainError.code` reads).
-
-    Parameters
-    ----------
-    names : mapping
-        Class -> name, from the gRPC edge's table.
-    """
-    _KIND_NAMES.update(names)
 
 
 def error_classes() -> list[type[DomainError]]:

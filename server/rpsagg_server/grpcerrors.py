@@ -27,7 +27,6 @@ from rpsagg_server.errors import (
     PreconditionFailed,
     Unauthenticated,
     Unavailable,
-    name_kinds,
 )
 
 log = logging.getLogger("rpsagg.server")
@@ -44,7 +43,6 @@ GRPC_STATUS: dict[type[DomainError], grpc.StatusCode] = {
     NotReady: grpc.StatusCode.UNAVAILABLE,
     Unavailable: grpc.StatusCode.UNAVAILABLE,
 }
-name_kinds({cls: status.name for cls, status in GRPC_STATUS.items()})
 
 
 def status_of(exc: DomainError) -> grpc.StatusCode:
