@@ -7,6 +7,7 @@
 - :mod:`~rpsagg_server.jobs.sizing`: what a job's settings imply (request limit, memory);
 - :mod:`~rpsagg_server.jobs.jobruntime`: one open job (store, bus, read model, engine);
 - :mod:`~rpsagg_server.jobs.firstjoin`: a ``--d 0`` job waiting for the first join's d;
+- :mod:`~rpsagg_server.jobs.defaultjob`: the job of the server's flags and its catalog row;
 - :mod:`~rpsagg_server.jobs.jobhost`: the jobs of one server (route, create, cancel);
 - :mod:`~rpsagg_server.jobs.scheduling`: which queued job starts when (``--max-jobs``);
 - :mod:`~rpsagg_server.jobs.jobviews`: a job as ``GET /api/jobs/{id}`` shows it.
