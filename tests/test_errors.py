@@ -18,13 +18,13 @@ from typing import Any
 import grpc
 import pytest
 
-from rpsagg_server import jobhost
-from rpsagg_server.catalog import Catalog
 from rpsagg_server.decodepool import DecodePool
 from rpsagg_server.errors import error_classes
 from rpsagg_server.flags import load_config
 from rpsagg_server.grpcerrors import GRPC_STATUS, status_of
 from rpsagg_server.http.errors import HTTP_STATUS, http_status
+from rpsagg_server.jobs import jobhost
+from rpsagg_server.jobs.catalog import Catalog
 from rpsagg_server.startup import StartupError
 
 pytestmark = pytest.mark.unit

@@ -26,10 +26,9 @@ import grpc
 import uvicorn
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from prometheus_client import CollectorRegistry
 
 from rpsagg.schemes import WireProfile
-from rpsagg_server import eventloop, jobhost, jobs
+from rpsagg_server import eventloop, jobs
 from rpsagg_server.auth import TokenBook, TokenInterceptor
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.decodepool import DecodePool
@@ -50,8 +49,11 @@ from rpsagg_server.http.connections import (
     bounded_protocol,
 )
 from rpsagg_server.http.service import create_standing_app
-from rpsagg_server.jobhost import JobHost, JobRuntime
-from rpsagg_server.learnd import learn_d
+from rpsagg_server.jobs.catalog import CatalogError
+from rpsagg_server.jobs.firstjoin import learned_config
+from rpsagg_server.jobs.jobhost import JobHost
+from rpsagg_server.jobs.jobruntime import CANNOT_OPEN, JobRuntime
+from rpsagg_server.jobs.sizing import wire_limit
 from rpsagg_server.rounds import RoundEngine
 from rpsagg_server.servicer import AggregationServicer
 from rpsagg_server.startup import (
@@ -76,12 +78,11 @@ STOP_GRACE = 2.0  # seconds calls in flight get to finish when the server stops
 
 
 def max_request_bytes(cfg: ServerConfig, m: int, wire: WireProfile) -> int:
-    """Request size limit of a job: :func:`rpsagg_server.jobhost.max_request_bytes` for
+    """Request size limit of a job: :func:`rpsagg_server.jobs.sizing.max_request_bytes` for
     ``wire``, what the job's estimator sends (values counted as 4 bytes each, which bounds
     packed codes too; a blockwise job adds 4 bytes per block for the block scales of
     quantized values)."""
-    return jobhost.max_request_bytes(cfg, m, wire.max_values, wire.sends_indices,
-                                     wire.block_size if wire.block_size else 0)
+    return wire_limit(cfg, m, wire)
 
 
 @dataclass
@@ -150,7 +151,7 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
     """Build, recover and start a server; returns it and the bound gRPC port.
 
     The server hosts the default job (the job flags'; none with ``--no-default-job``) and
-    the jobs created over the API (:class:`~rpsagg_server.jobhost.JobHost`; those of the
+    the jobs created over the API (:class:`~rpsagg_server.jobs.jobhost.JobHost`; those of the
     catalog are reopened here).
 
     User errors (unreadable or mismatched TLS files, an unreadable token file, a corrupt or
@@ -174,9 +175,12 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
         except (OSError, sqlite3.Error) as exc:
             raise StartupError(f"--db {cfg.db}: cannot move its finished job to "
                                f"{jobs.jobs_dir(cfg.db)} ({exc})") from None
+    if not cfg.no_default_job:  # --d 0: the d of an earlier start's first join
+        cfg = learned_config(cfg)
     try:
         host = JobHost(cfg, DecodePool())
-    except (OSError, sqlite3.Error) as exc:
+        host.add_past_jobs()
+    except (OSError, sqlite3.Error, CatalogError) as exc:
         raise StartupError(f"--db {cfg.db}: cannot open the job catalog beside it "
                            f"({exc})") from None
     try:
@@ -202,7 +206,9 @@ async def create_server(cfg: ServerConfig) -> tuple[RunningServer, int]:
         # bind before the jobs open, so a port in use is reported before anything is logged
         port = bind_grpc(server, cfg.host, cfg.grpc_port, creds)
         guard.port = port
-        if not cfg.no_default_job:
+        if cfg.no_default_job:
+            host.drop_default()
+        else:  # with --d 0 it waits for its first join (jobs/firstjoin.py)
             await host.open_default(cfg)
         await host.restore()
     except BaseException:
@@ -316,14 +322,6 @@ async def serve(
             http_tokens = http_tokens | admin_tokens  # an admin token reads the data too
         socks = bind_http_sockets(cfg.http_host, cfg.http_port)
     try:
-        # --d 0: the first join says d (a stand-in serves until then; learnd's docstring)
-        learned = cfg if cfg.no_default_job else await learn_d(
-            cfg, lambda: _credentials(cfg), lambda port: _write_port(cfg, port))
-        if learned is None:  # a signal while it waited
-            for s in socks:
-                s.close()
-            return
-        cfg = learned
         running, _ = await create_server(cfg)
     except BaseException:
         for s in socks:
@@ -351,13 +349,11 @@ async def serve(
     http_task = None
     if socks and http_app_factory is not None:
         app = http_app_factory(running.host, admin_tokens, http_tokens)
-        registry = getattr(getattr(getattr(app, "service", None), "state", None),
-                           "registry", None)
-        if isinstance(registry, CollectorRegistry):
-            if limits is not None:
-                registry.register(ConnectionsCollector(limits))
-            if running.guard is not None:
-                registry.register(GuardCollector(running.guard))
+        registry = running.host.registry  # what the dashboard's /metrics exposes
+        if limits is not None:
+            registry.register(ConnectionsCollector(limits))
+        if running.guard is not None:
+            registry.register(GuardCollector(running.guard))
         uv, http_task = start_http(app, socks, limits)
         scheme = "https" if limits is not None and limits.ssl_context is not None else "http"
         # the port file (and ``ready``) mean "serving": the dashboard must answer by then
@@ -385,7 +381,12 @@ async def serve(
         ready(running)
 
     async def until_done() -> None:
-        default = running.host.default()
+        try:  # a --d 0 job opens once its first join said d
+            default = await running.host.wait_default()
+        except CANNOT_OPEN as exc:
+            log.error("[Server] the default job could not start: %s; stopping", exc)
+            stop.set()
+            return
         if default is None:
             return  # a standing service without a default job: until a signal
         engine = default.engine

@@ -9,7 +9,7 @@ a handler only checks that the client id a request names is the token's own
 (:func:`~rpsagg_server.auth.authorize`).
 
 Each request names its job (field ``job``; ``""`` for the default job): the handler routes
-it to that job's engine through the :class:`~rpsagg_server.jobhost.JobHost`, and checks that
+it to that job's engine through the :class:`~rpsagg_server.jobs.jobhost.JobHost`, and checks that
 the token may act in it (:func:`~rpsagg_server.auth.authorize_job`). A submission's job is
 read without parsing the submission (:func:`rpsagg_wire.v1.serde.peek_job`) and its size is
 held to the job's own limit.
@@ -17,6 +17,11 @@ held to the job's own limit.
 Handlers are registered raw (request bytes in), so malformed bytes are parsed by
 :mod:`rpsagg_wire.v1.serde` and answered with INVALID_ARGUMENT and a message, instead of the
 generic deserialization failure gRPC would give.
+
+A ``--d 0`` job waiting for its first join's d (:mod:`rpsagg_server.jobs.firstjoin`) is
+served here too: its Join and GetRound go to its
+:class:`~rpsagg_server.jobs.firstjoin.FirstJoin`, its other calls are refused by the
+routing (UNAVAILABLE, retried).
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ from rpsagg_server.auth import authorize, authorize_job, bound_client
 from rpsagg_server.errors import DomainError, InvalidRequest, LimitExceeded
 from rpsagg_server.events import SubmissionRefused
 from rpsagg_server.grpcerrors import status_of
-from rpsagg_server.jobhost import JobHost, JobRuntime
+from rpsagg_server.jobs.jobhost import JobHost
+from rpsagg_server.jobs.jobruntime import JobRuntime
 from rpsagg_server.requestchecks import check_client_id
 from rpsagg_wire.v1 import serde
 
@@ -85,12 +91,20 @@ class AggregationServicer:
         req = self._parse("Join", raw)
         check_client_id(req.client_id)
         authorize(req.client_id)
+        waiting = self.host.waiting_for_d(req.job)
+        if waiting is not None:
+            authorize_job(waiting.id)
+            await waiting.join(req.client_id, req.d)  # raises: fixed, or refused
         return await self._job(req.job).engine.membership.join(req.client_id, req.d)
 
     async def GetRound(self, raw: bytes, context: Any) -> serde.RoundInfo:
         """The current round."""
         req = self._parse("GetRound", raw)
         self._check_reader(req.client_id)
+        waiting = self.host.waiting_for_d(req.job)
+        if waiting is not None:
+            authorize_job(waiting.id)
+            return waiting.round_info()
         return self._job(req.job).engine.results.round_info(req.client_id)
 
     async def Submit(self, raw: bytes, context: Any) -> serde.SubmitReply:

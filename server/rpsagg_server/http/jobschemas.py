@@ -37,7 +37,10 @@ class JobInfo(BaseModel):
 
     id: str
     default: bool = Field(description="Whether it is the job the server's flags started.")
-    state: str = Field(description="queued, running, done, failed or cancelled.")
+    kind: str = Field(description="default (the flags' job), created (over this API) or past "
+                      "(a finished default job moved to <db>.jobs/).")
+    state: str = Field(description="waiting (for its first join's d: --d 0), queued, "
+                       "running, done, failed or cancelled.")
     failure: str = Field(description="Why it failed or was cancelled (empty otherwise).")
     created_at: float | None = Field(description="Unix seconds.")
     started_at: float | None

@@ -16,5 +16,6 @@ def get_jobs(state: StateDep) -> dict[str, Any]:
     """The jobs that earlier starts of this server moved to ``<db>.jobs/`` when they found
     them finished, newest first: the archive's file name, done or failed (and why), the
     job's settings, rounds (done of all), when its first and last rounds opened, and how
-    many clients joined. The current job is ``/api/status``."""
+    many clients joined (the server's catalog lists them; the read model holds them from the
+    job's start). The current job is ``/api/status``."""
     return {"past_jobs": list(state.past_jobs)}

@@ -41,7 +41,8 @@ from rpsagg_server.http.auth import Gate, HttpTokens, verdict
 from rpsagg_server.http.bodies import MAX_BODY, parse_settings, read_body
 from rpsagg_server.http.jobschemas import JobInfo, add_security, job_body_schema, refusals
 from rpsagg_server.http.renders import DEFAULT_MAX_BYTES, BodyCache, BodyCacheCollector
-from rpsagg_server.jobhost import JobHost, JobRuntime
+from rpsagg_server.jobs.jobhost import JobHost
+from rpsagg_server.jobs.jobruntime import JobRuntime
 from rpsagg_server.state import ServerState
 
 log = logging.getLogger("rpsagg.server")
@@ -62,7 +63,7 @@ class JobsCollector(Collector):
         """Merge the jobs' families by name, adding the label to every sample."""
         families: dict[str, Metric] = {}
         for job_id, rt in list(self.host.jobs.items()):
-            registry = rt.extras.get("registry")
+            registry = rt.registry
             if registry is None:
                 continue
             for fam in registry.collect():
@@ -80,11 +81,11 @@ class JobsCollector(Collector):
 
 
 def _job_app(rt: JobRuntime, bodies: BodyCache) -> None:
-    """Build a job's app and registry (kept in ``rt.extras``)."""
+    """Build a job's app and registry (``rt.app``, ``rt.registry``)."""
     registry = CollectorRegistry()
     registry.register(ArchiveCollector(rt.engine.archive))
-    rt.extras["registry"] = registry
-    rt.extras["app"] = create_app(rt.state, registry, bodies=bodies, job=rt.id)
+    rt.registry = registry
+    rt.app = create_app(rt.state, registry, bodies=bodies, job=rt.id)
 
 
 def create_service_app(host: JobHost, registry: CollectorRegistry | None = None,
@@ -96,7 +97,8 @@ def create_service_app(host: JobHost, registry: CollectorRegistry | None = None,
     host : JobHost
         The server's jobs (their apps are built as they open).
     registry : CollectorRegistry, optional
-        The server-wide registry ``/metrics`` exposes (the jobs' series are added to it).
+        The server-wide registry ``/metrics`` exposes (the jobs' series are added to it);
+        default: the host's (:attr:`JobHost.registry`, where the server adds its own).
     admin_tokens : HttpTokens, optional
         Who may create and cancel jobs; without them only an ``--insecure`` server lets
         anyone do it.
@@ -107,7 +109,7 @@ def create_service_app(host: JobHost, registry: CollectorRegistry | None = None,
         An app whose routing sends ``/api/jobs/{id}/...``, ``/jobs/{id}/...`` and the
         default job's paths to the jobs' own apps (module docstring).
     """
-    registry = CollectorRegistry() if registry is None else registry
+    registry = host.registry if registry is None else registry
     cache = BodyCache(host.cfg.http_body_cache_bytes if host.cfg.http_body_cache_bytes
                       is not None else DEFAULT_MAX_BYTES)
     registry.register(BodyCacheCollector(cache))
@@ -160,10 +162,11 @@ def create_service_app(host: JobHost, registry: CollectorRegistry | None = None,
     @app.get("/api/jobs", tags=["jobs"], summary="Every job of this server",
              responses=refusals(401, 403))
     def list_jobs() -> dict[str, Any]:
-        """The default job first, then the created jobs oldest first; ``past_jobs``: the
-        finished jobs earlier starts moved to ``<db>.jobs/`` (``--on-finished-job new``)."""
-        rt = host.default()
-        return {"jobs": host.list(), "past_jobs": list(rt.state.past_jobs) if rt else []}
+        """From the catalog: the default job first, then the created jobs oldest first;
+        ``past_jobs``: the finished jobs earlier starts moved to ``<db>.jobs/``
+        (``--on-finished-job new``), newest first (each is also ``/api/jobs/{id}``, id its
+        file's stem)."""
+        return {"jobs": host.list(), "past_jobs": host.past_jobs()}
 
     @app.post("/api/jobs", tags=["jobs"], status_code=201, summary="Create a job",
               openapi_extra={"requestBody": job_body_schema()},
@@ -268,7 +271,7 @@ class JobRouter:
 
     def _job_app(self, job_id: str) -> ASGIApp | None:
         rt = self.host.jobs.get(job_id)
-        return None if rt is None else rt.extras.get("app")
+        return None if rt is None else rt.app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -298,6 +301,8 @@ class JobRouter:
             await self._forward(default.id, path, scope, receive, send)
         elif path in ("/healthz", "/readyz"):
             await self._serve(path, scope, receive, send)
+        elif self.host.default_id is not None:  # waiting for its d: says so
+            await self._forward(self.host.default_id, path, scope, receive, send)
         elif await self.gate.admit(path, scope, send):
             await _json(404, {"detail": "this server has no default job: see /api/jobs"},
                         send)

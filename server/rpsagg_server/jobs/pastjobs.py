@@ -13,7 +13,9 @@ removed. The final name is a function of the job (its first round's time and a d
 settings and rounds), so a start interrupted anywhere in between finds either the database
 still in place (and moves it again, to the same name) or the copy complete.
 
-:func:`past_jobs` reads the moved jobs back (read-only) for the dashboard (``/api/jobs``).
+:func:`past_jobs` reads the moved jobs back (read-only); each start adds those the catalog
+lacks to it (:mod:`~rpsagg_server.jobs.catalog`, id the file's stem), and the jobs API lists
+them from there (``/api/jobs``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import os
 import secrets
 import sqlite3
 import time
+from collections.abc import Container
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -165,13 +168,16 @@ def archive_finished_job(db: str) -> Path | None:
     return final
 
 
-def past_jobs(db: str) -> list[PastJob]:
-    """The moved jobs of ``db``, newest first (files that cannot be read are skipped)."""
+def past_jobs(db: str, known: Container[str] = ()) -> list[PastJob]:
+    """The moved jobs of ``db``, newest first (files that cannot be read are skipped, and
+    those whose stem is in ``known``)."""
     if not _file_db(db):
         return []
     folder = jobs_dir(db)
     out: list[PastJob] = []
     for f in sorted(folder.glob("*.db")) if folder.is_dir() else []:
+        if f.stem in known:
+            continue
         try:
             conn = sqlite3.connect(f"{f.resolve().as_uri()}?mode=ro", uri=True)
             try:

@@ -1,0 +1,398 @@
+"""A standing service: the jobs of one server, created at start (the default job, from the
+job flags) or over the HTTP API (``POST /api/jobs``), each with its own rounds, database,
+read model and fault story, sharing one gRPC port, one dashboard and one pool of decode
+workers.
+
+:class:`JobHost` owns them: it routes a request's ``job`` field to its runtime
+(:class:`~rpsagg_server.jobs.jobruntime.JobRuntime`), or to the default job's
+:class:`~rpsagg_server.jobs.firstjoin.FirstJoin` while a ``--d 0`` job waits for its d;
+creates, queues, starts and cancels jobs; and keeps the
+:class:`~rpsagg_server.jobs.catalog.Catalog`, the one list of every job (its module
+docstring tells the crash story). What it takes on is bounded by
+:mod:`~rpsagg_server.jobs.scheduling`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from rpsagg_server.config import JOB_KEYS, ServerConfig, job_config, memory_limit
+from rpsagg_server.decodepool import DecodePool
+from rpsagg_server.errors import (
+    Conflict,
+    NotFound,
+    NotReady,
+    PreconditionFailed,
+    Unavailable,
+)
+from rpsagg_server.jobs import jobviews, scheduling
+from rpsagg_server.jobs.catalog import (
+    DEFAULT_JOB,
+    ENDED,
+    JOB_STATES,
+    OPEN_STATES,
+    Catalog,
+    CatalogError,
+    JobRecord,
+    check_job_id,
+    new_job_id,
+)
+from rpsagg_server.jobs.defaultjob import DefaultJob
+from rpsagg_server.jobs.firstjoin import FirstJoin
+from rpsagg_server.jobs.jobruntime import CANNOT_OPEN, JobRuntime, open_job
+from rpsagg_server.jobs.sizing import AUTO_REQUEST_BYTES, ended_memory, server_request_limit, vet
+from rpsagg_server.recovery import SettingsMismatch
+
+log = logging.getLogger("rpsagg.server")
+
+class JobHost:
+    """The jobs of one server.
+
+    Parameters
+    ----------
+    cfg : ServerConfig
+        The server's configuration (its job flags are the default job's).
+    pool : DecodePool
+        The decode workers the jobs share.
+    """
+
+    def __init__(self, cfg: ServerConfig, pool: DecodePool) -> None:
+        self.cfg = cfg
+        self.pool = pool
+        self.catalog = Catalog(cfg.db)
+        self.jobs: dict[str, JobRuntime] = {}
+        self.default_id: str | None = None
+        self.memory_budget = cfg.jobs_memory_bytes or memory_limit() // 2
+        self.request_limit = cfg.max_request_bytes or AUTO_REQUEST_BYTES
+        #: the server-wide metrics (``/metrics``; the jobs' series are added to them)
+        self.registry = CollectorRegistry()
+        self._records: dict[str, JobRecord] = {r.id: r for r in self.catalog.all()}
+        #: the jobs as the jobs API shows them, from the catalog's rows
+        self.listing = jobviews.JobListing(cfg, self._records, self.jobs)
+        self._watchers: set[asyncio.Task[None]] = set()
+        self._scheduling = asyncio.Lock()
+        self._create_lock = asyncio.Lock()
+        self._default = DefaultJob(self.catalog, self._records, pool, self._install,
+                                   self._changed)
+        #: called with each job's runtime once it is open (the dashboard builds its app)
+        self.on_open: list[Callable[[JobRuntime], None]] = []
+        self.changed = asyncio.Event()  # set (and cleared) at every job state change
+
+    # -- start-up --------------------------------------------------------------------------
+    def expect_default(self, cfg: ServerConfig) -> None:
+        """Before the default job opens: its request limit raises the server's when
+        ``--max-request-bytes`` is automatic (:func:`~.sizing.server_request_limit`)."""
+        self.request_limit = server_request_limit(cfg, self.request_limit)
+
+    def add_past_jobs(self) -> None:
+        """List the jobs moved to ``<db>.jobs/`` that the catalog lacks
+        (:meth:`~rpsagg_server.jobs.catalog.Catalog.add_past_jobs`)."""
+        self.catalog.add_past_jobs(self.cfg.db)
+        self._records.update((r.id, r) for r in self.catalog.all())
+
+    async def open_default(self, cfg: ServerConfig) -> JobRuntime | None:
+        """Open the default job (the flags'); with ``d = 0`` it waits for its first join
+        (None is returned; :meth:`wait_default`)."""
+        self.default_id = self.listing.default_id = DEFAULT_JOB
+        return await self._default.open(cfg)
+
+    async def wait_default(self) -> JobRuntime | None:
+        """The default job's runtime once it is open (None on a server without one); what
+        kept a waiting job from opening is raised
+        (:data:`~rpsagg_server.jobs.jobruntime.CANNOT_OPEN`)."""
+        if self.default_id is None:
+            return None
+        await self._default.wait()
+        return self.default()
+
+    def drop_default(self) -> None:
+        """A start without a default job (``--no-default-job``): no row of one."""
+        self._default.drop()
+
+    async def restore(self) -> None:
+        """Reopen the created jobs the catalog lists (queued ones start when there is room;
+        a cancel acknowledged before a crash is applied again). A job whose database cannot
+        be reopened (:data:`~rpsagg_server.jobs.jobruntime.CANNOT_OPEN`) is marked failed;
+        any other error propagates."""
+        for rec in list(self._records.values()):
+            if rec.state == "queued" or rec.kind != "created":
+                continue
+            try:
+                rt = await self._open(rec)
+            except CANNOT_OPEN as exc:
+                log.error("[Jobs] job %s cannot be reopened: %s", rec.id, exc)
+                if rec.state not in ENDED:  # in memory only: the next start tries again
+                    self._records[rec.id] = dataclasses.replace(
+                        rec, state="failed", failure=f"cannot be reopened: {exc}")
+                continue
+            if rec.state == "cancelled":
+                await rt.engine.cancel(rec.failure or "cancelled")
+        await self.schedule()
+
+    async def _open(self, rec: JobRecord) -> JobRuntime:
+        settings = {k: v for k, v in rec.settings.items() if k in JOB_KEYS}
+        try:
+            cfg = job_config(self.cfg, settings, self.catalog.job_db(rec.id))
+        except ValueError as exc:  # recorded settings this version refuses
+            raise SettingsMismatch(str(exc)) from None
+        rt = await open_job(rec.id, cfg, self.pool.lane(rec.id))
+        self._install(rt)
+        return rt
+
+    def _install(self, rt: JobRuntime) -> None:
+        if rt.default:
+            rt.state.past_jobs = self.past_jobs()  # its own /api/jobs
+        self.jobs[rt.id] = rt
+        for hook in self.on_open:
+            hook(rt)
+        task = asyncio.ensure_future(self._watch(rt))
+        self._watchers.add(task)
+        task.add_done_callback(self._watchers.discard)
+        self._changed()
+
+    async def _watch(self, rt: JobRuntime) -> None:
+        """Record the job's end in the catalog, then start what waits."""
+        await rt.engine.done_event.wait()
+        rec = self._records.get(rt.id)
+        p = rt.engine.progress
+        if rec is not None and rec.state not in ENDED:
+            await self._set_state(rt.id, jobviews.runtime_state(rt), p.job_failure,
+                                  must=False, only_from=OPEN_STATES)
+        if not rt.default:  # an ended created job keeps one round's arrays cached
+            rt.memory = ended_memory(rt.cfg, rt.engine.m)
+            rt.engine.archive.shrink(rt.memory)
+        log.info("[Jobs] job %s ended (%s)", rt.id,
+                 "failed: " + p.job_failure if p.job_failure else "done")
+        self._changed()
+        await self.schedule()
+
+    def _changed(self) -> None:
+        self.changed.set()
+        self.changed.clear()
+
+    async def _set_state(self, job_id: str, state: str, failure: str = "",
+                         must: bool = True, only_from: tuple[str, ...] = JOB_STATES) -> bool:
+        """Record a job's new state in the catalog, then in memory, if it is in one of
+        ``only_from`` (a state another writer changed meanwhile stays: a cancel wins over
+        the scheduler's ``running``); returns whether it moved.
+
+        ``must``: a failed write raises :class:`CatalogError` and changes nothing (what an
+        answer acknowledges, a cancel). Otherwise (the engine's own transitions: started,
+        ended) the state changes in memory anyway and the write failure is logged: a restart
+        derives the same state again from the job's database (a running job's end is in
+        it; a queued job that had started resumes from it)."""
+        try:
+            moved = await asyncio.to_thread(self.catalog.set_state, job_id, state, failure,
+                                            only_from)
+        except CatalogError as exc:
+            if must:
+                raise
+            log.warning("[Jobs] job %s is %s, but the catalog could not record it (%s); a "
+                        "restart finds it again from the job's database", job_id, state, exc)
+            old = self._records.get(job_id)
+            moved = old is not None and old.state in only_from
+            if old is not None and moved:
+                self._records[job_id] = dataclasses.replace(old, state=state, failure=failure)
+            self._changed()
+            return moved
+        rec = self.catalog.get(job_id)
+        if rec is not None:
+            self._records[job_id] = rec
+        self._changed()
+        return moved
+
+    # -- scheduling ------------------------------------------------------------------------
+    def running(self) -> list[str]:
+        """Ids of the open jobs that have not ended."""
+        return [i for i, rt in self.jobs.items() if not rt.engine.job_done]
+
+    async def schedule(self) -> None:
+        """Start queued jobs, oldest first, while fewer than ``--max-jobs`` run."""
+        async with self._scheduling:
+            for rec in scheduling.queued(self._records.values()):
+                if self._records[rec.id].state != "queued":  # as it is now: a cancel may
+                    continue  # have come while an earlier job opened
+                if len(self.running()) >= self.cfg.max_jobs:
+                    return
+                await self._start(rec)
+
+    async def _start(self, rec: JobRecord) -> None:
+        """Open a queued job and record it running, unless a cancel came meanwhile (then
+        it is cancelled before anything can join it)."""
+        try:
+            rt = await self._open(rec)
+        except CANNOT_OPEN as exc:
+            log.error("[Jobs] job %s failed to start: %s", rec.id, exc)
+            await self._set_state(rec.id, "failed", f"failed to start: {exc}", must=False,
+                                  only_from=("queued",))
+            return
+        now = self._records[rec.id]  # no await since it was installed: nothing joined yet
+        if now.state != "queued":
+            await rt.engine.cancel(now.failure or "cancelled")
+            return
+        if await self._set_state(rec.id, "running", must=False, only_from=("queued",)):
+            log.info("[Jobs] job %s started", rec.id)
+
+    # -- the API ---------------------------------------------------------------------------
+    async def create(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """Validate, record (durably) and queue a job; it starts right after the answer when
+        there is room (the answer says ``queued``).
+        ``settings`` may name the job (``id``; default ``j`` and 8 random hex digits), so
+        that a token file can scope tokens to it ahead of its creation.
+
+        Raises :class:`~rpsagg_server.errors.InvalidRequest` (a bad setting, or a job that
+        would not fit in memory or under the request limit), :class:`~.errors.Conflict` (the
+        id is taken, by any job of the catalog), :class:`~.errors.NotReady` (too many
+        queued) or :class:`~.errors.Unavailable` (the catalog write failed).
+        """
+        settings = dict(settings)
+        wanted = settings.pop("id", None)
+        async with self._create_lock:
+            if wanted is not None:
+                check_job_id(wanted)
+                if wanted in self._records or wanted == DEFAULT_JOB:
+                    raise Conflict(f"id: a job {wanted!r} exists already")
+            need, limit = vet(self.cfg, settings)
+            scheduling.check_fits(
+                need, limit, self.memory_budget,
+                scheduling.committed_memory(self.jobs.values(), self._records.values()),
+                self.request_limit, len(scheduling.queued(self._records.values())))
+            job_id = wanted or new_job_id({*self._records, DEFAULT_JOB})
+            stored = {k: v for k, v in dict(settings).items() if k in JOB_KEYS}
+            stored["_memory"] = need.memory
+            try:
+                rec = await asyncio.to_thread(self.catalog.add, job_id, stored)
+            except CatalogError as exc:
+                raise Unavailable(f"the job could not be recorded: {exc}") from None
+            self._records[job_id] = rec
+            log.info("[Jobs] job %s created: %s", job_id,
+                     ", ".join(f"{k}={v}" for k, v in sorted(stored.items()) if k[0] != "_"))
+        # the answer says queued: the job starts right after it (opening its database takes
+        # a few synchronous commits, which the creation's answer does not wait for)
+        self._spawn(self.schedule())
+        return self.describe(job_id)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._watchers.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._watchers.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("[Jobs] scheduling failed: %s", task.exception())
+
+    async def cancel(self, job_id: str) -> dict[str, Any]:
+        """Cancel a job (durably, then its current round fails); refused
+        :class:`~rpsagg_server.errors.NotFound` for an unknown job,
+        :class:`~rpsagg_server.errors.PreconditionFailed` for one that has ended."""
+        if job_id == self.default_id:
+            if job_id not in self.jobs:
+                raise PreconditionFailed(f"job {job_id} has not started: it waits for its "
+                                         "first join")
+            rt = self.jobs[job_id]
+            if rt.engine.job_done:
+                raise PreconditionFailed(f"job {job_id} has ended already")
+            await rt.engine.cancel("cancelled over the API")
+            return self.describe(job_id)
+        rec = self._records.get(job_id)
+        if rec is None:
+            raise NotFound(f"no job {job_id!r}")
+        if rec.state in ENDED:
+            raise PreconditionFailed(f"job {job_id} has ended already ({rec.state})")
+        try:
+            moved = await self._set_state(job_id, "cancelled", "cancelled over the API",
+                                          only_from=OPEN_STATES)
+        except CatalogError as exc:
+            raise Unavailable(f"the cancel could not be recorded: {exc}") from None
+        if not moved:  # it ended while the cancel was written
+            raise PreconditionFailed(f"job {job_id} has ended already "
+                                     f"({self._records[job_id].state})")
+        live = self.jobs.get(job_id)
+        if live is not None:
+            await live.engine.cancel("cancelled over the API")
+        log.info("[Jobs] job %s cancelled", job_id)
+        await self.schedule()
+        return self.describe(job_id)
+
+    def route(self, job: str) -> JobRuntime:
+        """The job a request names (``""``: the default job, else the only open job);
+        :class:`~rpsagg_server.errors.NotFound`, :class:`~rpsagg_server.errors.NotReady` (queued) or
+        :class:`~rpsagg_server.errors.PreconditionFailed` otherwise."""
+        if not job and self.default_id is not None:
+            job = self.default_id
+        if not job:
+            live = self.running()
+            queued = [r.id for r in scheduling.queued(self._records.values())]
+            if len(live) + len(queued) == 1:
+                if live:
+                    return self.jobs[live[0]]
+                job = queued[0]  # the only job is about to start: as when it is named
+            else:
+                raise PreconditionFailed(
+                    f"this server has no default job and {len(live) + len(queued)} "
+                    "open jobs: name one (rpsagg-client --job ID)")
+        waiting = self._default.waiting
+        if waiting is not None and job == waiting.id:
+            raise waiting.not_ready()
+        rt = self.jobs.get(job)
+        if rt is not None:
+            return rt
+        rec = self._records.get(job)
+        if rec is not None and rec.state == "queued":
+            raise NotReady(f"job {job} is queued; it starts when a slot is free (retry)")
+        if rec is not None:
+            raise PreconditionFailed(f"job {job} is {rec.state}: {rec.failure}")
+        raise NotFound(f"no job {job!r} on this server")
+
+    def waiting_for_d(self, job: str) -> FirstJoin | None:
+        """The job a request names (``""``: the default job) while it waits for its first
+        join's d; None otherwise."""
+        w = self._default.waiting
+        return w if w is not None and job in ("", w.id) else None
+
+    def default(self) -> JobRuntime | None:
+        """The default job's runtime (None on a server without one, or while it waits for
+        its d)."""
+        return None if self.default_id is None else self.jobs.get(self.default_id)
+
+    def describe(self, job_id: str) -> dict[str, Any]:
+        """A job as ``GET /api/jobs/{id}`` shows it (KeyError when unknown)."""
+        return self.listing.describe(job_id)
+
+    def past_jobs(self) -> list[dict[str, Any]]:
+        """The past jobs (``--on-finished-job new``), newest first."""
+        return self.listing.past_jobs()
+
+    def list(self) -> list[dict[str, Any]]:
+        """Every job this server runs, the default first, then the created ones oldest
+        first."""
+        return self.listing.list()
+
+    def counts(self) -> dict[str, int]:
+        """Jobs by state (what ``/metrics`` shows at every scrape: no job is described)."""
+        return self.listing.counts()
+
+    async def wait_idle(self) -> None:
+        """Return once no created job is queued or running."""
+        while any(r.state in ("queued", "running") for r in self._records.values()
+                  if r.kind == "created"):
+            await self.changed.wait()
+
+    async def close(self) -> None:
+        """Close every job and the catalog."""
+        for t in list(self._watchers):
+            t.cancel()
+        await self._default.close()
+        for rt in list(self.jobs.values()):
+            with contextlib.suppress(Exception):
+                await rt.close()
+        self.pool.close()
+        self.catalog.close()

@@ -1,0 +1,111 @@
+"""One open job: its store, event bus, read model, round engine and task monitor (what a
+single-job server had), and what the dashboard adds to it (its HTTP app and metrics
+registry, typed fields set once the dashboard builds them)."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Awaitable, Callable, MutableMapping
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from rpsagg_server.config import ServerConfig
+from rpsagg_server.events import EventBus
+from rpsagg_server.jobs.sizing import job_memory, wire_limit
+from rpsagg_server.recovery import SettingsMismatch
+from rpsagg_server.rounds import RoundEngine
+from rpsagg_server.startup import StartupError
+from rpsagg_server.state import ServerState
+from rpsagg_server.store import ReadError, Store, WriteError
+from rpsagg_server.taskeval import TaskMonitor
+
+#: what opening a job raises when its database cannot be (re)opened: a start-up check, the
+#: store's or SQLite's errors, the file system, settings that do not fit the database. Any
+#: other exception is a bug and is not taken for "cannot be reopened".
+CANNOT_OPEN = (StartupError, SettingsMismatch, ReadError, WriteError, sqlite3.Error, OSError)
+
+#: an ASGI app, spelled without the web framework (the shapes of ``starlette.types``)
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+@dataclass
+class JobRuntime:
+    """One open job: what a single-job server had."""
+
+    id: str
+    cfg: ServerConfig
+    store: Store
+    bus: EventBus
+    state: ServerState
+    engine: RoundEngine
+    monitor: TaskMonitor
+    limit: int  # the largest request it takes, in bytes
+    memory: int  # its estimate (job_memory)
+    default: bool = False
+    #: its dashboard app (``/api/jobs/{id}/...``), once the dashboard built it
+    app: AsgiApp | None = None
+    #: its metrics (``/metrics`` labels them with its id), once the dashboard built them
+    registry: CollectorRegistry | None = None
+
+    async def close(self) -> None:
+        """Stop its timers and background work, then close its monitor and store."""
+        await self.engine.close()
+        self.monitor.close()
+        self.store.close()
+
+
+async def open_job(job_id: str, cfg: ServerConfig, executor: Executor | None,
+                   default: bool = False) -> JobRuntime:
+    """Open (recover or start) one job on ``cfg.db``.
+
+    Raises :class:`~rpsagg_server.startup.StartupError` for a database that cannot be opened
+    or written, :class:`~rpsagg_server.recovery.SettingsMismatch` for a database of a job with
+    other settings.
+    """
+    try:
+        # a new database's file, log mode and tables are synchronous commits: made off the
+        # event loop, which serves the other jobs meanwhile
+        store = await asyncio.to_thread(Store, cfg.db)
+    except sqlite3.Error as exc:
+        raise StartupError(f"--db {cfg.db}: cannot open it ({exc})") from None
+    monitor: TaskMonitor | None = None
+    try:
+        # one bus: the read model, the metrics ledger, the engine's watchers and the task
+        # monitor subscribe to the engine's domain events
+        bus = EventBus()
+        state = ServerState(cfg.public_dict())
+        bus.subscribe(state.apply)
+        bus.subscribe(state.ledger.observe)
+        engine = RoundEngine(cfg, store, bus, executor)
+        state.read_estimate = engine.archive.estimate
+        monitor = TaskMonitor(cfg, engine.task, bus.publish)
+        bus.subscribe(monitor.observe)
+        limit = wire_limit(cfg, engine.m, engine.wire)
+        try:
+            await engine.start()
+        except sqlite3.Error as exc:  # e.g. a read-only file or directory
+            raise StartupError(f"--db {cfg.db}: {exc}") from None
+        except (WriteError, ReadError) as exc:  # the first round's row could not be
+            # written (full disk), or the newest round's could not be read back
+            raise StartupError(f"--db {cfg.db}: {exc.reason}") from None
+    except BaseException:
+        if monitor is not None:
+            monitor.close()
+        store.close()
+        raise
+    # where the task starts (round 0), then rounds finished before a restart, again
+    monitor.measure_later(0, engine.task.initial_state(cfg.seed))
+    for rid, res in sorted(engine.results.results.items()):
+        if res.state == "done":  # the state is read back in the monitor's thread
+            monitor.measure_later(rid, engine.archive.state_reader(rid))
+    state.add_check("database", store.writable)  # the last transaction (or heartbeat)
+    state.add_check("beta", engine.beta.ready.is_set)
+    return JobRuntime(job_id, cfg, store, bus, state, engine, monitor, limit,
+                      job_memory(cfg, engine.m), default)
