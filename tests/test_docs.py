@@ -371,14 +371,14 @@ def test_protocol_spec_version_refusals_are_the_servers_messages() -> None:
     # The two example messages of the status-code table are what the server says.
     import rpsagg
     from rpsagg.schemes import WireProfile
-    from rpsagg_server.live import Rejected
+    from rpsagg_server.errors import DomainError
     from rpsagg_server.requestchecks import check_submission_spec
     from rpsagg_wire.v1.serde import Submission
 
     def refusal(sent: str, wire: WireProfile) -> str:
         sub = Submission(round_id=1, client_id="c0", client_seed=1, vectors=(),
                          spec_version=sent)
-        with pytest.raises(Rejected) as info:
+        with pytest.raises(DomainError) as info:
             check_submission_spec(sub, wire)
         return info.value.message
 

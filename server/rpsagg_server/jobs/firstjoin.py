@@ -8,14 +8,16 @@ and servicer, with its TLS, tokens and connection bounds:
 - GetRound describes the job with ``d = 0`` and no round;
 - the first Join that says its d (``JoinRequest.d``, which ``rpsagg-client --vectors``
   sends) fixes d: it is committed to the database (meta ``learned_d``) before anyone is
-  told, and that join, like every call until the job has opened with that d, is answered
-  UNAVAILABLE ("the job starts with d = ..."), which clients retry;
+  told, and that join, like every call until the job has opened with that d, is refused as
+  :class:`~rpsagg_server.errors.NotReady` ("the job starts with d = ..."), which clients
+  retry;
 - a join without d, with d below k or with d above ``--max-d`` (the largest d the server
-  may allocate for) is refused and fixes nothing; the other calls are UNAVAILABLE while the
+  may allocate for) is refused and fixes nothing; the other calls are not ready while the
   job waits. With ``--tokens`` only an authenticated join reaches this.
 
 Then the job opens (:class:`~rpsagg_server.jobs.jobhost.JobHost`) and is a job like any
-other, d fixed: a join whose d differs is INVALID_ARGUMENT. A restart on the same database
+other, d fixed: a join whose d differs is an
+:class:`~rpsagg_server.errors.InvalidRequest`. A restart on the same database
 reads ``learned_d`` back (:func:`learned_config`) and opens the job at once.
 """
 
