@@ -41,8 +41,10 @@ EDGE = {
     "cluster.py",      # a gRPC client of a local cluster
     "launch.py",       # starts servers for tests and benchmarks
 }
-STATUS_NAMES = re.compile(r"\b(StatusCode|" + "|".join(
-    c.name for c in grpc.StatusCode if c.name != "OK") + r")\b")
+# a status name as a word or a string, not as another enum's member (JobState.CANCELLED, or
+# its definition ``CANCELLED = "cancelled"``)
+STATUS_NAMES = re.compile(r"\bStatusCode\b|(?<![.\w])(" + "|".join(
+    c.name for c in grpc.StatusCode if c.name != "OK") + r")\b(?!\s*=[^=])")
 HTTP_CODES = range(400, 600)
 
 
@@ -86,9 +88,11 @@ def _protocol_words(source: str) -> list[str]:
 def test_the_protocol_check_finds_each_form() -> None:
     for source in ('raise Refused("NOT_FOUND", "x")', "import grpc",
                    "from fastapi import HTTPException", "raise Refused('x', 409)",
-                   "x = grpc.StatusCode.UNAVAILABLE"):
+                   "x = grpc.StatusCode.UNAVAILABLE", 'code = "CANCELLED"',
+                   "ok = name == CANCELLED"):
         assert _protocol_words(source), source
-    for source in ('raise NotFound("no job")', "x = 404", "import asyncio"):
+    for source in ('raise NotFound("no job")', "x = 404", "import asyncio",
+                   "ok = s == JobState.CANCELLED", 'class S:\n    CANCELLED = "cancelled"'):
         assert not _protocol_words(source), source
 
 

@@ -54,6 +54,7 @@ from rpsagg_server.jobs.firstjoin import learned_config
 from rpsagg_server.jobs.jobhost import JobHost
 from rpsagg_server.jobs.jobruntime import CANNOT_OPEN, JobRuntime
 from rpsagg_server.jobs.sizing import wire_limit
+from rpsagg_server.jobstate import JobState
 from rpsagg_server.rounds import RoundEngine
 from rpsagg_server.servicer import AggregationServicer
 from rpsagg_server.startup import (
@@ -403,7 +404,7 @@ async def serve(
         if cfg.linger >= 0:
             await asyncio.sleep(cfg.linger)
             if running.host.running() or any(
-                    j["state"] == "queued" for j in running.host.list()):
+                    j["state"] == JobState.QUEUED for j in running.host.list()):
                 log.info("[Server] the default job is over; serving until the created jobs "
                          "end: %s", ", ".join(running.host.running()))
                 await running.host.wait_idle()

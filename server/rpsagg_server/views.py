@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rpsagg import ErrorEstimate
+from rpsagg_server.jobstate import JobState
 from rpsagg_wire.v1.messages import RoundState
 
 
@@ -330,9 +331,10 @@ class JobView:
     failure: str = ""
 
     @property
-    def state(self) -> str:
+    def state(self) -> JobState:
         """``running``, ``done`` or ``failed``."""
-        return "failed" if self.failure else "done" if self.done else "running"
+        return (JobState.FAILED if self.failure else JobState.DONE if self.done
+                else JobState.RUNNING)
 
 
 BETA_STATES = ("computing", "ready", "failed", "not needed")

@@ -60,11 +60,11 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from rpsagg_server.jobstate import DEFAULT_JOB_STATES
 from rpsagg_server.ledger import DECODE_BUCKETS
 from rpsagg_server.state import ROUND_STATES, ServerState
 from rpsagg_wire.v1.messages import RoundState
 
-JOB_STATES = ("running", "done", "failed")
 SERIES = ("estimate", "rand_k", "rand_k_spatial")
 __all__ = ["DECODE_BUCKETS", "LedgerCollector", "ServerMetrics", "StateCollector"]
 
@@ -161,8 +161,8 @@ class StateCollector(Collector):
             "rpsagg_job_state", "1 for the job's state (running, done, or failed after "
             "--max-failed-rounds consecutive failed rounds), 0 for the others.",
             labels=["state"])
-        for name in JOB_STATES:
-            job_state.add_metric([name], float(job is not None and job.state == name))
+        for js in DEFAULT_JOB_STATES:
+            job_state.add_metric([js], float(job is not None and job.state == js))
         yield job_state
         errors = GaugeMetricFamily(
             "rpsagg_round_squared_error", "Evaluation mode: squared error of the latest "

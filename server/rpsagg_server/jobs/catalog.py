@@ -45,14 +45,12 @@ from typing import Any
 
 from rpsagg_server.errors import InvalidRequest
 from rpsagg_server.jobs.pastjobs import past_jobs
+from rpsagg_server.jobstate import ENDED, JobState
 
 log = logging.getLogger("rpsagg.server")
 
-#: ``waiting``: a ``--d 0`` job open for its first join, which says d
-JOB_STATES = ("waiting", "queued", "running", "done", "failed", "cancelled")
-ENDED = ("done", "failed", "cancelled")
-#: the states a job may still leave
-OPEN_STATES = tuple(s for s in JOB_STATES if s not in ENDED)
+#: every job state, in order
+JOB_STATES = tuple(JobState)
 #: the catalog's own file in ``<db>.d/``, beside the jobs' ``<id>.db``
 CATALOG_FILE = "catalog.db"
 #: job ids whose database would be one of the store's own files, compared without case (a
@@ -97,7 +95,7 @@ class JobRecord:
     id: str
     seq: int
     settings: dict[str, Any]
-    state: str
+    state: JobState
     created_at: float
     started_at: float | None
     finished_at: float | None
@@ -177,9 +175,9 @@ class Catalog:
                     (job_id, seq, json.dumps(settings, sort_keys=True), now))
             except sqlite3.Error as exc:
                 raise CatalogError(str(exc)) from exc
-        return JobRecord(job_id, int(seq), dict(settings), "queued", now, None, None, "")
+        return JobRecord(job_id, int(seq), dict(settings), JobState.QUEUED, now, None, None, "")
 
-    def put_default(self, state: str, settings: dict[str, Any], failure: str,
+    def put_default(self, state: JobState, settings: dict[str, Any], failure: str,
                     started_at: float | None, finished_at: float | None) -> JobRecord:
         """Write the default job's row as its database says it stands (at every start)."""
         assert state in JOB_STATES
@@ -204,7 +202,7 @@ class Catalog:
         """Remove the default job's row (a start with ``--no-default-job``)."""
         self._write("DELETE FROM jobs WHERE id = ? AND kind = 'default'", (DEFAULT_JOB,))
 
-    def add_past(self, job_id: str, state: str, settings: dict[str, Any], failure: str,
+    def add_past(self, job_id: str, state: JobState, settings: dict[str, Any], failure: str,
                  started_at: float | None, finished_at: float | None,
                  summary: dict[str, Any]) -> bool:
         """Record a past job, unless its id is taken; returns whether it was added."""
@@ -232,7 +230,7 @@ class Catalog:
                 log.warning("[Jobs] past job %s: its id is taken; not listed", past_id)
         return added
 
-    def set_state(self, job_id: str, state: str, failure: str = "",
+    def set_state(self, job_id: str, state: JobState, failure: str = "",
                   only_from: tuple[str, ...] = JOB_STATES) -> bool:
         """Move a job to ``state`` (``running`` stamps ``started_at``, an end state
         ``finished_at``) if it is in one of ``only_from``; durable when this returns.
@@ -245,7 +243,7 @@ class Catalog:
         assert state in JOB_STATES
         now = time.time()
         where = f"WHERE id = ? AND state IN ({', '.join('?' * len(only_from))})"
-        if state == "running":
+        if state == JobState.RUNNING:
             sql = "UPDATE jobs SET state = ?, started_at = COALESCE(started_at, ?) "
             args: tuple[Any, ...] = (state, now)
         elif state in ENDED:
@@ -268,7 +266,7 @@ class Catalog:
         with self._lock:
             rows = self._conn.execute(
                 f"SELECT {_COLUMNS} FROM jobs {where} ORDER BY seq, created_at", args).fetchall()
-        return [JobRecord(r[0], int(r[1]), json.loads(r[2]), r[3], r[4], r[5], r[6], r[7],
+        return [JobRecord(r[0], int(r[1]), json.loads(r[2]), JobState(r[3]), r[4], r[5], r[6], r[7],
                           r[8], json.loads(r[9])) for r in rows]
 
     def close(self) -> None:

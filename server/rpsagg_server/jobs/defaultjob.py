@@ -21,6 +21,7 @@ from rpsagg_server.jobs import jobviews
 from rpsagg_server.jobs.catalog import DEFAULT_JOB, Catalog, CatalogError, JobRecord
 from rpsagg_server.jobs.firstjoin import FirstJoin
 from rpsagg_server.jobs.jobruntime import CANNOT_OPEN, JobRuntime, open_job
+from rpsagg_server.jobstate import JobState
 
 log = logging.getLogger("rpsagg.server")
 
@@ -65,7 +66,7 @@ class DefaultJob:
             return await self._open(cfg)
         self.waiting = FirstJoin(self.id, cfg)
         public = cfg.public_dict()
-        self.record("waiting", {k: public[k] for k in JOB_KEYS})
+        self.record(JobState.WAITING, {k: public[k] for k in JOB_KEYS})
         self._learning = asyncio.ensure_future(self._open_learned(cfg, self.waiting))
         return None
 
@@ -86,7 +87,7 @@ class DefaultJob:
             await self._open(replace(cfg, d=d))
         except CANNOT_OPEN as exc:
             log.error("[Jobs] job %s cannot start: %s", self.id, exc)
-            self.record("failed", dict(self.records[self.id].settings),
+            self.record(JobState.FAILED, dict(self.records[self.id].settings),
                         f"failed to start: {exc}")
             self._error = exc
             self._settled.set()
@@ -100,7 +101,7 @@ class DefaultJob:
         if self._error is not None:
             raise self._error
 
-    def record(self, state: str, settings: dict[str, Any], failure: str = "",
+    def record(self, state: JobState, settings: dict[str, Any], failure: str = "",
                started_at: float | None = None, finished_at: float | None = None) -> None:
         """Write its row (in memory too; a failed write is logged)."""
         try:

@@ -35,9 +35,7 @@ from rpsagg_server.errors import (
 from rpsagg_server.jobs import jobviews, scheduling
 from rpsagg_server.jobs.catalog import (
     DEFAULT_JOB,
-    ENDED,
     JOB_STATES,
-    OPEN_STATES,
     Catalog,
     CatalogError,
     JobRecord,
@@ -48,6 +46,7 @@ from rpsagg_server.jobs.defaultjob import DefaultJob
 from rpsagg_server.jobs.firstjoin import FirstJoin
 from rpsagg_server.jobs.jobruntime import CANNOT_OPEN, JobRuntime, open_job
 from rpsagg_server.jobs.sizing import AUTO_REQUEST_BYTES, ended_memory, server_request_limit, vet
+from rpsagg_server.jobstate import ENDED, OPEN_STATES, JobState
 from rpsagg_server.recovery import SettingsMismatch
 
 log = logging.getLogger("rpsagg.server")
@@ -122,7 +121,7 @@ class JobHost:
         be reopened (:data:`~rpsagg_server.jobs.jobruntime.CANNOT_OPEN`) is marked failed;
         any other error propagates."""
         for rec in list(self._records.values()):
-            if rec.state == "queued" or rec.kind != "created":
+            if rec.state == JobState.QUEUED or rec.kind != "created":
                 continue
             try:
                 rt = await self._open(rec)
@@ -130,9 +129,9 @@ class JobHost:
                 log.error("[Jobs] job %s cannot be reopened: %s", rec.id, exc)
                 if rec.state not in ENDED:  # in memory only: the next start tries again
                     self._records[rec.id] = dataclasses.replace(
-                        rec, state="failed", failure=f"cannot be reopened: {exc}")
+                        rec, state=JobState.FAILED, failure=f"cannot be reopened: {exc}")
                 continue
-            if rec.state == "cancelled":
+            if rec.state == JobState.CANCELLED:
                 await rt.engine.cancel(rec.failure or "cancelled")
         await self.schedule()
 
@@ -177,7 +176,7 @@ class JobHost:
         self.changed.set()
         self.changed.clear()
 
-    async def _set_state(self, job_id: str, state: str, failure: str = "",
+    async def _set_state(self, job_id: str, state: JobState, failure: str = "",
                          must: bool = True, only_from: tuple[str, ...] = JOB_STATES) -> bool:
         """Record a job's new state in the catalog, then in memory, if it is in one of
         ``only_from`` (a state another writer changed meanwhile stays: a cancel wins over
@@ -217,7 +216,7 @@ class JobHost:
         """Start queued jobs, oldest first, while fewer than ``--max-jobs`` run."""
         async with self._scheduling:
             for rec in scheduling.queued(self._records.values()):
-                if self._records[rec.id].state != "queued":  # as it is now: a cancel may
+                if self._records[rec.id].state != JobState.QUEUED:  # as it is now: a cancel may
                     continue  # have come while an earlier job opened
                 if len(self.running()) >= self.cfg.max_jobs:
                     return
@@ -230,14 +229,15 @@ class JobHost:
             rt = await self._open(rec)
         except CANNOT_OPEN as exc:
             log.error("[Jobs] job %s failed to start: %s", rec.id, exc)
-            await self._set_state(rec.id, "failed", f"failed to start: {exc}", must=False,
-                                  only_from=("queued",))
+            await self._set_state(rec.id, JobState.FAILED, f"failed to start: {exc}", must=False,
+                                  only_from=(JobState.QUEUED,))
             return
         now = self._records[rec.id]  # no await since it was installed: nothing joined yet
-        if now.state != "queued":
+        if now.state != JobState.QUEUED:
             await rt.engine.cancel(now.failure or "cancelled")
             return
-        if await self._set_state(rec.id, "running", must=False, only_from=("queued",)):
+        if await self._set_state(rec.id, JobState.RUNNING, must=False,
+                                 only_from=(JobState.QUEUED,)):
             log.info("[Jobs] job %s started", rec.id)
 
     # -- the API ---------------------------------------------------------------------------
@@ -308,7 +308,7 @@ class JobHost:
         if rec.state in ENDED:
             raise PreconditionFailed(f"job {job_id} has ended already ({rec.state})")
         try:
-            moved = await self._set_state(job_id, "cancelled", "cancelled over the API",
+            moved = await self._set_state(job_id, JobState.CANCELLED, "cancelled over the API",
                                           only_from=OPEN_STATES)
         except CatalogError as exc:
             raise Unavailable(f"the cancel could not be recorded: {exc}") from None
@@ -346,7 +346,7 @@ class JobHost:
         if rt is not None:
             return rt
         rec = self._records.get(job)
-        if rec is not None and rec.state == "queued":
+        if rec is not None and rec.state == JobState.QUEUED:
             raise NotReady(f"job {job} is queued; it starts when a slot is free (retry)")
         if rec is not None:
             raise PreconditionFailed(f"job {job} is {rec.state}: {rec.failure}")
@@ -382,7 +382,7 @@ class JobHost:
 
     async def wait_idle(self) -> None:
         """Return once no created job is queued or running."""
-        while any(r.state in ("queued", "running") for r in self._records.values()
+        while any(r.state in (JobState.QUEUED, JobState.RUNNING) for r in self._records.values()
                   if r.kind == "created"):
             await self.changed.wait()
 

@@ -22,6 +22,7 @@ from rpsagg_server.startup import StartupError
 from rpsagg_server.state import ServerState
 from rpsagg_server.store import ReadError, Store, WriteError
 from rpsagg_server.taskeval import TaskMonitor
+from rpsagg_wire.v1.messages import RoundState
 
 #: what opening a job raises when its database cannot be (re)opened: a start-up check, the
 #: store's or SQLite's errors, the file system, settings that do not fit the database. Any
@@ -103,7 +104,7 @@ async def open_job(job_id: str, cfg: ServerConfig, executor: Executor | None,
     # where the task starts (round 0), then rounds finished before a restart, again
     monitor.measure_later(0, engine.task.initial_state(cfg.seed))
     for rid, res in sorted(engine.results.results.items()):
-        if res.state == "done":  # the state is read back in the monitor's thread
+        if res.state == RoundState.DONE:  # the state is read back in the monitor's thread
             monitor.measure_later(rid, engine.archive.state_reader(rid))
     state.add_check("database", store.writable)  # the last transaction (or heartbeat)
     state.add_check("beta", engine.beta.ready.is_set)

@@ -10,6 +10,8 @@ from typing import Any
 from rpsagg_server.config import JOB_KEYS, ServerConfig, job_config
 from rpsagg_server.jobs.catalog import JOB_STATES, JobRecord
 from rpsagg_server.jobs.jobruntime import JobRuntime
+from rpsagg_server.jobstate import JobState
+from rpsagg_wire.v1.messages import RoundState
 
 
 def describe(rec: JobRecord, settings: dict[str, Any], rt: JobRuntime | None,
@@ -27,7 +29,7 @@ def describe(rec: JobRecord, settings: dict[str, Any], rt: JobRuntime | None,
                    last_rel_error=None, clients=int(s.get("clients", 0)))
         return out
     rounds = rt.state.rounds()
-    last = next((r for r in rounds if r.state == "done"), None)
+    last = next((r for r in rounds if r.state == RoundState.DONE), None)
     est = None if last is None else last.estimated_error
     rel = None if est is None or not math.isfinite(est.relative_error) \
         else float(est.relative_error)
@@ -49,12 +51,12 @@ def past_entry(rec: JobRecord) -> dict[str, Any]:
             "last_round_at": rec.finished_at, "clients": int(s.get("clients", 0))}
 
 
-def runtime_state(rt: JobRuntime) -> str:
+def runtime_state(rt: JobRuntime) -> JobState:
     """An open job's state as its engine says (what the default job's row is written
     from)."""
     p = rt.engine.progress
-    return ("cancelled" if p.cancelled else "failed" if p.job_failure
-            else "done" if p.job_done else "running")
+    return (JobState.CANCELLED if p.cancelled else JobState.FAILED if p.job_failure
+            else JobState.DONE if p.job_done else JobState.RUNNING)
 
 
 def runtime_settings(rt: JobRuntime) -> dict[str, Any]:
@@ -132,7 +134,7 @@ class JobListing:
 
     def counts(self) -> dict[str, int]:
         """The jobs this server runs, by state."""
-        out = dict.fromkeys(JOB_STATES, 0)
+        out: dict[str, int] = dict.fromkeys(JOB_STATES, 0)
         for rec in self.current():
             out[rec.state] += 1
         return out

@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from rpsagg_server.jobstate import JobState
+
 log = logging.getLogger("rpsagg.server")
 
 ON_FINISHED_JOB = ("keep", "new")
@@ -43,7 +45,7 @@ class PastJob:
     """What the dashboard shows of a moved job."""
 
     file: str
-    state: str  # done or failed
+    state: JobState  # done or failed
     failure: str
     config: dict[str, Any]
     rounds: int
@@ -108,7 +110,7 @@ def _summary(conn: sqlite3.Connection, file: str) -> PastJob | None:
     ).fetchone()
     clients = conn.execute("SELECT COUNT(*) FROM clients").fetchone()[0] \
         if "clients" in tables else 0
-    return PastJob(file=file, state="failed" if failure else "done", failure=failure,
+    return PastJob(file=file, state=JobState.FAILED if failure else JobState.DONE, failure=failure,
                    config=json.loads(_meta(conn, "config") or "{}"), rounds=int(rounds),
                    rounds_done=int(rounds_done or 0), started_at=first, last_round_at=last,
                    clients=int(clients))

@@ -11,6 +11,7 @@ from rpsagg_server.errors import InvalidRequest, NotReady
 from rpsagg_server.jobs.catalog import JobRecord
 from rpsagg_server.jobs.jobruntime import JobRuntime
 from rpsagg_server.jobs.sizing import Need
+from rpsagg_server.jobstate import JobState
 
 #: jobs waiting for a slot, at most
 MAX_QUEUED = 1000
@@ -18,13 +19,13 @@ MAX_QUEUED = 1000
 
 def queued(records: Iterable[JobRecord]) -> list[JobRecord]:
     """The queued jobs, oldest first (the order they start in)."""
-    return sorted((r for r in records if r.state == "queued"), key=lambda r: r.seq)
+    return sorted((r for r in records if r.state == JobState.QUEUED), key=lambda r: r.seq)
 
 
 def committed_memory(runtimes: Iterable[JobRuntime], records: Iterable[JobRecord]) -> int:
     """The estimates of the jobs that hold or will hold memory: open and queued."""
     return sum(rt.memory for rt in runtimes) + sum(
-        int(r.settings.get("_memory", 0)) for r in records if r.state == "queued")
+        int(r.settings.get("_memory", 0)) for r in records if r.state == JobState.QUEUED)
 
 
 def check_fits(need: Need, limit: int, budget: int, committed: int, request_limit: int,
