@@ -117,18 +117,24 @@ def _unary(method: str, inner: Any) -> Any:
     return behavior
 
 
+async def stream_items(res: Any) -> AsyncIterator[Any]:
+    """The items a unary-stream handler's result gives, whatever its form: an async
+    generator, an awaitable that writes with ``context.write``, or an iterable."""
+    if inspect.isasyncgen(res):
+        async for item in res:
+            yield item
+    elif inspect.isawaitable(res):  # writes with context.write
+        await res
+    else:
+        for item in res:
+            yield item
+
+
 def _stream(method: str, inner: Any) -> Any:
     async def behavior(request: Any, context: Any) -> AsyncIterator[Any]:
         try:
-            res = inner(request, context)
-            if inspect.isasyncgen(res):
-                async for item in res:
-                    yield item
-            elif inspect.isawaitable(res):  # writes with context.write
-                await res
-            else:
-                for item in res:
-                    yield item
+            async for item in stream_items(inner(request, context)):
+                yield item
         except DomainError as exc:
             await abort(context, method, exc)
     return behavior

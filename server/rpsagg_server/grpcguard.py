@@ -43,6 +43,7 @@ from prometheus_client.registry import Collector
 
 from rpsagg_server.config import ServerConfig
 from rpsagg_server.descriptors import DescriptorBudget, descriptor_budget, descriptor_limit
+from rpsagg_server.grpcerrors import stream_items
 from rpsagg_server.startup import StartupError
 
 log = logging.getLogger("rpsagg.server")
@@ -328,15 +329,8 @@ class _ActivityInterceptor(grpc.aio.ServerInterceptor):
                 peer = parse_peer(context.peer())
                 guard.call_started(peer)
                 try:
-                    res = stream_behavior(request, context)
-                    if inspect.isasyncgen(res):
-                        async for item in res:
-                            yield item
-                    elif inspect.isawaitable(res):  # writes with context.write
-                        await res
-                    else:
-                        for item in res:
-                            yield item
+                    async for item in stream_items(stream_behavior(request, context)):
+                        yield item
                 finally:
                     guard.call_ended(peer)
 
