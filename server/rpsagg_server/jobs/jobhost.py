@@ -329,16 +329,15 @@ class JobHost:
         if not job and self.default_id is not None:
             job = self.default_id
         if not job:
-            live = self.running()
-            queued = [r.id for r in scheduling.queued(self._records.values())]
-            if len(live) + len(queued) == 1:
-                if live:
-                    return self.jobs[live[0]]
-                job = queued[0]  # the only job is about to start: as when it is named
-            else:
+            # a job that is starting is open (installed) and still queued in its record until
+            # the catalog says running: one job, counted once
+            ids = list(dict.fromkeys([*self.running(), *(
+                r.id for r in scheduling.queued(self._records.values()))]))
+            if len(ids) != 1:
                 raise PreconditionFailed(
-                    f"this server has no default job and {len(live) + len(queued)} "
-                    "open jobs: name one (rpsagg-client --job ID)")
+                    f"this server has no default job and {len(ids)} open jobs: name one "
+                    "(rpsagg-client --job ID)")
+            job = ids[0]  # the only job (about to start, or running): as when it is named
         waiting = self._default.waiting
         if waiting is not None and job == waiting.id:
             raise waiting.not_ready()
