@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 from test_planning import CASES, _policy_k, _strategy_k
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(("target", "r", "k_min", "k_max"), CASES)
 def test_strategy_chooses_the_policys_k(target: float, r: float, k_min: int,
