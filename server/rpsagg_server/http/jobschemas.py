@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, Field, TypeAdapter
 
 from rpsagg_server.http.auth import protected
+from rpsagg_server.jobs.catalog import JOB_ID
 from rpsagg_server.jobspec import JobSpec
 
 #: what each refusal of the API means
@@ -62,7 +63,7 @@ def job_body_schema() -> dict[str, Any]:
     each optional (its default otherwise), plus ``id``."""
     schema = TypeAdapter(JobSpec).json_schema()
     schema["properties"]["id"] = {
-        "type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+        "type": "string", "pattern": JOB_ID.pattern,
         "description": "The job's id (default: j and 8 random hex digits); 'default' and "
         "'catalog' are reserved."}
     schema["description"] = ("A job's settings: the job flags of rpsagg-server in snake case; "
