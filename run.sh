@@ -5,4 +5,4 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 "$root/scripts/setup-env.sh" run
-exec "$root/.venv/bin/python" -m rpsagg_server.cluster "$@"
+exec "$root/.venv/bin/python" -m rpsagg_experiments.cluster "$@"

@@ -63,7 +63,7 @@ from bench_service_load import (
 )
 
 from rpsagg import make_estimator
-from rpsagg_server import eventloop
+from rpsagg_server.process import eventloop
 from rpsagg_wire.v1.serde import GetResultRequest, JoinRequest
 
 #: a created job of the measurement: small, one round, transform one (no Monte Carlo beta)

@@ -73,7 +73,7 @@ def main() -> None:
         if workers:
             import ray
 
-            from rpsagg_server import raydecode
+            from rpsagg_server.decode import raydecode
 
             single = est.with_threads(1)  # type: ignore[attr-defined]
             for w in workers:

@@ -86,9 +86,9 @@ import numpy as np
 
 from rpsagg import make_estimator
 from rpsagg.spec import derive_round_seed
-from rpsagg_server import eventloop
-from rpsagg_server.launch import ServerExited, ServerProcess
-from rpsagg_server.store import Store
+from rpsagg_experiments.launch import ServerExited, ServerProcess
+from rpsagg_server.process import eventloop
+from rpsagg_server.store.database import Store
 from rpsagg_wire.v1 import serde
 from rpsagg_wire.v1.serde import (
     GetResultRequest,

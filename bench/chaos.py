@@ -56,7 +56,7 @@ import grpc
 import numpy as np
 
 from rpsagg_client import AggregationClient
-from rpsagg_server.launch import ServerExited, ServerProcess, stop_processes
+from rpsagg_experiments.launch import ServerExited, ServerProcess, stop_processes
 from rpsagg_wire.v1 import serde
 
 FAULTS = ("client-kill", "server-kill", "stall", "lock-storm")

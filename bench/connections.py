@@ -37,7 +37,7 @@ import urllib.request
 from pathlib import Path
 
 from rpsagg_client import AggregationClient
-from rpsagg_server.launch import server_command, wait_port_file
+from rpsagg_experiments.launch import server_command, wait_port_file
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"

@@ -32,7 +32,7 @@ import urllib.request
 from pathlib import Path
 
 from rpsagg_client import AggregationClient
-from rpsagg_server.launch import client_command, server_command, wait_port_file
+from rpsagg_experiments.launch import client_command, server_command, wait_port_file
 
 
 def _free_port() -> int:

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import grpc
 
-from rpsagg_server import eventloop
-from rpsagg_server.launch import wait_port_file
+from rpsagg_experiments.launch import wait_port_file
+from rpsagg_server.process import eventloop
 
 
 def _cpu_seconds(pid: int) -> float:

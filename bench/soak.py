@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from rpsagg_client import AggregationClient
-from rpsagg_server.launch import ServerProcess
+from rpsagg_experiments.launch import ServerProcess
 
 
 def rss_mib(pid: int) -> float:

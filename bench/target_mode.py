@@ -7,7 +7,7 @@ slot the least of the smoothed R_hat and the last round's), k_max while no R_hat
 (the first round); with ``--transform auto`` the round's estimator takes the smoothed prior;
 after the decode the tracker folds in the round's messages (``decoding.decode_round``). Where
 ``rpsagg_server`` is importable every round's k is checked against the server's
-``rpsagg_server.planner.RoundPlanner.budget`` itself.
+``rpsagg_server.rounds.planner.RoundPlanner.budget`` itself.
 
 Workloads (n = 10 clients, d = 1024; the vectors of every round are fixed first, so the
 target mode and every fixed k see the same vectors and the same client seeds):
@@ -135,8 +135,8 @@ def server_round_k() -> Callable[[Rule, tuple[float | None, ...], float | None],
     """The server's round planner (``RoundPlanner.budget``) with the rule's options (None
     where ``rpsagg_server`` is not importable)."""
     try:
-        from rpsagg_server.config import ServerConfig
-        from rpsagg_server.planner import RoundPlanner
+        from rpsagg_server.rounds.planner import RoundPlanner
+        from rpsagg_server.settings.serverconfig import ServerConfig
     except ImportError:
         return None
 

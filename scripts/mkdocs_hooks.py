@@ -81,10 +81,10 @@ OPENAPI_JSON = "reference/openapi.json"  # in the site, beside reference/http.md
 
 
 def _openapi_schema() -> dict[str, Any]:
-    from rpsagg_server.decodepool import DecodePool
-    from rpsagg_server.flags import load_config
+    from rpsagg_server.decode.decodepool import DecodePool
     from rpsagg_server.http.service import create_service_app
     from rpsagg_server.jobs.jobhost import JobHost
+    from rpsagg_server.settings.flags import load_config
 
     cfg = load_config(["--insecure", "--db", ":memory:", "--n", "2", "--k", "1", "--d", "4"],
                       env={})

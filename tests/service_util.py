@@ -1,5 +1,5 @@
 """Helpers for the service tests: certificates, in-process servers, server subprocesses
-(through the launcher, :mod:`rpsagg_server.launch`)."""
+(through the launcher, :mod:`rpsagg_experiments.launch`)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,7 @@ import numpy as np
 import pytest
 
 from rpsagg import make_estimator
-from rpsagg_server.config import ServerConfig
-from rpsagg_server.decoding import messages
-from rpsagg_server.launch import (
+from rpsagg_experiments.launch import (
     PY,
     LocalJob,
     ServerProcess,
@@ -31,8 +29,10 @@ from rpsagg_server.launch import (
     server_command,
     wait_port_file,
 )
-from rpsagg_server.server import RunningServer, create_server
-from rpsagg_server.store import Store
+from rpsagg_server.decode.decoding import messages
+from rpsagg_server.process.main import RunningServer, create_server
+from rpsagg_server.settings.serverconfig import ServerConfig
+from rpsagg_server.store.database import Store
 from rpsagg_wire.v1 import serde
 
 # the launcher's helpers, under the names the service tests use

@@ -1,4 +1,4 @@
-"""Per-client activity (``rpsagg_server.activity.client_stats``) on hand-built rounds:
+"""Per-client activity (``rpsagg_server.readmodel.activity.client_stats``) on hand-built rounds:
 a round counts as missed only if it closed after the client joined; the straggler flag
 follows the latest such round; bytes and last_seen come from the client's own arrivals."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from rpsagg_server.activity import client_stats
-from rpsagg_server.state import Arrival, ClientView, RoundView
+from rpsagg_server.readmodel.activity import client_stats
+from rpsagg_server.readmodel.state import Arrival, ClientView, RoundView
 
 pytestmark = pytest.mark.unit
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rpsagg_server.config import ServerConfig
-from rpsagg_server.flags import load_config
+from rpsagg_server.settings.flags import load_config
+from rpsagg_server.settings.serverconfig import ServerConfig
 
 pytestmark = pytest.mark.unit
 

@@ -48,8 +48,8 @@ RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
 # Ray reads its auth settings when it is imported: this process's driver needs them first.
 os.environ.update(RAY_ENV)
 ray = pytest.importorskip("ray", reason="scripts/setup-env.sh test installs rpsagg-server[ray]")
-from rpsagg_server import raydecode  # noqa: E402
-from rpsagg_server.launch import stop_processes  # noqa: E402
+from rpsagg_experiments.launch import stop_processes  # noqa: E402
+from rpsagg_server.decode import raydecode  # noqa: E402
 
 START_TIMEOUT = 180.0
 

@@ -1,4 +1,4 @@
-"""The decode workers a server's jobs share (``rpsagg_server.decodepool``): each job's work
+"""The decode workers a server's jobs share (``rpsagg_server.decode.decodepool``): each job's work
 runs in order, one item at a time; a job with a long decode holds one worker while the other
 jobs' work goes on; a shut-down lane cancels what had not started."""
 
@@ -9,7 +9,7 @@ from concurrent.futures import CancelledError
 
 import pytest
 
-from rpsagg_server.decodepool import DecodePool
+from rpsagg_server.decode.decodepool import DecodePool
 
 pytestmark = pytest.mark.unit
 

@@ -371,8 +371,8 @@ def test_protocol_spec_version_refusals_are_the_servers_messages() -> None:
     # The two example messages of the status-code table are what the server says.
     import rpsagg
     from rpsagg.schemes import WireProfile
-    from rpsagg_server.errors import DomainError
-    from rpsagg_server.requestchecks import check_submission_spec
+    from rpsagg_server.domain.errors import DomainError
+    from rpsagg_server.rounds.requestchecks import check_submission_spec
     from rpsagg_wire.v1.serde import Submission
 
     def refusal(sent: str, wire: WireProfile) -> str:

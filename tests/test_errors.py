@@ -1,6 +1,6 @@
 """The domain's refusals: one hierarchy, mapped once to gRPC and once to HTTP.
 
-- both edges' tables list every :class:`~rpsagg_server.errors.DomainError` subclass;
+- both edges' tables list every :class:`~rpsagg_server.domain.errors.DomainError` subclass;
 - no domain module speaks gRPC or HTTP: no ``grpc``/``fastapi`` import, no status name, no
   HTTP status in a ``raise`` (the edge modules, where the mapping lives, are listed);
 - :meth:`JobHost.restore` marks a job whose database cannot be reopened failed, but lets a
@@ -18,29 +18,19 @@ from typing import Any
 import grpc
 import pytest
 
-from rpsagg_server.decodepool import DecodePool
-from rpsagg_server.errors import error_classes
-from rpsagg_server.flags import load_config
-from rpsagg_server.grpcerrors import GRPC_STATUS, status_of
+from rpsagg_server.decode.decodepool import DecodePool
+from rpsagg_server.domain.errors import StartupError, error_classes
 from rpsagg_server.http.errors import HTTP_STATUS, http_status
 from rpsagg_server.jobs import jobhost
 from rpsagg_server.jobs.catalog import Catalog
-from rpsagg_server.startup import StartupError
+from rpsagg_server.rpc.refusals import GRPC_STATUS, status_of
+from rpsagg_server.settings.flags import load_config
 
 pytestmark = pytest.mark.unit
 
 SERVER = Path(__file__).resolve().parents[1] / "server" / "rpsagg_server"
-#: the modules that speak a protocol: the gRPC and HTTP edges and the server's assembly
-EDGE = {
-    "grpcerrors.py",   # the gRPC table and the interceptor that applies it
-    "servicer.py",     # the gRPC handlers
-    "auth.py",         # the gRPC token interceptor
-    "grpcguard.py",    # gRPC connection bounds
-    "server.py",       # builds the gRPC server and the dashboard
-    "startup.py",      # binds the gRPC port
-    "cluster.py",      # a gRPC client of a local cluster
-    "launch.py",       # starts servers for tests and benchmarks
-}
+#: the layers that speak a protocol: the gRPC and HTTP edges and the process that builds them
+EDGE = {"rpc", "http", "process"}
 # a status name as a word or a string, not as another enum's member (JobState.CANCELLED, or
 # its definition ``CANCELLED = "cancelled"``)
 STATUS_NAMES = re.compile(r"\bStatusCode\b|(?<![.\w])(" + "|".join(
@@ -60,9 +50,10 @@ def test_both_tables_cover_every_domain_error() -> None:
 
 
 def _domain_modules() -> list[Path]:
-    # every module of the server but the edges and the dashboard (http/, an edge itself)
-    mods = [p for p in SERVER.rglob("*.py") if p.name not in EDGE and "http" not in p.parts]
-    assert len(mods) > 20 and (SERVER / "rounds.py") in mods and (SERVER / "errors.py") in mods
+    # every module of the server but those of the edges' layers
+    mods = [p for p in SERVER.rglob("*.py") if not EDGE & set(p.relative_to(SERVER).parts)]
+    assert len(mods) > 20 and (SERVER / "rounds" / "engine.py") in mods
+    assert (SERVER / "domain" / "errors.py") in mods
     assert SERVER / "jobs" / "jobhost.py" in mods
     return mods
 

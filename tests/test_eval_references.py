@@ -20,8 +20,8 @@ from service_util import base_config, in_process_server
 from rpsagg import make_estimator
 from rpsagg.spec import derive_round_seed
 from rpsagg_client import AggregationClient
-from rpsagg_server import decoding
-from rpsagg_server.decoding import decode_round, messages
+from rpsagg_server.decode import decoding
+from rpsagg_server.decode.decoding import decode_round, messages
 from rpsagg_server.http import create_app
 from rpsagg_wire.v1.serde import Submission, VectorPayload
 

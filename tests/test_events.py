@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from rpsagg_server.events import (
+from rpsagg_server.readmodel.events import (
     ClientJoined,
     Event,
     EventBus,
@@ -15,9 +15,9 @@ from rpsagg_server.events import (
     SubmissionDuplicate,
     SubmissionRefused,
 )
-from rpsagg_server.ledger import DECODE_BUCKETS, MetricsLedger
-from rpsagg_server.state import ServerState
-from rpsagg_server.views import ClientView, RoundView
+from rpsagg_server.readmodel.ledger import DECODE_BUCKETS, MetricsLedger
+from rpsagg_server.readmodel.state import ServerState
+from rpsagg_server.readmodel.views import ClientView, RoundView
 
 pytestmark = pytest.mark.unit
 
@@ -81,7 +81,7 @@ def test_the_ledger_counts_submissions_bytes_and_decodes() -> None:
 def test_the_read_model_follows_round_events() -> None:
     import numpy as np
 
-    from rpsagg_server.events import RoundOpened
+    from rpsagg_server.readmodel.events import RoundOpened
 
     state = ServerState({})
     state.apply(RoundOpened(_view(1, "open", None)))

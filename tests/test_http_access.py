@@ -21,9 +21,9 @@ from prometheus_client import CollectorRegistry
 from service_util import wait_until
 from starlette.routing import Mount, Route
 
-from rpsagg_server.config import ServerConfig
 from rpsagg_server.http.app import create_app
-from rpsagg_server.state import ServerState
+from rpsagg_server.readmodel.state import ServerState
+from rpsagg_server.settings.serverconfig import ServerConfig
 
 pytestmark = pytest.mark.service
 

@@ -23,8 +23,8 @@ from service_util import InProcessServer, base_config, in_process_server, wait_u
 
 import rpsagg
 from rpsagg_client import AggregationClient
-from rpsagg_server.config import ServerConfig
 from rpsagg_server.http import create_app
+from rpsagg_server.settings.serverconfig import ServerConfig
 from rpsagg_wire.v1.serde import RoundInfo, RoundResult, Submission
 
 pytestmark = pytest.mark.service

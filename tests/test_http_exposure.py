@@ -49,7 +49,7 @@ pytestmark = pytest.mark.service
 
 FD_LIMIT = 256
 FLOOD = 300
-CAP = FD_LIMIT // 4  # rpsagg_server.descriptors.connection_cap(0, 256)
+CAP = FD_LIMIT // 4  # rpsagg_server.settings.descriptors.connection_cap(0, 256)
 
 
 class Server:

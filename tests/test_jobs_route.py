@@ -10,11 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from rpsagg_server.decodepool import DecodePool
-from rpsagg_server.errors import PreconditionFailed
-from rpsagg_server.flags import load_config
+from rpsagg_server.decode.decodepool import DecodePool
+from rpsagg_server.domain.errors import PreconditionFailed
 from rpsagg_server.jobs.catalog import Catalog
 from rpsagg_server.jobs.jobhost import JobHost
+from rpsagg_server.settings.flags import load_config
 
 pytestmark = pytest.mark.unit
 

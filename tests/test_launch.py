@@ -1,4 +1,4 @@
-"""The launcher (rpsagg_server.launch): the port wait, the failures it reports, and that no
+"""The launcher (rpsagg_experiments.launch): the port wait, the failures it reports, and that no
 process outlives a job, whichever way the job ends."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rpsagg_server.launch import (
+from rpsagg_experiments.launch import (
     LocalJob,
     ServerExited,
     ServerProcess,

@@ -1,5 +1,7 @@
-"""Layering: the packages use only the math library's public surface, no module of any
-package takes part in an import cycle, and the modules and functions of client/ and wire/
+"""Layering: the packages use only the math library's public surface, each package and each
+folder of scripts imports only what the table of allowed edges lets it (and what its
+distribution declares), the server's layers import only the layers below them, no module
+of any package takes part in an import cycle, and the modules and functions of client/ and wire/
 keep to the size rule (modules of one idea, at most ``MAX_MODULE_LINES`` lines; functions
 at most ``MAX_FUNCTION_LINES``).
 
@@ -12,6 +14,8 @@ still a cycle in the design, so function-level imports count; imports under
 from __future__ import annotations
 
 import ast
+import re
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -180,7 +184,7 @@ def test_the_import_graph_of_every_package_is_acyclic() -> None:
     # the graph is the real one: known edges are present
     assert "rpsagg.quantize" in graph["rpsagg_wire.v1.serde"]
     assert "rpsagg._estimators" in graph["rpsagg"]
-    assert {"rpsagg.schemes", "rpsagg_server.launch"} <= graph["rpsagg_server.cluster"]
+    assert {"rpsagg.schemes", "rpsagg_experiments.launch"} <= graph["rpsagg_experiments.cluster"]
     assert len(graph) >= 80
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
@@ -191,15 +195,190 @@ def test_recovery_knows_the_round_engine_only_by_its_narrow_interface() -> None:
     # its members: a circle in the design though not at run time. Now it imports nothing of
     # the engine, not even for type checking, and asks for three calls (RoundHost); mypy
     # checks that the engine provides them where it builds the Recovery.
-    path = ROOT / "server" / "rpsagg_server" / "recovery.py"
+    path = ROOT / "server" / "rpsagg_server" / "rounds" / "recovery.py"
     tree = ast.parse(path.read_text())
     imported = {f"{n.module}.{a.name}" if isinstance(n, ast.ImportFrom) else a.name
                 for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)
                 for a in n.names}
-    assert not {i for i in imported if i.startswith("rpsagg_server.rounds")}, imported
+    assert not {i for i in imported if i.startswith("rpsagg_server.rounds.engine")}, imported
     host = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RoundHost")
     assert [f.name for f in host.body if isinstance(f, ast.FunctionDef)] == [
         "show_recovered", "close_again", "arm_deadline"]
+
+
+# Who may import whom, besides itself: the import packages of the distributions, and the
+# folders of scripts (``scripts``, ``conformance``, ``bench``, ``examples``), which are not
+# packages. ``conformance`` is the folder's modules (``wire_reference``, imported with the
+# folder on ``sys.path``); ``tests`` is any module of tests/ (no code outside tests/ may
+# import one). An edge not in this table fails the test below.
+ALLOWED_EDGES: dict[str, set[str]] = {
+    "rpsagg": set(),
+    "rpsagg_wire": {"rpsagg"},
+    "rpsagg_server": {"rpsagg", "rpsagg_wire"},
+    "rpsagg_client": {"rpsagg", "rpsagg_wire"},
+    # the paper's experiments through the service start a server and clients
+    "rpsagg_experiments": {"rpsagg", "rpsagg_wire", "rpsagg_server", "rpsagg_client"},
+    "rpsagg_flower": {"rpsagg"},
+    "examples": {"rpsagg", "rpsagg_flower"},
+    # the docs hook renders the server's flags; the vectors' generator reads the reference
+    "scripts": {"rpsagg", "rpsagg_server", "conformance"},
+    "conformance": {"rpsagg"},
+    "bench": {"rpsagg", "rpsagg_wire", "rpsagg_server", "rpsagg_client", "rpsagg_experiments"},
+}
+# the distribution of each import package (its pyproject's folder and name)
+DISTRIBUTIONS = {package: folder for folder, package in PACKAGES.items()}
+
+# The server's layers (its sub-packages) and the layers each may import. A layer never
+# imports one above it, and the two edges (gRPC, HTTP) never import each other.
+_BELOW_ROUNDS = {"domain", "settings", "readmodel", "store", "decode"}
+SERVER_LAYERS: dict[str, set[str]] = {
+    "domain": set(),                    # the refusals and the named states
+    "settings": {"domain"},             # the configuration of the server and its jobs
+    "readmodel": {"domain"},            # what a running server shows
+    "store": {"domain", "settings", "readmodel"},  # a job's database
+    "decode": {"domain", "settings", "readmodel"},  # decoding closed rounds
+    "rounds": _BELOW_ROUNDS,            # one job's rounds
+    "jobs": _BELOW_ROUNDS | {"rounds"},  # every job of a server
+    "rpc": {"domain", "settings", "readmodel", "rounds", "jobs"},  # the gRPC edge
+    "http": _BELOW_ROUNDS - {"decode"} | {"rounds", "jobs"},  # the HTTP edge
+    "process": _BELOW_ROUNDS | {"rounds", "jobs", "rpc", "http"},  # rpsagg-server
+}
+# the server's modules that are in no layer: the package itself and ``python -m``
+SERVER_TOP = {"rpsagg_server", "rpsagg_server.__main__"}
+
+
+def _owner(module: str, helpers: dict[str, str]) -> str | None:
+    """The table's name for what an import of ``module`` reaches (None: outside code)."""
+    top = module.split(".")[0]
+    if top in DISTRIBUTIONS:
+        return top
+    return helpers.get(top)
+
+
+def script_folders() -> dict[str, list[Path]]:
+    """The sources of each row of :data:`ALLOWED_EDGES`: a package's modules or a folder's."""
+    out: dict[str, list[Path]] = {}
+    for row in ALLOWED_EDGES:
+        folder = ROOT / DISTRIBUTIONS[row] / row if row in DISTRIBUTIONS else ROOT / row
+        out[row] = [p for p in sorted(folder.rglob("*.py"))
+                    if not {".accel-deps", "build"} & set(p.parts)]
+    return out
+
+
+def _imported(path: Path) -> Iterator[tuple[int, str]]:
+    """``(line, module)`` of each absolute import of a source (relative ones stay inside)."""
+    for node in import_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, alias.name) for alias in node.names)
+        elif node.level == 0 and node.module:
+            yield node.lineno, node.module
+
+
+def edge_offenders(sources: dict[str, list[Path]], helpers: dict[str, str],
+                   allowed: dict[str, set[str]]) -> list[str]:
+    """``path: line N imports X (row -> owner)`` for every import outside ``allowed``;
+    ``helpers`` names the owner of the top-level modules that are not packages."""
+    found = []
+    for row, paths in sources.items():
+        for path in paths:
+            for line, name in _imported(path):
+                owner = _owner(name, helpers)
+                if owner is not None and owner != row and owner not in allowed[row]:
+                    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+                    found.append(f"{shown}: line {line} imports {name} ({row} -> {owner})")
+    return sorted(found)
+
+
+def helper_modules() -> dict[str, str]:
+    """The top-level modules that are not packages: conformance/'s and tests/'s."""
+    out = {"tests": "tests", "conftest": "tests"}
+    for folder in ("conformance", "tests"):
+        for path in (ROOT / folder).rglob("*.py"):
+            out.setdefault(path.stem, folder)
+    return out
+
+
+def test_the_edge_check_finds_a_forbidden_edge(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("import rpsagg_client\nfrom service_util import x\nimport numpy\n"
+                     "def f():\n    from rpsagg import y\n    from . import z\n")
+    found = edge_offenders({"rpsagg_wire": [probe]}, {"service_util": "tests"}, ALLOWED_EDGES)
+    assert found == ["probe.py: line 1 imports rpsagg_client (rpsagg_wire -> rpsagg_client)",
+                     "probe.py: line 2 imports service_util (rpsagg_wire -> tests)"]
+
+
+def test_every_package_and_script_folder_imports_only_its_allowed_edges() -> None:
+    sources = script_folders()
+    assert sum(map(len, sources.values())) >= 200, "too few sources: wrong root?"
+    helpers = helper_modules()
+    assert helpers["wire_reference"] == "conformance" and helpers["service_util"] == "tests"
+    offenders = edge_offenders(sources, helpers, ALLOWED_EDGES)
+    assert not offenders, "imports outside the table of allowed edges:\n" + "\n".join(offenders)
+
+
+def declared_dependencies(folder: str) -> set[str]:
+    """The import packages of this repository that ``folder``'s distribution declares, in
+    its dependencies or any of its extras."""
+    project = tomllib.loads((ROOT / folder / "pyproject.toml").read_text())["project"]
+    wanted = list(project.get("dependencies", []))
+    for extra in project.get("optional-dependencies", {}).values():
+        wanted += extra
+    names = {re.split(r"[\[<>=!~; ]", spec, maxsplit=1)[0].replace("-", "_") for spec in wanted}
+    return names & set(DISTRIBUTIONS)
+
+
+def test_every_allowed_edge_between_distributions_is_a_declared_dependency() -> None:
+    # an entry point of one distribution importing another it does not declare fails where
+    # that other is not installed (the server's image has no client)
+    for package, folder in DISTRIBUTIONS.items():
+        missing = ALLOWED_EDGES[package] - declared_dependencies(folder)
+        assert not missing, f"{folder}/pyproject.toml does not declare {sorted(missing)}"
+    assert declared_dependencies("server") == {"rpsagg", "rpsagg_wire"}
+
+
+def server_layer(module: str) -> str | None:
+    """The layer of a module of ``rpsagg_server``: its sub-package (None at the top)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) >= 2 and parts[1] in SERVER_LAYERS else None
+
+
+def layer_offenders(graph: dict[str, set[str]]) -> list[str]:
+    """``a -> b (layer -> layer)`` for each server import outside :data:`SERVER_LAYERS`, and
+    ``module: in no layer`` for a module outside every sub-package."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        if not module.startswith("rpsagg_server") or module in SERVER_TOP:
+            continue
+        layer = server_layer(module)
+        if layer not in SERVER_LAYERS:
+            found.append(f"{module}: in no layer")
+            continue
+        for target in sorted(targets):
+            other = server_layer(target) if target.startswith("rpsagg_server.") else None
+            if other is not None and other != layer and other not in SERVER_LAYERS[layer]:
+                found.append(f"{module} -> {target} ({layer} -> {other})")
+    return found
+
+
+def test_the_layer_check_finds_an_upward_edge_and_a_module_in_no_layer() -> None:
+    graph = {"rpsagg_server.rounds.engine": {"rpsagg_server.jobs.catalog",
+                                             "rpsagg_server.store.database", "rpsagg.spec"},
+             "rpsagg_server.http.app": {"rpsagg_server.rpc.servicer"},
+             "rpsagg_server.loose": set(), "rpsagg_server": {"rpsagg_server.process.main"}}
+    assert layer_offenders(graph) == [
+        "rpsagg_server.http.app -> rpsagg_server.rpc.servicer (http -> rpc)",
+        "rpsagg_server.loose: in no layer",
+        "rpsagg_server.rounds.engine -> rpsagg_server.jobs.catalog (rounds -> jobs)"]
+
+
+def test_the_server_layers_import_only_the_layers_below_them() -> None:
+    graph = import_graph(module_files())
+    # every sub-package is a layer of the table, and every layer of the table is there
+    subpackages = {m.split(".")[1] for m in graph if m.startswith("rpsagg_server.")
+                   and m.count(".") >= 2}
+    assert subpackages == set(SERVER_LAYERS), subpackages
+    offenders = layer_offenders(graph)
+    assert not offenders, "server imports outside SERVER_LAYERS:\n" + "\n".join(offenders)
 
 
 def _functions(tree: ast.AST, prefix: str = "") -> Iterator[tuple[str, ast.FunctionDef

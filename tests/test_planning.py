@@ -171,8 +171,8 @@ def _policy_k(target: float, r: float | None, k_min: int, k_max: int) -> int:
 
 
 def _server_k(target: float, r: float | None, k_min: int, k_max: int) -> int:
-    config = pytest.importorskip("rpsagg_server.config")
-    planner = pytest.importorskip("rpsagg_server.planner")
+    config = pytest.importorskip("rpsagg_server.settings.serverconfig")
+    planner = pytest.importorskip("rpsagg_server.rounds.planner")
     cfg = config.ServerConfig(n=SAME_N, d=SAME_D, k=k_max, target_rel_error=target,
                               k_min=k_min, k_max=k_max, insecure=True)
     return int(planner.RoundPlanner(cfg).budget((r,))[0])

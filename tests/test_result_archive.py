@@ -1,4 +1,5 @@
-"""Finished rounds' arrays in the store behind a bounded cache (:mod:`rpsagg_server.archive`).
+"""Finished rounds' arrays in the store behind a bounded cache
+(:mod:`rpsagg_server.rounds.archive`).
 
 The cache on its own (the bound in bytes, least recently used out, a round larger than the
 bound never kept, a scan that does not evict, one read shared by concurrent readers), and a
@@ -23,11 +24,11 @@ from prometheus_client import CollectorRegistry
 from service_util import base_config, in_process_server
 
 from rpsagg_client import AggregationClient
-from rpsagg_server.archive import RoundArchive
 from rpsagg_server.http import create_app
-from rpsagg_server.liveround import RoundArrays
-from rpsagg_server.rowinfo import DecodeMetrics, RowInfo
-from rpsagg_server.store import ReadError, Store, StoredRound
+from rpsagg_server.rounds.archive import RoundArchive
+from rpsagg_server.rounds.liveround import RoundArrays
+from rpsagg_server.store.database import ReadError, Store, StoredRound
+from rpsagg_server.store.rowinfo import DecodeMetrics, RowInfo
 
 pytestmark = pytest.mark.service
 
@@ -58,7 +59,7 @@ def store(tmp_path: Path) -> Store:
 
 
 def _fill(store: Store, rows: list[StoredRound]) -> None:
-    from rpsagg_server.store import _op_round
+    from rpsagg_server.store.database import _op_round
 
     store._write_sync([_op_round(r) for r in rows])
 

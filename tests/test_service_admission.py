@@ -30,9 +30,9 @@ from service_util import (
 )
 
 from rpsagg_client import AggregationClient
-from rpsagg_server.errors import DomainError
-from rpsagg_server.grpcerrors import status_of
-from rpsagg_server.store import Store, StoredSubmission, WriteError
+from rpsagg_server.domain.errors import DomainError
+from rpsagg_server.rpc.refusals import status_of
+from rpsagg_server.store.database import Store, StoredSubmission, WriteError
 from rpsagg_wire.v1 import serde
 from rpsagg_wire.v1.serde import Submission
 
@@ -171,7 +171,7 @@ def test_a_bug_in_one_request_fails_it_alone(tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     # an unexpected exception while admitting one request (a server bug, injected) is that
     # request's answer (gRPC: UNKNOWN); the pass goes on and the others are committed
-    from rpsagg_server import submissions
+    from rpsagg_server.rounds import submissions
 
     real = submissions.validate_submission
 

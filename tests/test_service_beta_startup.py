@@ -21,9 +21,9 @@ from prometheus_client import CollectorRegistry
 from service_util import base_config, in_process_server
 
 from rpsagg_client import AggregationClient
-from rpsagg_server import betawarm
 from rpsagg_server.http import create_app
-from rpsagg_server.rounds import RoundEngine
+from rpsagg_server.rounds import betawarm
+from rpsagg_server.rounds.engine import RoundEngine
 
 pytestmark = pytest.mark.service
 

@@ -15,8 +15,8 @@ from service_util import base_config, in_process_server
 import rpsagg
 from rpsagg.synthetic import correlated_vectors
 from rpsagg_client import AggregationClient
-from rpsagg_server.decoding import messages
-from rpsagg_server.flags import load_config
+from rpsagg_server.decode.decoding import messages
+from rpsagg_server.settings.flags import load_config
 from rpsagg_wire.v1 import serde
 from rpsagg_wire.v1.serde import VectorPayload
 

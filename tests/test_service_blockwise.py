@@ -16,9 +16,9 @@ from service_util import base_config, check_blockwise_rounds_bitwise, in_process
 
 from rpsagg.projections import AUTO_BLOCK_SIZE, AUTO_BLOCK_THRESHOLD
 from rpsagg_client import AggregationClient
-from rpsagg_server.config import AUTO, ServerConfig
-from rpsagg_server.flags import load_config
-from rpsagg_server.server import max_request_bytes
+from rpsagg_server.process.main import max_request_bytes
+from rpsagg_server.settings.flags import load_config
+from rpsagg_server.settings.serverconfig import AUTO, ServerConfig
 
 pytestmark = pytest.mark.service
 

@@ -16,7 +16,7 @@ from http_util import free_port, get_json
 
 pytestmark = pytest.mark.service
 
-CMD = [sys.executable, "-m", "rpsagg_server.cluster", "--n", "3", "--k", "8", "--d", "128",
+CMD = [sys.executable, "-m", "rpsagg_experiments.cluster", "--n", "3", "--k", "8", "--d", "128",
        "--data", "synthetic", "--data-r", "1", "--http-port", "0"]
 ROUND_LINE = re.compile(
     r"^\s+(\d+)\s+3/3\s+120 B\s+1\.5 KiB\s+\S+\s+\S+\s+\S+\s+\S+\s+\d+ ms$")
@@ -122,7 +122,7 @@ def test_dashboard_stays_up_after_the_job_until_ctrl_c() -> None:
 
 
 def test_long_wait_reports_elapsed_time_until_stopped() -> None:
-    from rpsagg_server.cluster import LongWait
+    from rpsagg_experiments.cluster import LongWait
 
     lines: list[str] = []
     waiting = LongWait(lines.append, after=0.05, every=0.05)

@@ -17,8 +17,8 @@ from service_util import (
 
 import rpsagg
 from rpsagg.synthetic import correlated_vectors
-from rpsagg_server import decoding
-from rpsagg_server.flags import load_config
+from rpsagg_server.decode import decoding
+from rpsagg_server.settings.flags import load_config
 from rpsagg_wire.v1.serde import Submission, VectorPayload
 
 pytest.importorskip("torch", reason="scripts/setup-env.sh test installs rpsagg[torch]")

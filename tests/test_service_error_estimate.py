@@ -23,9 +23,9 @@ from service_util import base_config, in_process_server, round_messages, wait_un
 import rpsagg
 from rpsagg_client import AggregationClient
 from rpsagg_client.cli import main as client_main
-from rpsagg_server.config import ServerConfig
 from rpsagg_server.http import create_app
-from rpsagg_server.views import EstimatedError
+from rpsagg_server.readmodel.views import EstimatedError
+from rpsagg_server.settings.serverconfig import ServerConfig
 from rpsagg_wire.v1.serde import RoundEvent, RoundResult
 
 pytestmark = pytest.mark.service

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from service_util import check_rounds_against_inprocess, run_local_job
 
-from rpsagg_server import eventloop
+from rpsagg_server.process import eventloop
 
 pytestmark = pytest.mark.service
 

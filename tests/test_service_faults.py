@@ -28,8 +28,8 @@ from service_util import (
 from rpsagg import make_estimator
 from rpsagg.synthetic import correlated_vectors
 from rpsagg_client import AggregationClient
-from rpsagg_server.decoding import messages
-from rpsagg_server.state import ServerState
+from rpsagg_server.decode.decoding import messages
+from rpsagg_server.readmodel.state import ServerState
 
 pytestmark = pytest.mark.service
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from http_util import free_port
 
-from rpsagg_server.launch import LocalJob, ServerProcess, client_command, server_command
+from rpsagg_experiments.launch import LocalJob, ServerProcess, client_command, server_command
 
 pytestmark = pytest.mark.service
 

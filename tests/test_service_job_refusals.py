@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from service_util import server_command, wait_until
 
 from rpsagg_client import AggregationClient
-from rpsagg_server.bounds import DOUBLE_EXACT, INT64_MAX, MAX_SECONDS, UINT32_MAX
-from rpsagg_server.config import JOB_KEYS
+from rpsagg_server.settings.bounds import DOUBLE_EXACT, INT64_MAX, MAX_SECONDS, UINT32_MAX
+from rpsagg_server.settings.serverconfig import JOB_KEYS
 
 pytestmark = pytest.mark.service
 
@@ -320,8 +320,8 @@ def test_every_bound_is_what_its_field_holds() -> None:
 def test_job_settings_are_one_list_from_model_to_record(empty: Service) -> None:
     """The model's fields, the command's job flags, the OpenAPI request properties and the
     settings a created job records are one set: adding a setting is one field."""
-    from rpsagg_server.flags import _parser
-    from rpsagg_server.jobspec import JobSpec
+    from rpsagg_server.settings.flags import _parser
+    from rpsagg_server.settings.jobspec import JobSpec
 
     model = [f.name for f in dataclasses.fields(JobSpec)]
     group = next(g for g in _parser()._action_groups if g.title == "the default job")

@@ -30,7 +30,7 @@ from http_util import free_port
 from test_http_exposure import http_get, metric
 
 from rpsagg_client import AggregationClient
-from rpsagg_server.launch import ServerProcess
+from rpsagg_experiments.launch import ServerProcess
 
 pytestmark = pytest.mark.service
 

@@ -28,7 +28,7 @@ from service_util import (
 )
 
 from rpsagg_client import AggregationClient
-from rpsagg_server.store import Store
+from rpsagg_server.store.database import Store
 
 pytestmark = pytest.mark.service
 
@@ -142,7 +142,7 @@ def test_three_jobs_beside_the_default_job(insecure: Service) -> None:
 
 def _check_max_transform(db: str, spec: dict[str, Any]) -> None:
     from rpsagg import make_estimator
-    from rpsagg_server.decoding import messages
+    from rpsagg_server.decode.decoding import messages
     from rpsagg_wire.v1 import serde
 
     n, k, d = int(spec["n"]), int(spec["k"]), int(spec["d"])

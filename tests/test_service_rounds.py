@@ -15,7 +15,7 @@ from rpsagg import CorrelationTracker, estimate_correlation, make_estimator
 from rpsagg._auto import auto_c
 from rpsagg.synthetic import correlated_vectors
 from rpsagg_client import AggregationClient
-from rpsagg_server.decoding import messages
+from rpsagg_server.decode.decoding import messages
 
 pytestmark = pytest.mark.service
 
@@ -159,7 +159,7 @@ def test_auto_decodes_each_vector_with_its_own_prior_across_a_restart(tmp_path: 
 
 
 def test_per_vector_estimators_only_where_the_transform_is_auto() -> None:
-    from rpsagg_server.decoding import per_vector
+    from rpsagg_server.decode.decoding import per_vector
 
     auto = make_estimator("rand-proj-spatial", n=N, k=K, d=D, transform="auto")
     ests = per_vector(auto, [0.5, None, 2.0], 3)

@@ -13,9 +13,9 @@ from prometheus_client import CollectorRegistry
 from service_util import Certs, base_config, in_process_server, make_certs
 
 from rpsagg_client import AggregationClient
-from rpsagg_server.config import ServerConfig
-from rpsagg_server.flags import load_config
 from rpsagg_server.http import create_app
+from rpsagg_server.settings.flags import load_config
+from rpsagg_server.settings.serverconfig import ServerConfig
 from rpsagg_wire.v1 import serde
 
 pytestmark = pytest.mark.service

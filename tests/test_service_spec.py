@@ -22,7 +22,7 @@ from service_util import base_config, in_process_server
 
 import rpsagg
 from rpsagg_client import AggregationClient
-from rpsagg_server.config import ServerConfig
+from rpsagg_server.settings.serverconfig import ServerConfig
 from rpsagg_wire.v1 import serde
 from rpsagg_wire.v1.serde import RoundInfo
 

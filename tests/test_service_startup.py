@@ -24,8 +24,9 @@ import pytest
 from http_util import free_port
 from service_util import Certs, kill_all, make_certs, server_command, wait_port_file
 
-from rpsagg_server.startup import StartupError, bind_http_sockets
-from rpsagg_server.store import Store
+from rpsagg_server.domain.errors import StartupError
+from rpsagg_server.process.startup import bind_http_sockets
+from rpsagg_server.store.database import Store
 
 pytestmark = pytest.mark.service
 
@@ -374,7 +375,7 @@ def test_no_port_file_when_the_dashboard_does_not_start(
 
     from service_util import base_config
 
-    from rpsagg_server import server
+    from rpsagg_server.process import main as server
 
     async def app(scope: dict, receive: Any, send: Any) -> None:
         assert scope["type"] == "lifespan"

@@ -19,8 +19,8 @@ from service_util import base_config, in_process_server
 
 from rpsagg import make_estimator
 from rpsagg_client import AggregationClient
-from rpsagg_server.config import ServerConfig
 from rpsagg_server.http import create_app
+from rpsagg_server.settings.serverconfig import ServerConfig
 
 pytestmark = pytest.mark.service
 
@@ -151,7 +151,7 @@ def test_value_bits_auto_picks_the_fewest_bytes(tmp_path: Path) -> None:
     server's widths); the clients send codes of that width (the payload counts them) and
     the decode reaches the target as in float32."""
     from rpsagg import plan_budget, value_bytes
-    from rpsagg_server.config import AUTO_VALUE_BITS
+    from rpsagg_server.settings.serverconfig import AUTO_VALUE_BITS
 
     cfg = _config(tmp_path, value_bits="auto")
     rng = np.random.default_rng(21)
@@ -195,7 +195,7 @@ def test_target_mode_chooses_k_in_blockwise_rounds(tmp_path: Path, value_bits: i
     blockwise decode's error estimate forms from every block's sketches, the library's
     for the same messages), so the target mode plans k after round 1 as in a plain SRHT
     round: below --k-max, at least one value per block."""
-    from rpsagg_server.decoding import messages
+    from rpsagg_server.decode.decoding import messages
 
     block, k_max = 256, 512  # 4 blocks
     cfg = base_config(n=N, k=k_max, d=D, rounds=0, target_rel_error=EPS, k_min=8,

@@ -41,7 +41,7 @@ from http_util import free_port
 from service_util import base_config, in_process_server, round_messages, wait_until
 
 from rpsagg import make_estimator
-from rpsagg_server.launch import LocalJob, ServerProcess, client_command
+from rpsagg_experiments.launch import LocalJob, ServerProcess, client_command
 
 pytestmark = pytest.mark.service
 
@@ -550,7 +550,7 @@ def test_stop_job_closes_the_current_round_and_ends_the_job(tmp_path: Path,
 
 
 def test_server_flags_of_external_jobs() -> None:
-    from rpsagg_server.flags import load_config
+    from rpsagg_server.settings.flags import load_config
 
     base = ["--insecure", "--task", "mean"]
     cfg = load_config([*base, "--data", "external", "--rounds", "0", "--mean-vectors", "3"])

@@ -33,7 +33,7 @@ from service_util import (
 )
 
 from rpsagg_client import AggregationClient
-from rpsagg_server.store import Store
+from rpsagg_server.store.database import Store
 
 pytestmark = pytest.mark.service
 

@@ -1,4 +1,4 @@
-"""The job database's schema version and its migrations (:mod:`rpsagg_server.migrations`).
+"""The job database's schema version and its migrations (:mod:`rpsagg_server.store.migrations`).
 
 A database of version 0 (what the code before versions wrote: the 0.1.0 fixture of
 ``test_store_fixture.py``, and rows of before fields that were added over time) is migrated
@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 from service_util import server_command
 
-from rpsagg_server.migrations import CURRENT_VERSION, SchemaError, open_schema, schema_version
-from rpsagg_server.rowcodec import from_row
-from rpsagg_server.rowinfo import ArchivedSummary, DecodeMetrics, RowInfo
-from rpsagg_server.store import Store
-from rpsagg_server.views import EstimatedError
+from rpsagg_server.readmodel.views import EstimatedError
+from rpsagg_server.rounds.rowcodec import from_row
+from rpsagg_server.store.database import Store
+from rpsagg_server.store.migrations import CURRENT_VERSION, SchemaError, open_schema, schema_version
+from rpsagg_server.store.rowinfo import ArchivedSummary, DecodeMetrics, RowInfo
 
 pytestmark = pytest.mark.service
 

@@ -22,6 +22,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from rpsagg_experiments.launch import LocalJob, ServerProcess
 from rpsagg_experiments.optimization import (
     DIM,
     ITERATIONS,
@@ -39,7 +40,6 @@ from rpsagg_experiments.optimization import (
     run_shards,
 )
 from rpsagg_experiments.runtime import write_csv
-from rpsagg_server.launch import LocalJob, ServerProcess
 
 
 @dataclass

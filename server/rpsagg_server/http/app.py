@@ -26,7 +26,7 @@ from rpsagg_server.http import (
 )
 from rpsagg_server.http.metrics import ServerMetrics
 from rpsagg_server.http.renders import DEFAULT_MAX_BYTES, BodyCache, BodyCacheCollector
-from rpsagg_server.state import ServerState
+from rpsagg_server.readmodel.state import ServerState
 
 log = logging.getLogger("rpsagg.server")
 STATIC = Path(__file__).resolve().parent / "static"

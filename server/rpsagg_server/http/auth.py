@@ -24,7 +24,7 @@ import json
 
 from starlette.types import Scope, Send
 
-from rpsagg_server.auth import read_token_text
+from rpsagg_server.settings.tokenfiles import read_token_text
 
 #: the paths open without a token (none serves a job's data or metrics)
 OPEN = frozenset({"/", "/healthz", "/readyz", "/docs", "/docs/oauth2-redirect",

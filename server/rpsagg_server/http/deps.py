@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from rpsagg_server.state import ServerState
+from rpsagg_server.readmodel.state import ServerState
 
 
 def get_state(request: Request) -> ServerState:

@@ -1,6 +1,6 @@
 """The HTTP edge of the domain's refusals: one table, applied by one exception handler.
 
-:data:`HTTP_STATUS` maps each :class:`~rpsagg_server.errors.DomainError` class to the HTTP
+:data:`HTTP_STATUS` maps each :class:`~rpsagg_server.domain.errors.DomainError` class to the HTTP
 status a request refused with it is answered with; :func:`install` registers the one
 FastAPI exception handler that answers it, with the body ``{"detail": message}`` (the shape
 of FastAPI's own ``HTTPException`` answers). Routes just let the refusal through.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from rpsagg_server.errors import (
+from rpsagg_server.domain.errors import (
     Conflict,
     DomainError,
     Forbidden,
@@ -62,7 +62,7 @@ async def _answer(request: Request, exc: Exception) -> JSONResponse:
 
 
 def install(app: FastAPI) -> None:
-    """Answer every :class:`~rpsagg_server.errors.DomainError` a route of ``app`` raises.
+    """Answer every :class:`~rpsagg_server.domain.errors.DomainError` a route of ``app`` raises.
 
     Parameters
     ----------

@@ -1,5 +1,5 @@
 """What the jobs API documents: a job's settings as the request body (from
-:class:`~rpsagg_server.jobspec.JobSpec`), a job as answered, the one error body of every
+:class:`~rpsagg_server.settings.jobspec.JobSpec`), a job as answered, the one error body of every
 refusal, and the bearer scheme of ``--http-tokens`` and ``--admin-tokens``.
 """
 
@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field, TypeAdapter
 
 from rpsagg_server.http.auth import protected
 from rpsagg_server.jobs.catalog import JOB_ID
-from rpsagg_server.jobspec import JobSpec
+from rpsagg_server.settings.jobspec import JobSpec
 
 #: what each refusal of the API means
 ERRORS: dict[int, str] = {

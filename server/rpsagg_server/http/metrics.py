@@ -2,7 +2,7 @@
 
 Everything is read at scrape time, so nothing can go stale or disagree with the server:
 the counters and the decode histogram from the server's one metrics ledger
-(:class:`~rpsagg_server.ledger.MetricsLedger`, which counts the domain events since the
+(:class:`~rpsagg_server.readmodel.ledger.MetricsLedger`, which counts the domain events since the
 process started, whenever this app was created), the gauges from the read model.
 
 =====================================  =========  ==========================================
@@ -60,9 +60,9 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from rpsagg_server.jobstate import DEFAULT_JOB_STATES
-from rpsagg_server.ledger import DECODE_BUCKETS
-from rpsagg_server.state import ROUND_STATES, ServerState
+from rpsagg_server.domain.jobstate import DEFAULT_JOB_STATES
+from rpsagg_server.readmodel.ledger import DECODE_BUCKETS
+from rpsagg_server.readmodel.state import ROUND_STATES, ServerState
 from rpsagg_wire.v1.messages import RoundState
 
 SERIES = ("estimate", "rand_k", "rand_k_spatial")

@@ -7,7 +7,7 @@ process, even in threads, it takes the loop's share of the lock, and fifty concu
 downloads at d = 2^20 took GetRound's median from milliseconds to about a second.
 :class:`BodyCache` therefore:
 
-* **formats in a worker process** (:func:`~rpsagg_server.estimate_bodies.write_body`, in
+* **formats in a worker process** (:func:`~rpsagg_server.http.estimatebodies.write_body`, in
   a ``spawn`` process pool of :data:`WORKERS` process, started at the first JSON or CSV
   download, at a lower priority, :data:`WORKER_NICE`): the server's process only hands over
   the values and waits;
@@ -54,7 +54,7 @@ from numpy.typing import NDArray
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from rpsagg_server.estimate_bodies import DECIMAL_FORMATS, write_body
+from rpsagg_server.http.estimatebodies import DECIMAL_FORMATS, write_body
 
 log = logging.getLogger("rpsagg.server")
 

@@ -1,6 +1,6 @@
 """``GET /api/rounds/{id}/estimate``: a done round's decoded mean, as JSON, ``.npy`` or CSV.
 
-Every format carries the same numbers bit for bit (:mod:`rpsagg_server.estimate_bodies`):
+Every format carries the same numbers bit for bit (:mod:`rpsagg_server.http.estimatebodies`):
 ``.npy`` the float64 values, JSON and CSV each value's shortest round-trip decimal. The
 shape is ``(d,)`` for one vector per round and ``(m, d)`` for m (``--mean-vectors``); CSV
 has one vector per line, the format ``rpsagg-client --vectors`` reads.
@@ -34,12 +34,12 @@ from fastapi.responses import StreamingResponse
 from numpy.typing import NDArray
 from starlette.concurrency import run_in_threadpool
 
-from rpsagg_server.estimate_bodies import CHUNK, csv_stream, json_stream, npy_stream
 from rpsagg_server.http.deps import StateDep
+from rpsagg_server.http.estimatebodies import CHUNK, csv_stream, json_stream, npy_stream
 from rpsagg_server.http.renders import BodyCache, RenderBusy, RenderError
-from rpsagg_server.state import ServerState
-from rpsagg_server.store import ReadError
-from rpsagg_server.views import EstimateInfo, EstimateView
+from rpsagg_server.readmodel.state import ServerState
+from rpsagg_server.readmodel.views import EstimateInfo, EstimateView
+from rpsagg_server.store.database import ReadError
 from rpsagg_wire.v1.messages import RoundState
 
 __all__ = ["CHUNK", "csv_stream", "json_stream", "npy_stream", "provenance", "router"]

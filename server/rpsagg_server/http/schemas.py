@@ -1,6 +1,6 @@
 """Response models of the JSON API (they are what ``/docs`` documents).
 
-The models are plain projections of :mod:`rpsagg_server.state` snapshots; the ``from_*``
+The models are plain projections of :mod:`rpsagg_server.readmodel.state` snapshots; the ``from_*``
 functions build them, so the routes stay one-liners.
 """
 
@@ -12,8 +12,15 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 import rpsagg
-from rpsagg_server.state import BetaView, ClientStats, ClientView, JobView, RoundView, TaskMetrics
-from rpsagg_server.views import EstimatedError
+from rpsagg_server.readmodel.state import (
+    BetaView,
+    ClientStats,
+    ClientView,
+    JobView,
+    RoundView,
+    TaskMetrics,
+)
+from rpsagg_server.readmodel.views import EstimatedError
 from rpsagg_wire.v1 import serde
 
 PROTOCOL = serde.SERVICE.rsplit(".", 1)[0]  # "rpsagg.v1"
@@ -274,13 +281,14 @@ class Readiness(BaseModel):
 
 
 def from_task(task: TaskMetrics) -> TaskProgress:
-    """The API model of :class:`~rpsagg_server.state.TaskMetrics`."""
+    """The API model of :class:`~rpsagg_server.readmodel.state.TaskMetrics`."""
     return TaskProgress(name=task.name, value=task.value, optimum=task.optimum,
                         eigenvector_distance=task.eigenvector_distance)
 
 
 def from_round(view: RoundView, task: TaskMetrics | None = None) -> Round:
-    """The API model of a :class:`~rpsagg_server.state.RoundView` (and its task metrics)."""
+    """The API model of a :class:`~rpsagg_server.readmodel.views.RoundView` (and its
+    task metrics)."""
     ev = view.eval_errors
     rel = None if ev is None else ev.relative()
     raw = view.raw_float32_bytes
@@ -315,7 +323,7 @@ def from_round(view: RoundView, task: TaskMetrics | None = None) -> Round:
 
 
 def from_estimated(e: EstimatedError) -> ErrorEstimate:
-    """The API model of a round's :class:`~rpsagg_server.views.EstimatedError`."""
+    """The API model of a round's :class:`~rpsagg_server.readmodel.views.EstimatedError`."""
     return ErrorEstimate(
         squared_error=_finite(e.squared_error),
         squared_error_stderr=_finite(e.squared_error_stderr),

@@ -34,7 +34,6 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import rpsagg
-from rpsagg_server.archive import ArchiveCollector
 from rpsagg_server.http import errors
 from rpsagg_server.http.app import create_app, mount_page
 from rpsagg_server.http.auth import Gate, HttpTokens, verdict
@@ -43,7 +42,8 @@ from rpsagg_server.http.jobschemas import JobInfo, add_security, job_body_schema
 from rpsagg_server.http.renders import DEFAULT_MAX_BYTES, BodyCache, BodyCacheCollector
 from rpsagg_server.jobs.jobhost import JobHost
 from rpsagg_server.jobs.jobruntime import JobRuntime
-from rpsagg_server.state import ServerState
+from rpsagg_server.readmodel.state import ServerState
+from rpsagg_server.rounds.archive import ArchiveCollector
 
 log = logging.getLogger("rpsagg.server")
 

@@ -12,19 +12,16 @@
 - :mod:`~rpsagg_server.jobs.scheduling`: which queued job starts when (``--max-jobs``);
 - :mod:`~rpsagg_server.jobs.jobviews`: a job as ``GET /api/jobs/{id}`` shows it.
 
-This package's own namespace holds only the past jobs' functions (the round engine reads the
-job number from here), so that importing it never imports the engine.
+This package's own namespace holds only the past jobs' functions, so that importing it never
+imports the engine.
 """
 
 from rpsagg_server.jobs.pastjobs import (
-    JOB_ID_KEY,
     ON_FINISHED_JOB,
     PastJob,
     archive_finished_job,
-    job_id,
     jobs_dir,
     past_jobs,
 )
 
-__all__ = ["JOB_ID_KEY", "ON_FINISHED_JOB", "PastJob", "archive_finished_job", "job_id",
-           "jobs_dir", "past_jobs"]
+__all__ = ["ON_FINISHED_JOB", "PastJob", "archive_finished_job", "jobs_dir", "past_jobs"]

@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rpsagg_server.errors import InvalidRequest
+from rpsagg_server.domain.errors import InvalidRequest
+from rpsagg_server.domain.jobstate import ENDED, JobState
 from rpsagg_server.jobs.pastjobs import past_jobs
-from rpsagg_server.jobstate import ENDED, JobState
 
 log = logging.getLogger("rpsagg.server")
 
@@ -71,7 +71,7 @@ _CURRENT = ("default", "created")
 
 def check_job_id(job_id: object) -> None:
     """Refuse an id that is not :data:`JOB_ID`'s shape, or one of :data:`RESERVED_IDS`
-    (:class:`~rpsagg_server.errors.InvalidRequest`)."""
+    (:class:`~rpsagg_server.domain.errors.InvalidRequest`)."""
     if not isinstance(job_id, str) or not JOB_ID.match(job_id):
         raise InvalidRequest("id must be 1..64 characters of [A-Za-z0-9._-], starting with a "
                          f"letter or digit; got {job_id!r}")

@@ -15,13 +15,13 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import replace
 from typing import Any
 
-from rpsagg_server.config import JOB_KEYS, ServerConfig
-from rpsagg_server.decodepool import DecodePool
+from rpsagg_server.decode.decodepool import DecodePool
+from rpsagg_server.domain.jobstate import JobState
 from rpsagg_server.jobs import jobviews
 from rpsagg_server.jobs.catalog import DEFAULT_JOB, Catalog, CatalogError, JobRecord
 from rpsagg_server.jobs.firstjoin import FirstJoin
 from rpsagg_server.jobs.jobruntime import CANNOT_OPEN, JobRuntime, open_job
-from rpsagg_server.jobstate import JobState
+from rpsagg_server.settings.serverconfig import JOB_KEYS, ServerConfig
 
 log = logging.getLogger("rpsagg.server")
 

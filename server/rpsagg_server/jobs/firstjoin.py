@@ -9,7 +9,7 @@ and servicer, with its TLS, tokens and connection bounds:
 - the first Join that says its d (``JoinRequest.d``, which ``rpsagg-client --vectors``
   sends) fixes d: it is committed to the database (meta ``learned_d``) before anyone is
   told, and that join, like every call until the job has opened with that d, is refused as
-  :class:`~rpsagg_server.errors.NotReady` ("the job starts with d = ..."), which clients
+  :class:`~rpsagg_server.domain.errors.NotReady` ("the job starts with d = ..."), which clients
   retry;
 - a join without d, with d below k or with d above ``--max-d`` (the largest d the server
   may allocate for) is refused and fixes nothing; the other calls are not ready while the
@@ -17,7 +17,7 @@ and servicer, with its TLS, tokens and connection bounds:
 
 Then the job opens (:class:`~rpsagg_server.jobs.jobhost.JobHost`) and is a job like any
 other, d fixed: a join whose d differs is an
-:class:`~rpsagg_server.errors.InvalidRequest`. A restart on the same database
+:class:`~rpsagg_server.domain.errors.InvalidRequest`. A restart on the same database
 reads ``learned_d`` back (:func:`learned_config`) and opens the job at once.
 """
 
@@ -29,12 +29,11 @@ from dataclasses import replace
 from typing import NoReturn
 
 from rpsagg.tasks import make_task
-from rpsagg_server.config import BYTES_PER_COORDINATE, ServerConfig, memory_limit
-from rpsagg_server.errors import InvalidRequest, NotReady, PreconditionFailed
-from rpsagg_server.jobs.pastjobs import job_id
-from rpsagg_server.results import announced_k
-from rpsagg_server.startup import StartupError
-from rpsagg_server.store import Store
+from rpsagg_server.domain.errors import InvalidRequest, NotReady, PreconditionFailed, StartupError
+from rpsagg_server.rounds.results import announced_k
+from rpsagg_server.settings.serverconfig import BYTES_PER_COORDINATE, ServerConfig, memory_limit
+from rpsagg_server.store.database import Store
+from rpsagg_server.store.jobnumber import job_id
 from rpsagg_wire.v1.messages import RoundState
 from rpsagg_wire.v1.serde import RoundInfo
 

@@ -23,15 +23,15 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from rpsagg_server.config import JOB_KEYS, ServerConfig, job_config, memory_limit
-from rpsagg_server.decodepool import DecodePool
-from rpsagg_server.errors import (
+from rpsagg_server.decode.decodepool import DecodePool
+from rpsagg_server.domain.errors import (
     Conflict,
     NotFound,
     NotReady,
     PreconditionFailed,
     Unavailable,
 )
+from rpsagg_server.domain.jobstate import ENDED, OPEN_STATES, JobState
 from rpsagg_server.jobs import jobviews, scheduling
 from rpsagg_server.jobs.catalog import (
     DEFAULT_JOB,
@@ -46,8 +46,8 @@ from rpsagg_server.jobs.defaultjob import DefaultJob
 from rpsagg_server.jobs.firstjoin import FirstJoin
 from rpsagg_server.jobs.jobruntime import CANNOT_OPEN, JobRuntime, open_job
 from rpsagg_server.jobs.sizing import AUTO_REQUEST_BYTES, ended_memory, server_request_limit, vet
-from rpsagg_server.jobstate import ENDED, OPEN_STATES, JobState
-from rpsagg_server.recovery import SettingsMismatch
+from rpsagg_server.rounds.recovery import SettingsMismatch
+from rpsagg_server.settings.serverconfig import JOB_KEYS, ServerConfig, job_config, memory_limit
 
 log = logging.getLogger("rpsagg.server")
 
@@ -247,7 +247,7 @@ class JobHost:
         ``settings`` may name the job (``id``; default ``j`` and 8 random hex digits), so
         that a token file can scope tokens to it ahead of its creation.
 
-        Raises :class:`~rpsagg_server.errors.InvalidRequest` (a bad setting, or a job that
+        Raises :class:`~rpsagg_server.domain.errors.InvalidRequest` (a bad setting, or a job that
         would not fit in memory or under the request limit), :class:`~.errors.Conflict` (the
         id is taken, by any job of the catalog), :class:`~.errors.NotReady` (too many
         queued) or :class:`~.errors.Unavailable` (the catalog write failed).
@@ -291,8 +291,8 @@ class JobHost:
 
     async def cancel(self, job_id: str) -> dict[str, Any]:
         """Cancel a job (durably, then its current round fails); refused
-        :class:`~rpsagg_server.errors.NotFound` for an unknown job,
-        :class:`~rpsagg_server.errors.PreconditionFailed` for one that has ended."""
+        :class:`~rpsagg_server.domain.errors.NotFound` for an unknown job,
+        :class:`~rpsagg_server.domain.errors.PreconditionFailed` for one that has ended."""
         if job_id == self.default_id:
             if job_id not in self.jobs:
                 raise PreconditionFailed(f"job {job_id} has not started: it waits for its "
@@ -324,8 +324,9 @@ class JobHost:
 
     def route(self, job: str) -> JobRuntime:
         """The job a request names (``""``: the default job, else the only open job);
-        :class:`~rpsagg_server.errors.NotFound`, :class:`~rpsagg_server.errors.NotReady` (queued) or
-        :class:`~rpsagg_server.errors.PreconditionFailed` otherwise."""
+        :class:`~rpsagg_server.domain.errors.NotFound`,
+        :class:`~rpsagg_server.domain.errors.NotReady` (queued) or
+        :class:`~rpsagg_server.domain.errors.PreconditionFailed` otherwise."""
         if not job and self.default_id is not None:
             job = self.default_id
         if not job:

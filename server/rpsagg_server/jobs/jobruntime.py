@@ -13,15 +13,15 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from rpsagg_server.config import ServerConfig
-from rpsagg_server.events import EventBus
+from rpsagg_server.domain.errors import StartupError
 from rpsagg_server.jobs.sizing import job_memory, wire_limit
-from rpsagg_server.recovery import SettingsMismatch
-from rpsagg_server.rounds import RoundEngine
-from rpsagg_server.startup import StartupError
-from rpsagg_server.state import ServerState
-from rpsagg_server.store import ReadError, Store, WriteError
-from rpsagg_server.taskeval import TaskMonitor
+from rpsagg_server.readmodel.events import EventBus
+from rpsagg_server.readmodel.state import ServerState
+from rpsagg_server.rounds.engine import RoundEngine
+from rpsagg_server.rounds.recovery import SettingsMismatch
+from rpsagg_server.rounds.taskeval import TaskMonitor
+from rpsagg_server.settings.serverconfig import ServerConfig
+from rpsagg_server.store.database import ReadError, Store, WriteError
 from rpsagg_wire.v1.messages import RoundState
 
 #: what opening a job raises when its database cannot be (re)opened: a start-up check, the
@@ -66,9 +66,9 @@ async def open_job(job_id: str, cfg: ServerConfig, executor: Executor | None,
                    default: bool = False) -> JobRuntime:
     """Open (recover or start) one job on ``cfg.db``.
 
-    Raises :class:`~rpsagg_server.startup.StartupError` for a database that cannot be opened
-    or written, :class:`~rpsagg_server.recovery.SettingsMismatch` for a database of a job with
-    other settings.
+    Raises :class:`~rpsagg_server.domain.errors.StartupError` for a database that cannot be opened
+    or written, :class:`~rpsagg_server.rounds.recovery.SettingsMismatch` for a database of a job
+    with other settings.
     """
     try:
         # a new database's file, log mode and tables are synchronous commits: made off the

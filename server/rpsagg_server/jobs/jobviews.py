@@ -7,10 +7,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from rpsagg_server.config import JOB_KEYS, ServerConfig, job_config
+from rpsagg_server.domain.jobstate import JobState
 from rpsagg_server.jobs.catalog import JOB_STATES, JobRecord
 from rpsagg_server.jobs.jobruntime import JobRuntime
-from rpsagg_server.jobstate import JobState
+from rpsagg_server.settings.serverconfig import JOB_KEYS, ServerConfig, job_config
 from rpsagg_wire.v1.messages import RoundState
 
 

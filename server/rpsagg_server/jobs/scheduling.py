@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from rpsagg_server.errors import InvalidRequest, NotReady
+from rpsagg_server.domain.errors import InvalidRequest, NotReady
+from rpsagg_server.domain.jobstate import JobState
 from rpsagg_server.jobs.catalog import JobRecord
 from rpsagg_server.jobs.jobruntime import JobRuntime
 from rpsagg_server.jobs.sizing import Need
-from rpsagg_server.jobstate import JobState
 
 #: jobs waiting for a slot, at most
 MAX_QUEUED = 1000
@@ -30,8 +30,8 @@ def committed_memory(runtimes: Iterable[JobRuntime], records: Iterable[JobRecord
 
 def check_fits(need: Need, limit: int, budget: int, committed: int, request_limit: int,
                n_queued: int) -> None:
-    """Refuse a new job that does not fit (:class:`~rpsagg_server.errors.InvalidRequest`
-    naming the setting, or :class:`~rpsagg_server.errors.NotReady` when too many wait)."""
+    """Refuse a new job that does not fit (:class:`~rpsagg_server.domain.errors.InvalidRequest`
+    naming the setting, or :class:`~rpsagg_server.domain.errors.NotReady` when too many wait)."""
     left = budget - committed
     if need.memory > left:
         raise InvalidRequest(

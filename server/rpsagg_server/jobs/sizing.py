@@ -10,10 +10,9 @@ from typing import Any
 
 from rpsagg.schemes import WireProfile, estimator_from_options
 from rpsagg.tasks import make_task
-from rpsagg_server.bounds import INT32_MAX
-from rpsagg_server.config import BYTES_PER_COORDINATE, ServerConfig, job_config
-from rpsagg_server.errors import InvalidRequest
-from rpsagg_server.startup import StartupError
+from rpsagg_server.domain.errors import InvalidRequest, StartupError
+from rpsagg_server.settings.bounds import INT32_MAX
+from rpsagg_server.settings.serverconfig import BYTES_PER_COORDINATE, ServerConfig, job_config
 
 #: the largest request any job may take, unless ``--max-request-bytes`` says otherwise
 AUTO_REQUEST_BYTES = 64 << 20
@@ -51,8 +50,9 @@ def wire_limit(cfg: ServerConfig, m: int, wire: WireProfile) -> int:
 
 def job_memory(cfg: ServerConfig, m: int) -> int:
     """The memory a job is taken to need, in bytes: a round of d coordinates per vector
-    (:data:`~rpsagg_server.config.BYTES_PER_COORDINATE` each: the estimate, the decode's
-    work vectors, the next state), n submissions of k values (and in evaluation mode a d-long
+    (:data:`~rpsagg_server.settings.serverconfig.BYTES_PER_COORDINATE` each: the estimate, the
+    decode's work vectors, the next state), n submissions of k values (and in evaluation mode a
+    d-long
     float64 reference) per vector, and its cache of finished rounds (at most
     ``--result-cache-bytes``, at most two rounds' estimate and state); once the job ends,
     :func:`ended_memory`."""
@@ -86,7 +86,7 @@ def flag_names(message: str) -> str:
 def vet(server: ServerConfig, settings: Mapping[str, Any]) -> tuple[Need, int]:
     """Everything a created job's settings imply, derived before anything is recorded: its
     configuration, task, memory estimate and request limit
-    (:class:`~rpsagg_server.errors.InvalidRequest`, one line naming the setting, for
+    (:class:`~rpsagg_server.domain.errors.InvalidRequest`, one line naming the setting, for
     whatever the flags' checks or the library's refuse)."""
     try:
         cfg = job_config(server, settings, ":memory:")

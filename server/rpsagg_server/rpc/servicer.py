@@ -1,0 +1,141 @@
+"""gRPC servicer: parse at the wire edge, validate, raise the domain's refusals.
+
+A refusal (:class:`~rpsagg_server.domain.errors.DomainError`) raised by a handler is logged with
+the method's tag and answered with its status by
+:class:`~rpsagg_server.rpc.refusals.RefusalInterceptor`, the one place that maps them.
+
+Authentication runs before any handler, in :class:`~rpsagg_server.rpc.auth.TokenInterceptor`;
+a handler only checks that the client id a request names is the token's own
+(:func:`~rpsagg_server.rpc.auth.authorize`).
+
+Each request names its job (field ``job``; ``""`` for the default job): the handler routes
+it to that job's engine through the :class:`~rpsagg_server.jobs.jobhost.JobHost`, and checks that
+the token may act in it (:func:`~rpsagg_server.rpc.auth.authorize_job`). A submission's job is
+read without parsing the submission (:func:`rpsagg_wire.v1.serde.peek_job`) and its size is
+held to the job's own limit.
+
+Handlers are registered raw (request bytes in), so malformed bytes are parsed by
+:mod:`rpsagg_wire.v1.serde` and answered with INVALID_ARGUMENT and a message, instead of the
+generic deserialization failure gRPC would give.
+
+A ``--d 0`` job waiting for its first join's d (:mod:`rpsagg_server.jobs.firstjoin`) is
+served here too: its Join and GetRound go to its
+:class:`~rpsagg_server.jobs.firstjoin.FirstJoin`, its other calls are refused by the
+routing (UNAVAILABLE, retried).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from rpsagg_server.domain.errors import DomainError, InvalidRequest, LimitExceeded
+from rpsagg_server.jobs.jobhost import JobHost
+from rpsagg_server.jobs.jobruntime import JobRuntime
+from rpsagg_server.readmodel.events import SubmissionRefused
+from rpsagg_server.rounds.requestchecks import check_client_id
+from rpsagg_server.rpc.auth import authorize, authorize_job, bound_client
+from rpsagg_server.rpc.refusals import status_of
+from rpsagg_wire.v1 import serde
+
+
+class AggregationServicer:
+    """Implements ``rpsagg.v1.Aggregation`` on top of the jobs of a :class:`JobHost`."""
+
+    def __init__(self, host: JobHost) -> None:
+        self.host = host
+
+    def generic_handler(self) -> grpc.GenericRpcHandler:
+        """The method handlers to add to a ``grpc.aio`` server."""
+
+        def unary(name: str, fn: Callable[[bytes, Any], Awaitable[Any]]) -> Any:
+            return grpc.unary_unary_rpc_method_handler(
+                fn, request_deserializer=None,
+                response_serializer=serde.reply_serializer(name))
+
+        return grpc.method_handlers_generic_handler(serde.SERVICE, {
+            "Join": unary("Join", self.Join),
+            "GetRound": unary("GetRound", self.GetRound),
+            "Submit": unary("Submit", self.Submit),
+            "GetResult": unary("GetResult", self.GetResult),
+            "WatchRounds": grpc.unary_stream_rpc_method_handler(
+                self.WatchRounds, request_deserializer=None,
+                response_serializer=serde.reply_serializer("WatchRounds")),
+        })
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _job(self, job: str) -> JobRuntime:
+        """The job a request names, if the token may act in it."""
+        rt = self.host.route(job)
+        authorize_job(rt.id)
+        return rt
+
+    def _check_reader(self, client_id: str) -> None:
+        """The optional ``client_id`` of a read: well formed, and the token's own."""
+        if client_id:
+            check_client_id(client_id)
+            authorize(client_id)
+
+    def _parse(self, method: str, raw: bytes) -> Any:
+        try:
+            return serde.parse_request(method, raw)
+        except serde.WireError as exc:
+            raise InvalidRequest(str(exc)) from None
+
+    # -- methods: a refusal raised here is answered by grpcerrors.RefusalInterceptor ------
+    async def Join(self, raw: bytes, context: Any) -> serde.JoinReply:
+        """Register a client id."""
+        req = self._parse("Join", raw)
+        check_client_id(req.client_id)
+        authorize(req.client_id)
+        waiting = self.host.waiting_for_d(req.job)
+        if waiting is not None:
+            authorize_job(waiting.id)
+            await waiting.join(req.client_id, req.d)  # raises: fixed, or refused
+        return await self._job(req.job).engine.membership.join(req.client_id, req.d)
+
+    async def GetRound(self, raw: bytes, context: Any) -> serde.RoundInfo:
+        """The current round."""
+        req = self._parse("GetRound", raw)
+        self._check_reader(req.client_id)
+        waiting = self.host.waiting_for_d(req.job)
+        if waiting is not None:
+            authorize_job(waiting.id)
+            return waiting.round_info()
+        return self._job(req.job).engine.results.round_info(req.client_id)
+
+    async def Submit(self, raw: bytes, context: Any) -> serde.SubmitReply:
+        """Validate and durably commit a submission; the reply is the ack."""
+        arrived = time.time()  # first thing: the deadline is judged by arrival
+        rt: JobRuntime | None = None
+        try:
+            rt = self._job(serde.peek_job(raw))
+            if len(raw) > rt.limit:
+                raise LimitExceeded(f"a submission of {len(raw)} bytes is above job {rt.id}'s "
+                                    f"limit of {rt.limit} bytes")
+            return await rt.engine.intake.admit(raw, arrived, bound_client())
+        except DomainError as exc:
+            counted = rt or self.host.default()
+            if counted is not None:
+                counted.engine.publish(SubmissionRefused(status_of(exc).name, exc.message))
+            raise
+
+    async def GetResult(self, raw: bytes, context: Any) -> serde.RoundResult:
+        """A round's result, optionally waiting for it."""
+        req = self._parse("GetResult", raw)
+        self._check_reader(req.client_id)
+        remaining = context.time_remaining()
+        timeout = None if remaining is None else max(0.0, remaining - 0.2)
+        return await self._job(req.job).engine.results.result(
+            req.round_id, req.wait, timeout, req.client_id)
+
+    async def WatchRounds(self, raw: bytes, context: Any) -> AsyncIterator[serde.RoundEvent]:
+        """Stream round events until the job is done."""
+        req = self._parse("WatchRounds", raw)
+        self._check_reader(req.client_id)
+        rt = self._job(req.job)
+        async for ev in rt.engine.results.watch(req.client_id):
+            yield ev
