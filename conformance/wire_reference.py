@@ -3,7 +3,7 @@
 Standard library only (no numpy, no rpsagg), so that it reads as the document does and any
 implementation can be checked against it. One module serves three users:
 ``scripts/gen-wire-vectors.py`` (writes docs/wire-vectors.json from the library and these
-references), the tests (``tests/test_spec.py``, ``test_dct.py``, ``test_hblocks.py``, ... check
+references), the tests (``tests/unit/test_spec.py``, ``test_dct.py``, ``test_hblocks.py``, ... check
 the library against them) and the conformance runner (``conformance/run.py``, the inputs of
 the cases). Import it with ``conformance/`` on ``sys.path``: ``import wire_reference``.
 """

@@ -3,7 +3,7 @@
 
 Run from the repository root with the project's venv: ``.venv/bin/python
 scripts/gen-lloyd-max.py``. The table is part of the wire format (docs/wire-format.md);
-tests/test_quantizers.py checks it against a fresh derivation.
+tests/unit/test_quantizers.py checks it against a fresh derivation.
 """
 
 from __future__ import annotations

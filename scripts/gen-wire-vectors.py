@@ -3,7 +3,7 @@
 
 Run from the repository root with the project's venv: ``.venv/bin/python
 scripts/gen-wire-vectors.py`` (``--out PATH`` writes elsewhere; ``--check`` compares with
-the committed file and exits 1 on a difference). ``tests/test_wire_vectors.py`` regenerates
+the committed file and exits 1 on a difference). ``tests/unit/test_conformance.py`` regenerates
 the file and compares it byte for byte, so a change to a number produced by the spec shows
 as a diff of this file.
 

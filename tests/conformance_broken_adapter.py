@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Deliberately wrong adapters for the conformance runner (tests/test_conformance.py).
+"""Deliberately wrong adapters for the conformance runner (tests/unit/test_conformance.py).
 
 ``broken_adapter.py MISTAKE`` answers like conformance/adapters/rpsagg_adapter.py except for
 one mistake an implementer could plausibly make reading docs/wire-format.md; the runner must

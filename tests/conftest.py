@@ -12,20 +12,22 @@ Every test module is in exactly one group, a marker of its module-level ``pytest
 whose help starts with "group:"; ``./test.sh -m unit`` runs one group). A collected module
 with no group or more than one stops the run.
 
-``conformance/`` is put on ``sys.path`` here: the tests import the plain-Python reference of
-the wire format (``wire_reference``) and the conformance runner (``run``) from there.
+Each group's modules sit in the folder of that name (``tests/unit``, ``tests/service``,
+``tests/engine``, ``tests/browser``; ``tests/flower`` is the Flower environment's, whatever
+the group); a module elsewhere stops the run too. The shared helpers stay in ``tests/``
+(``repo_paths``, ``http_util``, ``service_util``, ``engine_util``, ``anyd_util``):
+pyproject.toml's ``pythonpath`` puts ``tests/`` on ``sys.path``, and ``conformance/``, whose
+plain-Python reference of the wire format (``wire_reference``) and conformance runner
+(``run``) the tests import.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "conformance"))
 
 collect_ignore = [] if os.environ.get("RPSAGG_FLOWER_TESTS") == "1" else ["flower"]
 
@@ -68,7 +70,8 @@ def _groups(config: pytest.Config) -> set[str]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Refuse the run when a collected test module has no group, or more than one."""
+    """Refuse the run when a collected test module has no group, or more than one, or sits
+    outside its group's folder (``tests/flower`` aside)."""
     groups = _groups(config)
     seen: set[str] = set()
     wrong: list[str] = []
@@ -80,9 +83,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         marks = getattr(module, "pytestmark", [])
         names = [m.name for m in (marks if isinstance(marks, list) else [marks])
                  if m.name in groups]
+        folder = item.path.parent.name
         if len(names) != 1:
-            wrong.append(f"{item.path}: {', '.join(names) or 'none'}")
+            wrong.append(f"{item.path}: group {', '.join(names) or 'none'}")
+        elif folder != names[0] and folder != "flower":
+            wrong.append(f"{item.path}: group {names[0]}, in tests/{folder}/")
     if wrong:
         raise pytest.UsageError(
             f"a test module needs exactly one group ({', '.join(sorted(groups))}) in its "
-            "module-level pytestmark; these have none or several:\n  " + "\n  ".join(wrong))
+            "module-level pytestmark, and sits in the folder of that name (tests/flower "
+            "aside); these do not:\n  " + "\n  ".join(wrong))

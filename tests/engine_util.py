@@ -26,8 +26,8 @@ from typing import Any, TypeVar
 
 import http_util
 import pytest
+from repo_paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 ENGINE = ROOT / "scripts" / "engine.sh"
 COMPOSE = ROOT / "docker-compose.yml"
 COMPOSE_TLS = ROOT / "docker-compose.tls.yml"

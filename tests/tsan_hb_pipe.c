@@ -1,5 +1,5 @@
 /* ThreadSanitizer harness of hblocks' two-thread encode (hb_pipe_run in fastc/hbpipe.c), built and
- * run by tests/test_hblocks_tsan.py: three threads, then the main one, encode at once with
+ * run by tests/unit/test_hblocks_tsan.py: three threads, then the main one, encode at once with
  * two threads each (so they contend for the one helper, and the helper falls asleep every
  * 50 encodes) and must give the one-thread pipeline's bits. _fast_noclones.c is _fast.c,
  * beside copies of the fastc/ files it includes without target_clones (ThreadSanitizer runs

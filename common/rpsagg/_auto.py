@@ -37,7 +37,7 @@ prior of 0.95 or more). So auto takes the c of least worst-case regret over
 accepted): the cap near nk = d' is that worst case, never c = 1 unless the prior is exact
 (delta = 0).
 
-Checks (``tests/test_auto.py``): the model reproduces MATH.md's closed forms for max and one,
+Checks (``tests/unit/test_auto.py``): the model reproduces MATH.md's closed forms for max and one,
 and the search finds c = s with delta = 0.
 
 ``auto_c`` is a pure function of ``(n, k, d', R)`` evaluated with the same floating-point

@@ -284,7 +284,7 @@ def rps_beta(
         Clients decoded together, rows per client, and the dimension the projection acts in:
         ``d'`` for the SRHT, ``d`` for the randomized DCT and hblocks, whose beta is
         ``d / E[...]`` by the same argument and whose spectra have the same free-probability
-        limit (checked in ``tests/test_beta_free.py``).
+        limit (checked in ``tests/unit/test_beta_free.py``).
     c : float
         Transform coefficient in ``[0, 1]``.
     projection : {"srht", "dct", "hblocks"}

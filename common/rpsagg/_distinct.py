@@ -3,7 +3,7 @@ and the per-thread scratch arrays of the stream code.
 
 ``sample_distinct`` draws candidates in batches; the first ``k`` distinct ones below the bound,
 in draw order, are its result. :func:`first_accepted` finds their positions in a batch, by a
-scatter into a table (linear) or by one sort, with identical results (``tests/test_spec.py``
+scatter into a table (linear) or by one sort, with identical results (``tests/unit/test_spec.py``
 checks both against the plain-Python reference).
 """
 
@@ -45,7 +45,7 @@ _INT32_MAX = np.int32(2**31 - 1)
 def first_accepted(drawn: NDArray[np.uint64], bound: int, m: int) -> NDArray[np.int64]:
     """Sorted positions of the first occurrence of each distinct candidate ``< bound``.
 
-    Two implementations with identical results (``tests/test_spec.py`` checks both against
+    Two implementations with identical results (``tests/unit/test_spec.py`` checks both against
     the plain-Python reference): a scatter into a per-thread table indexed by value, linear
     in ``drawn.size`` (used for large draws), and one sort of packed (value, position) keys.
     """

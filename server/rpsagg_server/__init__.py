@@ -1,5 +1,5 @@
 """rpsagg aggregation server, in layers (each imports only the ones below it; the table is
-``tests/test_layers.py``'s ``SERVER_LAYERS``):
+``tests/unit/test_layers.py``'s ``SERVER_LAYERS``):
 
 - :mod:`~rpsagg_server.process`: the ``rpsagg-server`` command, start-up, the event loop;
 - :mod:`~rpsagg_server.rpc` and :mod:`~rpsagg_server.http`: the gRPC and HTTP edges;

@@ -1,5 +1,5 @@
 """The strategy's target-mode k is the library's rule (``rpsagg.planning.BudgetPolicy``), as
-the server's and the bench's are (``tests/test_planning.py``, whose cases these are: that
+the server's and the bench's are (``tests/unit/test_planning.py``, whose cases these are: that
 file's strategy case needs flwr, so it runs here)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A database written by an earlier release opens and resumes.
 
 ``tests/fixtures/store-v0.1.0/`` was made once, by ``PYTHONPATH=tests python
-tests/test_store_fixture.py --make DIR`` with the code of commit daa58f4 (0.1.0), checked in
+tests/service/test_store_fixture.py --make DIR`` with the code of commit daa58f4 (0.1.0), checked in
 as it came out: the default job (``FLAGS``) with round 1 done and round 2 collecting
 (client c0's submission committed), the server killed with ``SIGKILL``, the write-ahead
 log checkpointed into the file. Never regenerate it: it pins what databases in users'
@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from repo_paths import TESTS
 from service_util import (
     check_rounds_against_inprocess,
     server_command,
@@ -37,7 +38,7 @@ from rpsagg_server.store.database import Store
 
 pytestmark = pytest.mark.service
 
-FIXTURE = Path(__file__).resolve().parent / "fixtures" / "store-v0.1.0"
+FIXTURE = TESTS / "fixtures" / "store-v0.1.0"
 N, K, D, ROUNDS = 2, 8, 64, 3
 #: the default job of the fixture's server (a restart must name the same settings)
 FLAGS = ["--insecure", "--n", str(N), "--k", str(K), "--d", str(D), "--task", "mean",

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from repo_paths import ROOT
 
 import rpsagg
 from rpsagg._decode import joint_solve
@@ -181,7 +182,7 @@ def test_device_options_are_validated() -> None:
 def test_bench_accel_smoke(tmp_path: Path) -> None:
     # The GPU machine runs this script once, without an install: its smoke mode (tiny
     # shapes, CPU device, PYTHONPATH=common only) must complete every section.
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     out = tmp_path / "bench.json"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(root / "common")

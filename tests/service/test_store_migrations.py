@@ -18,6 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from repo_paths import TESTS
 from service_util import server_command
 
 from rpsagg_server.readmodel.views import EstimatedError
@@ -28,7 +29,7 @@ from rpsagg_server.store.rowinfo import ArchivedSummary, DecodeMetrics, RowInfo
 
 pytestmark = pytest.mark.service
 
-FIXTURE = Path(__file__).resolve().parent / "fixtures" / "store-v0.1.0"
+FIXTURE = TESTS / "fixtures" / "store-v0.1.0"
 #: the fixture's job (test_store_fixture.FLAGS)
 FLAGS = ["--insecure", "--n", "2", "--k", "8", "--d", "64", "--task", "mean",
          "--data", "external", "--rounds", "3", "--round-timeout", "600",

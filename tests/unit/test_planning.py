@@ -8,11 +8,11 @@ import functools
 import importlib.util
 import math
 import sys
-from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
+from repo_paths import ROOT
 
 from rpsagg import VectorCorrelationTracker, make_estimator, plan_budget, value_bytes
 from rpsagg.planning import BudgetPolicy, planning_r
@@ -181,7 +181,7 @@ def _server_k(target: float, r: float | None, k_min: int, k_max: int) -> int:
 @functools.cache
 def _bench() -> ModuleType:
     """``bench/target_mode.py``, imported once."""
-    path = Path(__file__).resolve().parent.parent / "bench" / "target_mode.py"
+    path = ROOT / "bench" / "target_mode.py"
     spec = importlib.util.spec_from_file_location("bench_target_mode", path)
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)

@@ -5,7 +5,7 @@ A DNS responder on loopback (UDP, a free port; its answers built byte by byte he
 dnspython, which asks the query) answers the PTR query the way Docker's does
 (``<name>.<network>``, with a compression pointer to the question); a resolv.conf naming
 127.0.0.11 marks a container on a user-defined network. On the real engine
-tests/test_deploy_engine.py checks that the replicas join as ``<project>-client-N``.
+tests/engine/test_deploy_engine.py checks that the replicas join as ``<project>-client-N``.
 """
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ def test_unbiased(name: str, transform: str | float, n_prime: int) -> None:
     # nk = d makes A square, and max's A^+ y on non-identical vectors is unbiased but so
     # heavy-tailed (relative MSE ~1e6 against 5 for the SRHT padded to d' = 128, see
     # docs/performance.md) that no sample of 2000 trials measures its mean; max runs on the
-    # padded SRHT here, and tests/test_dct.py checks the DCT's max at nk < d.
+    # padded SRHT here, and tests/unit/test_dct.py checks the DCT's max at nk < d.
     n, k, d, trials = 10, 10, 100, 2000
     xs = correlated_vectors(n, d, 4.0, seed=5)[:n_prime] * np.linspace(0.5, 2.0, d)
     x_bar = xs.mean(axis=0)

@@ -12,16 +12,15 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from repo_paths import ROOT
 from test_dashboard_browser import (  # the browser fixture and its skip rule
     browser,
     pytestmark,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "test-output"
 
 

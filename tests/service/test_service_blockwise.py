@@ -1,7 +1,7 @@
 """Blockwise rounds in the service (``--block-size``): configuration, announcement, decode.
 
 A job run with ``--block-size`` (float32 and 8-bit values) decodes, bit for bit, to what the
-library decodes from the job's stored messages (tests/test_decode_ray.py does the same
+library decodes from the job's stored messages (tests/service/test_decode_ray.py does the same
 through the Ray backend).
 """
 

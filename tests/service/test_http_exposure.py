@@ -41,6 +41,7 @@ from typing import Any
 
 import pytest
 from http_util import free_port
+from repo_paths import ROOT
 from service_util import kill_all, make_certs, server_command, wait_port_file
 
 from rpsagg_client import AggregationClient
@@ -408,7 +409,6 @@ def _query(prom: str, expr: str) -> list[dict[str, Any]]:
     return result
 
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def readme_blocks() -> tuple[str, dict[str, Any]]:

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from http_util import free_port
+from repo_paths import ROOT
 from test_http_exposure import http_get, metric
 
 from rpsagg_client import AggregationClient
@@ -180,7 +181,7 @@ def test_the_soak_benchmark_scaled_down(tmp_path: Path) -> None:
     """``bench/soak.py`` bounded in time (the 24-hour soak at a size CI runs): its own
     checks hold (old rounds bit for bit after the restart) and so do the targets."""
     out = tmp_path / "soak.json"
-    bench = Path(__file__).resolve().parents[1] / "bench" / "soak.py"
+    bench = ROOT / "bench" / "soak.py"
     proc = subprocess.run(
         [sys.executable, str(bench), "--d", "16384", "--seconds", "10", "--after", "3",
          "--check", "5", "--cache-bytes", str(8 * 16384 * 8), "--json", str(out)],

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from repo_paths import ROOT
 
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_readme_opens_with_the_two_commands() -> None:

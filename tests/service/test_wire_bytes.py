@@ -8,10 +8,10 @@ end to end through a server, whose round results report the sum over the round.
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
+from repo_paths import ROOT
 from service_util import base_config, in_process_server
 
 from rpsagg_client import AggregationClient
@@ -125,7 +125,7 @@ def test_protocol_doc_cost_figures() -> None:
     # seed is counted once per submission
     from rpsagg import make_estimator, round_encoding
 
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "protocol.md").read_text(
+    doc = (ROOT / "docs" / "protocol.md").read_text(
         encoding="utf-8")
     spec_version, projection, _ = round_encoding(
         make_estimator("rand-proj-spatial", n=2, k=128, d=4096))

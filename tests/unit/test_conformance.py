@@ -13,18 +13,18 @@ from typing import Any
 
 import pytest
 import run as runner  # conformance/run.py (tests/conftest.py puts conformance/ on sys.path)
+from repo_paths import ROOT, TESTS
 
 from rpsagg import spec
 from rpsagg.quantize import TAG_QROUND
 
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[1]
 VECTORS_PATH = ROOT / "docs" / "wire-vectors.json"
 VECTORS: dict[str, Any] = json.loads(VECTORS_PATH.read_text(encoding="utf-8"))
 RUNNER = ROOT / "conformance" / "run.py"
 ADAPTER = ROOT / "conformance" / "adapters" / "rpsagg_adapter.py"
-BROKEN = Path(__file__).resolve().parent / "conformance_broken_adapter.py"
+BROKEN = TESTS / "conformance_broken_adapter.py"
 
 
 def run_kit(*command: str) -> subprocess.CompletedProcess[str]:

@@ -18,10 +18,10 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from repo_paths import ROOT
 
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[1]
 
 BUILD = """
 import sys, warnings

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from repo_paths import ROOT
 
 from rpsagg import make_estimator, spatial_beta
 from rpsagg_experiments import closed_forms, full_correlation, rank, varying_correlation
@@ -23,7 +24,6 @@ from rpsagg_experiments.runtime import seed_of
 
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[1]
 UJI = ROOT.parent / "shared" / "data" / "ujiindoorloc.zip"
 FASHION = Path("/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz")
 

@@ -14,12 +14,12 @@ import ast
 from pathlib import Path
 
 import pytest
+from repo_paths import ROOT
 
 from rpsagg._estimators import ESTIMATOR_NAMES, QUANTIZER_NAMES
 
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parent.parent
 SCANNED = ("common", "server", "client", "wire", "flower")
 #: The registry: the module that maps names to estimators and the modules whose estimator
 #: classes declare their own ``name``.

@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 import pytest
+from repo_paths import ROOT
 
 from rpsagg_server.decode.decodepool import DecodePool
 from rpsagg_server.domain.errors import StartupError, error_classes
@@ -28,7 +29,7 @@ from rpsagg_server.settings.flags import load_config
 
 pytestmark = pytest.mark.unit
 
-SERVER = Path(__file__).resolve().parents[1] / "server" / "rpsagg_server"
+SERVER = ROOT / "server" / "rpsagg_server"
 #: the layers that speak a protocol: the gRPC and HTTP edges and the process that builds them
 EDGE = {"rpc", "http", "process"}
 # a status name as a word or a string, not as another enum's member (JobState.CANCELLED, or

@@ -6,7 +6,7 @@ fetched from the network by hand and no ``# syntax=`` line (it makes BuildKit fe
 image from Docker Hub), the ``USER``'s uid and gid those of the named ``rpsagg`` user and group,
 a C compiler in the build stage only (the build fails without ``rpsagg._fast``), and no FastAPI
 in the client image. The images are built and run on a real engine by
-tests/test_deploy_engine.py.
+tests/engine/test_deploy_engine.py.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from repo_paths import ROOT
 
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILES = {"server": ROOT / "docker" / "server.Dockerfile",
                "client": ROOT / "docker" / "client.Dockerfile"}
 PINNED_BASE = re.compile(r"^python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?$")

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from numpy.typing import NDArray
+from repo_paths import ROOT
 
 from rpsagg import make_estimator
 from rpsagg.tasks import DataUnavailable, load_shard, make_task, synthetic_shard
@@ -187,7 +188,7 @@ def test_ujiindoorloc_loader_checks_the_hash(tmp_path: Path) -> None:
 
 
 def test_ujiindoorloc_shard_when_the_archive_is_present() -> None:
-    path = Path(__file__).resolve().parents[2] / "shared" / "data" / "ujiindoorloc.zip"
+    path = ROOT.parent / "shared" / "data" / "ujiindoorloc.zip"
     if not path.exists():
         pytest.skip(f"UJIIndoorLoc archive not present at {path}")
     shard = load_shard("ujiindoorloc", "linreg", 1, 10, 512, path=str(path))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from repo_paths import ROOT
 
 import rpsagg
 from rpsagg._blockwise import block_budgets, block_seed
@@ -45,7 +46,7 @@ def test_blockwise_is_the_per_block_decoder(transform: str) -> None:
 
 
 def test_blockwise_is_unbiased() -> None:
-    # Same statistic and derivation as tests/test_statistics.py::test_unbiased.
+    # Same statistic and derivation as tests/unit/test_statistics.py::test_unbiased.
     n, k, d, b, trials = 6, 12, 100, 32, 1500
     xs = correlated_vectors(n, d, 2.0, seed=9) * np.linspace(0.5, 2.0, d)
     x_bar = xs.mean(axis=0)
@@ -167,7 +168,7 @@ def test_quantized_blockwise_rounding_is_unbiased_with_the_per_block_variance() 
 
 def test_quantized_blockwise_estimator_is_unbiased() -> None:
     # Same statistic and derivation as test_blockwise_is_unbiased (and
-    # tests/test_statistics.py::test_unbiased), with 3-bit block codes.
+    # tests/unit/test_statistics.py::test_unbiased), with 3-bit block codes.
     n, k, d, b, trials = 6, 12, 100, 32, 1500
     xs = correlated_vectors(n, d, 2.0, seed=9) * np.linspace(0.5, 2.0, d)
     x_bar = xs.mean(axis=0)
@@ -213,11 +214,10 @@ def test_blockwise_quantized_vectors_from_the_documented_rule() -> None:
     import json
     import math
     import struct
-    from pathlib import Path
 
     from wire_reference import ref_encode, ref_key, ref_mix64, ref_uniforms
 
-    vectors = json.loads((Path(__file__).resolve().parent.parent / "docs"
+    vectors = json.loads((ROOT / "docs"
                           / "wire-vectors.json").read_text(encoding="utf-8"))
     cases = vectors["blockwise_quantized_cases"]
     assert len(cases) >= 6

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from repo_paths import ROOT
 
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[1]
 GENERATED = ("aggregation_pb2.py", "aggregation_pb2.pyi")
 
 

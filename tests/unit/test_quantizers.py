@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
+from repo_paths import ROOT
 
 import rpsagg
 from rpsagg._eden import rotate
@@ -222,7 +222,7 @@ def test_qsgd_norm_sums_the_squares_left_to_right() -> None:
 
 
 def test_qsgd_norm_vectors_are_reproduced() -> None:
-    vectors = json.loads((Path(__file__).resolve().parents[1] / "docs" / "wire-vectors.json"
+    vectors = json.loads((ROOT / "docs" / "wire-vectors.json"
                           ).read_text(encoding="utf-8"))
     for c in vectors["qsgd_norm_cases"]:
         x = np.array([float.fromhex(v) for v in c["x"]])
@@ -290,7 +290,7 @@ def test_mixed_value_bits_do_not_decode_together() -> None:
 # x_j = (j mod 7) - 3, d = 20, seed 0x0123456789ABCDEF: packed codes (hex), the scale's
 # binary32 bit pattern, and Encoded.bits. A change here changes the wire format.
 _VECTORS = json.loads(
-    (Path(__file__).resolve().parents[1] / "docs" / "wire-vectors.json").read_text())
+    (ROOT / "docs" / "wire-vectors.json").read_text())
 # Cases after the first six name their d (default 20) and x ("golden" or "zero").
 GOLDEN = [
     (c["scheme"], c["options"], c.get("d", 20), c.get("x", "golden"), c["packed_hex"],

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pytest
 import wire_reference
+from repo_paths import ROOT, TESTS
 from wire_reference import (  # the plain-Python reference of the spec (conformance/)
     MASK64,
     f32_bits,
@@ -62,7 +63,7 @@ pytestmark = pytest.mark.unit
 # patterns of the encoding of golden_x(d); induced = the k - k//2 indices of rpsINDCD.
 # Round: (client_seed, nonce, client_id, vector_index, derive_round_seed(...)).
 # --------------------------------------------------------------------------------------
-VECTORS_PATH = Path(__file__).resolve().parents[1] / "docs" / "wire-vectors.json"
+VECTORS_PATH = ROOT / "docs" / "wire-vectors.json"
 VECTORS: dict[str, Any] = json.loads(VECTORS_PATH.read_text(encoding="utf-8"))
 
 # SHIFT (v2) and SIGN2 (v4) are checked by test_dct.py and test_hblocks.py
@@ -228,7 +229,7 @@ def test_fresh_interpreter_reproduces_golden_values() -> None:
         "print(json.dumps([rpsagg.FWHT_BACKEND, first, test_spec.library_snapshot()]))"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code, str(Path(__file__).parent),
+        [sys.executable, "-c", code, str(Path(__file__).parent), str(TESTS),
          str(Path(wire_reference.__file__).parent)],
         capture_output=True,
         text=True,

@@ -20,10 +20,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from repo_paths import ROOT
 
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[1]
 # distribution folder -> import package
 PACKAGES = {"common": "rpsagg", "wire": "rpsagg_wire", "server": "rpsagg_server",
             "client": "rpsagg_client", "experiments": "rpsagg_experiments",

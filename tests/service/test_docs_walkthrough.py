@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 from http_util import free_port
+from repo_paths import ROOT
 from service_util import kill_all, wait_port_file
 
 pytestmark = pytest.mark.service
 
-ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "vectors.md"
 BIN = Path(sys.executable).parent
 

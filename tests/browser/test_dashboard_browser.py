@@ -19,11 +19,12 @@ from typing import Any
 
 import pytest
 from http_util import free_port, get_json
+from repo_paths import ROOT
 from service_util import client_command, kill_all, server_command, wait_port_file
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
-OUTPUT = Path(__file__).resolve().parents[1] / "test-output"
+OUTPUT = ROOT / "test-output"
 N, K, D, ROUNDS = 4, 16, 256, 8
 
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(

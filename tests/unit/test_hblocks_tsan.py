@@ -14,10 +14,11 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from repo_paths import TESTS
 
 pytestmark = pytest.mark.unit
 
-HERE = Path(__file__).resolve().parent
+HERE = TESTS
 FAST_C = HERE.parent / "common" / "rpsagg" / "_fast.c"
 
 
