@@ -466,6 +466,3 @@ def _user_error(exc: BaseException) -> int:
     print(f"rpsagg-server: {exc}", file=sys.stderr)
     return 2
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
