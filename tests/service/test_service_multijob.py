@@ -236,6 +236,32 @@ def test_cancel_mid_round(insecure: Service) -> None:
             c.close()
 
 
+@pytest.mark.timeout(120)
+def test_a_cancel_of_the_default_job_is_recorded_before_its_answer(tmp_path: Path) -> None:
+    """The default job's cancel answers 200 with the job cancelled, as a created job's does
+    (its row was written by a watcher after the answer, so the answer and the reads right
+    after it said running), and its end is in the job's database: a restart shows it
+    cancelled, without a round."""
+    svc = Service(tmp_path, "a", "--insecure")
+    try:
+        wait_until(lambda: svc.api("/api/jobs/default/status")[1]["current_round"], 20,
+                   "the default job's first round")
+        status, job = svc.api("/api/jobs/default/cancel", "POST")
+        assert status == 200 and job["state"] == "cancelled", job
+        assert svc.job("default")["state"] == "cancelled"
+        assert svc.api("/api/jobs/default/status")[1]["current_round"] is None
+        assert svc.api("/api/jobs/default/cancel", "POST")[0] == 409
+    finally:
+        svc.close()
+    again = Service(tmp_path, "b", "--insecure")
+    try:
+        job = again.job("default")
+        assert job["state"] == "cancelled" and job["failure"] == "cancelled over the API", job
+        assert again.api("/api/jobs/default/status")[1]["current_round"] is None
+    finally:
+        again.close()
+
+
 @pytest.mark.timeout(180)
 def test_scoped_tokens_and_admin_tokens(tmp_path: Path) -> None:
     certs = make_certs(tmp_path)

@@ -3,7 +3,8 @@
 It opens at start, or, with ``--d 0``, waits for its first join's d
 (:class:`~rpsagg_server.jobs.firstjoin.FirstJoin`; state ``waiting``) and opens once a join
 fixed it. Its catalog row is written from its database at every open (the database stays
-its authority: a row that cannot be written is kept in memory and logged).
+its authority: a row that cannot be written is kept in memory and logged; a job its database
+says failed for the reason a cancelled row gives stays cancelled).
 """
 
 from __future__ import annotations
@@ -72,9 +73,14 @@ class DefaultJob:
 
     async def _open(self, cfg: ServerConfig) -> JobRuntime:
         rt = await open_job(self.id, cfg, self.pool.lane(self.id), default=True)
-        self.record(jobviews.runtime_state(rt), jobviews.runtime_settings(rt),
-                    rt.engine.progress.job_failure, rt.state.started_at,
-                    jobviews.finished_at(rt))
+        state = jobviews.runtime_state(rt)
+        before = self.records.get(self.id)
+        if (state == JobState.FAILED and before is not None
+                and before.state == JobState.CANCELLED
+                and before.failure == rt.engine.progress.job_failure):
+            state = JobState.CANCELLED  # the job's database says why it failed: the cancel
+        self.record(state, jobviews.runtime_settings(rt), rt.engine.progress.job_failure,
+                    rt.state.started_at, jobviews.finished_at(rt))
         self.install(rt)
         self._settled.set()
         return rt

@@ -290,23 +290,21 @@ class JobHost:
             log.error("[Jobs] scheduling failed: %s", task.exception())
 
     async def cancel(self, job_id: str) -> dict[str, Any]:
-        """Cancel a job (durably, then its current round fails); refused
+        """Cancel a job, the default one too: its catalog row says cancelled, then its
+        current round fails and the job's end is written to its database, all before the
+        answer (what the answer acknowledges survives a crash); refused
         :class:`~rpsagg_server.domain.errors.NotFound` for an unknown job,
         :class:`~rpsagg_server.domain.errors.PreconditionFailed` for one that has ended."""
-        if job_id == self.default_id:
-            if job_id not in self.jobs:
-                raise PreconditionFailed(f"job {job_id} has not started: it waits for its "
-                                         "first join")
-            rt = self.jobs[job_id]
-            if rt.engine.job_done:
-                raise PreconditionFailed(f"job {job_id} has ended already")
-            await rt.engine.cancel("cancelled over the API")
-            return self.describe(job_id)
+        if job_id == self.default_id and job_id not in self.jobs:
+            raise PreconditionFailed(f"job {job_id} has not started: it waits for its "
+                                     "first join")
         rec = self._records.get(job_id)
         if rec is None:
             raise NotFound(f"no job {job_id!r}")
-        if rec.state in ENDED:
-            raise PreconditionFailed(f"job {job_id} has ended already ({rec.state})")
+        live = self.jobs.get(job_id)
+        if rec.state in ENDED or (live is not None and live.engine.job_done):
+            raise PreconditionFailed(f"job {job_id} has ended already "
+                                     f"({jobviews.runtime_state(live) if live else rec.state})")
         try:
             moved = await self._set_state(job_id, JobState.CANCELLED, "cancelled over the API",
                                           only_from=OPEN_STATES)
@@ -315,7 +313,6 @@ class JobHost:
         if not moved:  # it ended while the cancel was written
             raise PreconditionFailed(f"job {job_id} has ended already "
                                      f"({self._records[job_id].state})")
-        live = self.jobs.get(job_id)
         if live is not None:
             await live.engine.cancel("cancelled over the API")
         log.info("[Jobs] job %s cancelled", job_id)

@@ -449,8 +449,7 @@ class RoundEngine:
 
         An open or collecting round closes to submissions at once and fails with ``why``
         (what it had committed stays stored); a decoding round finishes its decode first.
-        Returns when the end is durable (or at once for a decoding round, whose finish
-        writes it).
+        Returns when the end is durable (for a decoding round: once its finish wrote it).
         """
         p = self.progress
         if p.job_done or p.cancelled:
@@ -458,7 +457,10 @@ class RoundEngine:
         p.stopping = True
         p.cancelled = why
         live = p.current
-        if live is None or live.state not in ACCEPTING:
+        if live is None:
+            return
+        if live.state not in ACCEPTING:  # decoding: its finish ends the job, durably
+            await live.finished.wait()
             return
         log.info("[Engine] cancelling the job in round %d (%s)", live.round_id, live.state)
         live.state = RoundState.DECODING  # closed: admission refuses it from now on
