@@ -3,4 +3,4 @@
 from rpsagg_server.process.main import main
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
