@@ -70,8 +70,9 @@ from rpsagg_server.rounds.roundview import estimate_info, round_view
 from rpsagg_server.rounds.rowcodec import to_row
 from rpsagg_server.rounds.submissions import Intake
 from rpsagg_server.settings.serverconfig import ServerConfig
-from rpsagg_server.store.database import Store, WriteError
+from rpsagg_server.store.database import Store
 from rpsagg_server.store.jobnumber import job_id
+from rpsagg_server.store.writer import WriteError
 from rpsagg_wire.v1.messages import ACCEPTING, LIVE, RoundState
 
 log = logging.getLogger("rpsagg.server")
