@@ -30,7 +30,7 @@ from rpsagg_experiments.launch import (
     wait_port_file,
 )
 from rpsagg_server.decode.decoding import messages
-from rpsagg_server.process.main import RunningServer, create_server
+from rpsagg_server.process.grpcserver import RunningServer, create_server
 from rpsagg_server.settings.serverconfig import ServerConfig
 from rpsagg_server.store.database import Store
 from rpsagg_wire.v1 import serde

@@ -32,7 +32,8 @@ from service_util import (
 from rpsagg_client import AggregationClient
 from rpsagg_server.domain.errors import DomainError
 from rpsagg_server.rpc.refusals import status_of
-from rpsagg_server.store.database import Store, StoredSubmission, WriteError
+from rpsagg_server.store.database import Store, StoredSubmission
+from rpsagg_server.store.writer import WriteError
 from rpsagg_wire.v1 import serde
 from rpsagg_wire.v1.serde import Submission
 

@@ -16,7 +16,7 @@ from service_util import base_config, check_blockwise_rounds_bitwise, in_process
 
 from rpsagg.projections import AUTO_BLOCK_SIZE, AUTO_BLOCK_THRESHOLD
 from rpsagg_client import AggregationClient
-from rpsagg_server.process.main import max_request_bytes
+from rpsagg_server.process.grpcserver import max_request_bytes
 from rpsagg_server.settings.flags import load_config
 from rpsagg_server.settings.serverconfig import AUTO, ServerConfig
 

@@ -375,7 +375,7 @@ def test_no_port_file_when_the_dashboard_does_not_start(
 
     from service_util import base_config
 
-    from rpsagg_server.process import main as server
+    from rpsagg_server.process import serving as server
 
     async def app(scope: dict, receive: Any, send: Any) -> None:
         assert scope["type"] == "lifespan"

@@ -158,7 +158,7 @@ def test_request_limit_counts_indices_only_where_sent() -> None:
     # docs/protocol.md: values at 4 bytes each (codes too), indices only for the schemes
     # that send them, d' values for EDEN and d for QSGD
     from rpsagg import make_estimator
-    from rpsagg_server.process.main import max_request_bytes
+    from rpsagg_server.process.grpcserver import max_request_bytes
 
     cfg = replace(base_config(), d=100, k=10)
 

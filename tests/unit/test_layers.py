@@ -1,9 +1,9 @@
 """Layering: the packages use only the math library's public surface, each package and each
 folder of scripts imports only what the table of allowed edges lets it (and what its
 distribution declares), the server's layers import only the layers below them, no module
-of any package takes part in an import cycle, and the modules and functions of client/ and wire/
-keep to the size rule (modules of one idea, at most ``MAX_MODULE_LINES`` lines; functions
-at most ``MAX_FUNCTION_LINES``).
+of any package takes part in an import cycle, and the modules and functions of client/, wire/
+and server/ keep to the size rule (modules of one idea, at most ``MAX_MODULE_LINES`` lines;
+functions at most ``MAX_FUNCTION_LINES``).
 
 Both checks read the sources (``ast``), so they see every import, including those inside
 functions that run only on some paths. A lazy import that breaks a cycle at run time is
@@ -35,8 +35,8 @@ OUTSIDE = ("wire", "server", "client", "experiments", "flower", "examples", "ben
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 # held to the size rule now / measured and reported only (others are restructuring them)
-SIZED = ("client", "wire")
-SIZE_REPORTED = ("server", "common", "flower")
+SIZED = ("client", "wire", "server")
+SIZE_REPORTED = ("common", "flower")
 # generated protobuf code is exempt
 GENERATED = ("_pb2.py", "_pb2_grpc.py")
 
@@ -436,7 +436,7 @@ def test_the_size_checker_measures_modules_and_functions(tmp_path: Path) -> None
                      f"{big}:3 C.m.inner(): 5 lines"]
 
 
-def test_client_and_wire_keep_to_the_size_rule() -> None:
+def test_client_wire_and_server_keep_to_the_size_rule() -> None:
     for folder in SIZED:
         measured, offenders = size_offenders(ROOT / folder)
         assert measured >= 3, f"only {measured} modules measured in {folder}/: wrong root?"

@@ -207,35 +207,16 @@ def decode_round(
     estimators = [options.apply(e) for e in per_vector(estimator, priors, m)]
     estimator = estimators[0]
     n, k, d = estimator.n, estimator.k, estimator.d
-    rows = []
-    beta = c = math.nan
-    r_hat = math.nan
     wire = estimator.wire
     batches = [messages(subs, nonce, wire.scheme, k, d, j, wire.scale_counts)
                for j in range(m)]
-    results: list[DecodeResult]
-    if options.backend == "ray":
-        from rpsagg_server.decode import raydecode
-
-        raydecode.connect(options.ray_address)
-        results = raydecode.decode_vectors(estimators, batches)
-    else:
-        results = [e.decode_with_info(batch) for e, batch in zip(estimators, batches, strict=True)]
-    for j, info in enumerate(results):
-        rows.append(info.estimate)
-        if j == 0:
-            beta = info.beta
-            c = math.nan if info.c is None else info.c
+    results = decode_batches(estimators, batches, options)
+    beta, c = results[0].beta, math.nan if results[0].c is None else results[0].c
     if wire.supports_r_hat:
-        if tracker is not None:
-            r_hat = tracker.update(batches)[0]
-        else:
-            from rpsagg import estimate_correlation
-
-            r_hat = estimate_correlation(batches[0])
+        r_hat = sketch_r_hat(batches, tracker)
     else:
         r_hat = decoded_r_hat(results, batches, tracker)
-    estimate = np.stack(rows)
+    estimate = np.stack([info.estimate for info in results])
     # the shadows run Rand-k and Rand-k-Spatial at the job's k; schemes without a k
     # (EDEN, QSGD: every coordinate) have none
     shadows = wire.traits.takes_k
@@ -243,6 +224,29 @@ def decode_round(
     estimated = EstimatedError.of_slots([info.error_estimate for info in results])
     return DecodeOutcome(estimate, len(subs), beta, c, time.perf_counter() - start, r_hat, errors,
                          estimated)
+
+
+def decode_batches(estimators: Sequence[Estimator], batches: list[list[Encoded]],
+                   options: DecodeOptions) -> list[DecodeResult]:
+    """Decode vector j's ``batches[j]`` with ``estimators[j]``: here, or on the Ray cluster
+    of ``options`` (``backend="ray"``); results in order."""
+    if options.backend == "ray":
+        from rpsagg_server.decode import raydecode
+
+        raydecode.connect(options.ray_address)
+        return raydecode.decode_vectors(estimators, batches)
+    return [e.decode_with_info(batch) for e, batch in zip(estimators, batches, strict=True)]
+
+
+def sketch_r_hat(batches: Sequence[Sequence[Encoded]],
+                 tracker: VectorCorrelationTracker | None) -> float:
+    """Vector 0's R_hat from the messages' sketches (:func:`~rpsagg.estimate_correlation`);
+    ``tracker`` (transform=auto) is updated with every vector's."""
+    if tracker is not None:
+        return tracker.update(batches)[0]
+    from rpsagg import estimate_correlation
+
+    return estimate_correlation(batches[0])
 
 
 def decoded_r_hat(results: Sequence[DecodeResult], batches: Sequence[Sequence[Encoded]],

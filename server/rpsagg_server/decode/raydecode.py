@@ -41,7 +41,14 @@ from numpy.typing import NDArray
 # only through this module (config.py checks for Ray without importing it).
 os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 
-from rpsagg import DecodeResult, Encoded, ErrorEstimate, Estimator, RandProjSpatial
+from rpsagg import (
+    BlockwiseRandProjSpatial,
+    DecodeResult,
+    Encoded,
+    ErrorEstimate,
+    Estimator,
+    RandProjSpatial,
+)
 
 FloatArray = NDArray[np.float64]
 log = logging.getLogger("rpsagg.server")
@@ -122,8 +129,6 @@ def _task(
     """Body of a Ray task: blocks ``first .. stop-1`` of vector ``j`` (or the whole vector);
     the fourth item says on which node it ran; the fifth is the whole vector's error
     estimate (None for a range of blocks: the server sums the blocks' in ``assemble``)."""
-    from rpsagg import BlockwiseRandProjSpatial
-
     batch = payload.batch(j)
     if isinstance(estimator, BlockwiseRandProjSpatial):
         assert isinstance(betas, dict)
@@ -163,6 +168,53 @@ def block_groups(blocks: int, workers: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
 
 
+def _payload(estimator: Estimator, batches: list[list[Encoded]]) -> Payload:
+    """A round's messages as one object for the object store.
+
+    Parameters
+    ----------
+    estimator : Estimator
+        Vector 0's estimator (its scheme, k and d name the messages).
+    batches : list of lists of Encoded
+        One batch per vector, the same clients (and order) in each.
+    """
+    first = batches[0][0]
+    quantized = first.codes is not None
+    return Payload(
+        estimator.name, estimator.k, estimator.d,
+        np.array([[m.seed for m in b] for b in batches], dtype=np.uint64),
+        np.stack([np.stack([m.values for m in b]) for b in batches]),
+        first.value_bits,
+        np.stack([np.stack([_codes(m) for m in b]) for b in batches]) if quantized else None,
+        np.stack([np.stack([_scales(m) for m in b]) for b in batches]) if quantized else None,
+    )
+
+
+def _decode_blockwise(task: Any, ref: Any, payload: Payload,
+                      estimators: Sequence[BlockwiseRandProjSpatial],
+                      n_prime: int) -> list[DecodeResult]:
+    """Blockwise vectors: one task per group of consecutive blocks per vector, the blocks
+    then assembled here (their error estimates summed with the batch)."""
+    import ray
+
+    workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    groups = block_groups(estimators[0].blocks, workers)
+    futures = [[task.remote(ref, e, j, a, b, e.block_betas(n_prime)) for a, b in groups]
+               for j, e in enumerate(estimators)]
+    results = []
+    nodes: list[str] = []
+    for j, (e, row) in enumerate(zip(estimators, futures, strict=True)):
+        parts = ray.get(row)
+        infos = [i for _, part_infos, _, _, _ in parts for i in part_infos]
+        nodes.extend(where for _, _, _, where, _ in parts)
+        # with the batch, assemble sums the blocks' error estimates (the blocks' solves
+        # carry their ||A^T y||^2)
+        results.append(e.assemble([p for p, _, _, _, _ in parts], infos, parts[-1][2],
+                                  n_prime, payload.batch(j)))
+    _log_nodes(nodes)
+    return results
+
+
 def decode_vectors(estimators: Estimator | Sequence[Estimator],
                    batches: list[list[Encoded]]) -> list[DecodeResult]:
     """Decode every vector of a round on the cluster; results in order.
@@ -177,8 +229,6 @@ def decode_vectors(estimators: Estimator | Sequence[Estimator],
     """
     import ray
 
-    from rpsagg import BlockwiseRandProjSpatial
-
     if isinstance(estimators, Estimator):
         estimators = [estimators] * len(batches)
     if len(estimators) != len(batches):
@@ -188,36 +238,12 @@ def decode_vectors(estimators: Estimator | Sequence[Estimator],
         if not isinstance(e, RandProjSpatial | BlockwiseRandProjSpatial):
             raise ValueError(f"the Ray backend decodes rand-proj-spatial, not {e.name}")
     n_prime = len(batches[0])
-    first = batches[0][0]
-    quantized = first.codes is not None
-    payload = Payload(
-        estimator.name, estimator.k, estimator.d,
-        np.array([[m.seed for m in b] for b in batches], dtype=np.uint64),
-        np.stack([np.stack([m.values for m in b]) for b in batches]),
-        first.value_bits,
-        np.stack([np.stack([_codes(m) for m in b]) for b in batches]) if quantized else None,
-        np.stack([np.stack([_scales(m) for m in b]) for b in batches]) if quantized else None,
-    )
+    payload = _payload(estimator, batches)
     ref = ray.put(payload)  # once per round; every task reads it from the object store
     task = _remote_task()
     if isinstance(estimator, BlockwiseRandProjSpatial):
-        workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
-        groups = block_groups(estimator.blocks, workers)
         blockwise = [cast(BlockwiseRandProjSpatial, e) for e in estimators]
-        futures = [[task.remote(ref, e, j, a, b, e.block_betas(n_prime)) for a, b in groups]
-                   for j, e in enumerate(blockwise)]
-        results = []
-        nodes: list[str] = []
-        for j, (e, row) in enumerate(zip(blockwise, futures, strict=True)):
-            parts = ray.get(row)
-            infos = [i for _, part_infos, _, _, _ in parts for i in part_infos]
-            nodes.extend(where for _, _, _, where, _ in parts)
-            # with the batch, assemble sums the blocks' error estimates (the blocks' solves
-            # carry their ||A^T y||^2)
-            results.append(e.assemble([p for p, _, _, _, _ in parts], infos, parts[-1][2],
-                                      n_prime, payload.batch(j)))
-        _log_nodes(nodes)
-        return results
+        return _decode_blockwise(task, ref, payload, blockwise, n_prime)
     betas = [e.beta_for(n_prime) for e in estimators]
     outs = ray.get([task.remote(ref, e, j, 0, 1, beta)
                     for j, (e, beta) in enumerate(zip(estimators, betas, strict=True))])

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -76,6 +76,27 @@ def create_app(state: ServerState, registry: CollectorRegistry | None = None,
         bodies = BodyCache(int(state.config().get("http_body_cache_bytes",
                                                   DEFAULT_MAX_BYTES)))
         registry.register(BodyCacheCollector(bodies))
+    app = FastAPI(
+        title="rpsagg server",
+        version=rpsagg.__version__,
+        summary="Round status, bytes and squared errors of a Rand-Proj-Spatial aggregation "
+        "server; Prometheus metrics at /metrics.",
+        lifespan=closing_lifespan(bodies if owned else None),
+    )
+    app.state.server_state = state
+    app.state.metrics = metrics
+    app.state.bodies = bodies
+    app.state.job = job
+    include_routes(app)
+    mount_page(app, registry)
+    return app
+
+
+def closing_lifespan(
+    owned: BodyCache | None,
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """A dashboard app's lifespan: logs its start and stop, and closes ``owned`` at its
+    shutdown (the bodies the app made itself; None: the caller's, the caller closes them)."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -83,21 +104,15 @@ def create_app(state: ServerState, registry: CollectorRegistry | None = None,
         try:
             yield
         finally:
-            if owned:
-                bodies.close()
+            if owned is not None:
+                owned.close()
             log.info("[HTTP] dashboard app stopped")
 
-    app = FastAPI(
-        title="rpsagg server",
-        version=rpsagg.__version__,
-        summary="Round status, bytes and squared errors of a Rand-Proj-Spatial aggregation "
-        "server; Prometheus metrics at /metrics.",
-        lifespan=lifespan,
-    )
-    app.state.server_state = state
-    app.state.metrics = metrics
-    app.state.bodies = bodies
-    app.state.job = job
+    return lifespan
+
+
+def include_routes(app: FastAPI) -> None:
+    """Add a job's JSON API and health routes (``/api/*``, ``/healthz``, ``/readyz``)."""
     app.include_router(routes_status.router)
     app.include_router(routes_clients.router)
     app.include_router(routes_export.router)  # before /api/rounds/{round_id}
@@ -105,8 +120,6 @@ def create_app(state: ServerState, registry: CollectorRegistry | None = None,
     app.include_router(routes_estimate.router)
     app.include_router(routes_health.router)
     app.include_router(routes_jobs.router)
-    mount_page(app, registry)
-    return app
 
 
 def mount_page(app: FastAPI, registry: CollectorRegistry) -> None:

@@ -48,7 +48,7 @@ and ``rpsagg_http_connections_max`` (gauges), ``rpsagg_http_connections_refused_
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -147,6 +147,12 @@ class StateCollector(Collector):
         ``rpsagg_job_state``, the estimated errors and, in evaluation mode,
         ``rpsagg_round_squared_error``, ``rpsagg_round_relative_error`` and the task
         gauges."""
+        yield from self._progress()
+        yield from self._round_errors()
+        yield from self._task()
+
+    def _progress(self) -> Iterator[Metric]:
+        """``rpsagg_clients_connected``, ``rpsagg_current_round`` and ``rpsagg_job_state``."""
         clients = GaugeMetricFamily("rpsagg_clients_connected",
                                     "Clients that joined the job.")
         clients.add_metric([], len(self.state.clients()))
@@ -164,6 +170,9 @@ class StateCollector(Collector):
         for js in DEFAULT_JOB_STATES:
             job_state.add_metric([js], float(job is not None and job.state == js))
         yield job_state
+
+    def _round_errors(self) -> Iterator[Metric]:
+        """The latest finished round's errors: measured (evaluation mode) and estimated."""
         errors = GaugeMetricFamily(
             "rpsagg_round_squared_error", "Evaluation mode: squared error of the latest "
             "finished round, of the estimate and of the Rand-k / Rand-k-Spatial shadows.",
@@ -203,6 +212,9 @@ class StateCollector(Collector):
         yield est_sq
         yield est_se
         yield est_rel
+
+    def _task(self) -> Iterator[Metric]:
+        """The task's gauges after the latest measured round (evaluation mode)."""
         task = GaugeMetricFamily(
             "rpsagg_task_metric", "Evaluation mode: the task's metric (Rayleigh quotient, "
             "k-means objective, regression loss) after the latest measured round.")

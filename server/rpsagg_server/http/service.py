@@ -20,12 +20,11 @@ Paths:
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager, suppress
+from collections.abc import Callable, Iterable
+from contextlib import suppress
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
@@ -34,18 +33,16 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import rpsagg
-from rpsagg_server.http import errors
-from rpsagg_server.http.app import create_app, mount_page
-from rpsagg_server.http.auth import Gate, HttpTokens, verdict
-from rpsagg_server.http.bodies import MAX_BODY, parse_settings, read_body
-from rpsagg_server.http.jobschemas import JobInfo, add_security, job_body_schema, refusals
+from rpsagg_server.http import errors, routes_jobsapi
+from rpsagg_server.http.app import closing_lifespan, create_app, mount_page
+from rpsagg_server.http.auth import Gate, HttpTokens
+from rpsagg_server.http.jobschemas import add_security
 from rpsagg_server.http.renders import DEFAULT_MAX_BYTES, BodyCache, BodyCacheCollector
+from rpsagg_server.http.routes_jobsapi import AdminGuard
 from rpsagg_server.jobs.jobhost import JobHost
 from rpsagg_server.jobs.jobruntime import JobRuntime
 from rpsagg_server.readmodel.state import ServerState
 from rpsagg_server.rounds.archive import ArchiveCollector
-
-log = logging.getLogger("rpsagg.server")
 
 
 class JobsCollector(Collector):
@@ -117,28 +114,38 @@ def create_service_app(host: JobHost, registry: CollectorRegistry | None = None,
     for rt in host.jobs.values():
         _job_app(rt, cache)
     host.on_open.append(lambda rt: _job_app(rt, cache))
-    guard = AdminGuard(admin_tokens, host.cfg.insecure)
-
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        log.info("[HTTP] dashboard app started")
-        try:
-            yield
-        finally:
-            cache.close()
-            log.info("[HTTP] dashboard app stopped")
-
     app = FastAPI(title="rpsagg server", version=rpsagg.__version__,
                   summary="Jobs of a Rand-Proj-Spatial aggregation server: create, list, "
-                  "cancel; each job's rounds under /api/jobs/{id}/.", lifespan=lifespan)
+                  "cancel; each job's rounds under /api/jobs/{id}/.",
+                  lifespan=closing_lifespan(cache))
     app.state.host = host
     app.state.registry = registry
     app.state.bodies = cache
+    app.state.admin_guard = AdminGuard(admin_tokens, host.cfg.insecure)
     errors.install(app)
     # /docs: the jobs API and a job's own API (its paths as the default job's; each is also
     # under /api/jobs/{id}/), from a template app that is never served
     template = create_app(ServerState(host.cfg.public_dict()), CollectorRegistry(),
                           bodies=cache)
+    app.openapi = merged_openapi(app, template)  # type: ignore[method-assign]
+    app.include_router(routes_jobsapi.router)
+    mount_page(app, registry)
+
+    @app.get("/healthz", include_in_schema=False)
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", include_in_schema=False)
+    def readyz() -> JSONResponse:
+        return JSONResponse({"ready": True, "checks": {}})
+
+    return app
+
+
+def merged_openapi(app: FastAPI, template: FastAPI) -> Callable[[], dict[str, Any]]:
+    """The service's ``openapi()``: its own paths (the jobs API) with a job's, those of
+    ``template`` (the service's win where both have a path), the bearer scheme added;
+    built once, on the first call, and kept in ``app.openapi_schema``."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -157,93 +164,7 @@ def create_service_app(host: JobHost, registry: CollectorRegistry | None = None,
             app.openapi_schema = add_security(own)
         return app.openapi_schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
-
-    @app.get("/api/jobs", tags=["jobs"], summary="Every job of this server",
-             responses=refusals(401, 403))
-    def list_jobs() -> dict[str, Any]:
-        """From the catalog: the default job first, then the created jobs oldest first;
-        ``past_jobs``: the finished jobs earlier starts moved to ``<db>.jobs/``
-        (``--on-finished-job new``), newest first (each is also ``/api/jobs/{id}``, id its
-        file's stem)."""
-        return {"jobs": host.list(), "past_jobs": host.past_jobs()}
-
-    @app.post("/api/jobs", tags=["jobs"], status_code=201, summary="Create a job",
-              openapi_extra={"requestBody": job_body_schema()},
-              responses={201: {"model": JobInfo, "description": "Recorded (durably); it "
-                               "starts when a slot is free.", "headers": {"Location": {
-                                   "description": "/api/jobs/{id}",
-                                   "schema": {"type": "string"}}}},
-                         **refusals(400, 401, 403, 409, 413, 503)})
-    async def create_job(request: Request) -> JSONResponse:
-        """The body is a JSON object of job settings (the job flags of ``rpsagg-server`` in
-        snake case). ``201`` with the job once it is recorded (durably); ``400`` with one
-        line naming a bad setting."""
-        guard.check(request)
-        settings = parse_settings(await read_body(request, MAX_BODY))
-        job = await host.create(settings)  # a refusal: answered by http.errors
-        return JSONResponse(job, status_code=201,
-                            headers={"Location": f"/api/jobs/{job['id']}"})
-
-    @app.get("/api/jobs/{job_id}", tags=["jobs"], summary="One job",
-             responses={200: {"model": JobInfo}, **refusals(401, 403, 404)})
-    def get_job(job_id: str) -> dict[str, Any]:
-        """The job's state, settings, progress and bytes."""
-        try:
-            return host.describe(job_id)
-        except KeyError:
-            raise HTTPException(404, f"no job {job_id!r}") from None
-
-    async def cancel(request: Request, job_id: str) -> dict[str, Any]:
-        guard.check(request)
-        return await host.cancel(job_id)  # a refusal: answered by http.errors
-
-    @app.post("/api/jobs/{job_id}/cancel", tags=["jobs"], summary="Cancel a job",
-              responses={200: {"model": JobInfo}, **refusals(401, 403, 404, 409, 503)})
-    async def cancel_job(request: Request, job_id: str) -> dict[str, Any]:
-        """Cancel a queued or running job: recorded durably, then its current round fails
-        (what it had committed stays stored). ``409`` when it has ended."""
-        return await cancel(request, job_id)
-
-    @app.delete("/api/jobs/{job_id}", tags=["jobs"], summary="Cancel a job",
-                responses={200: {"model": JobInfo}, **refusals(401, 403, 404, 409, 503)})
-    async def delete_job(request: Request, job_id: str) -> dict[str, Any]:
-        """The same as ``POST /api/jobs/{job_id}/cancel`` (the job's record stays)."""
-        return await cancel(request, job_id)
-
-    mount_page(app, registry)
-
-    @app.get("/healthz", include_in_schema=False)
-    def healthz() -> dict[str, str]:
-        return {"status": "ok"}
-
-    @app.get("/readyz", include_in_schema=False)
-    def readyz() -> JSONResponse:
-        return JSONResponse({"ready": True, "checks": {}})
-
-    return app
-
-
-class AdminGuard:
-    """Who may create and cancel jobs: a bearer admin token, or anyone on ``--insecure``."""
-
-    def __init__(self, tokens: HttpTokens | None, insecure: bool) -> None:
-        self.tokens = tokens
-        self.insecure = insecure
-
-    def check(self, request: Request) -> None:
-        """Raise ``HTTPException`` 401/403 unless the request may change jobs."""
-        if self.tokens is None:
-            if self.insecure:
-                return
-            raise HTTPException(403, "creating and cancelling jobs needs --admin-tokens on "
-                                "the server (or --insecure)")
-        status = verdict(self.tokens, request.scope["headers"])
-        if status == 401:
-            raise HTTPException(401, "an admin token is needed: Authorization: Bearer TOKEN",
-                                headers={"WWW-Authenticate": 'Bearer realm="rpsagg-admin"'})
-        if status == 403:
-            raise HTTPException(403, "not an admin token")
+    return openapi
 
 
 _OWN = ("/api/jobs", "/metrics", "/static/", "/docs", "/openapi.json")

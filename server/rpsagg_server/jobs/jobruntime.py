@@ -21,7 +21,8 @@ from rpsagg_server.rounds.engine import RoundEngine
 from rpsagg_server.rounds.recovery import SettingsMismatch
 from rpsagg_server.rounds.taskeval import TaskMonitor
 from rpsagg_server.settings.serverconfig import ServerConfig
-from rpsagg_server.store.database import ReadError, Store, WriteError
+from rpsagg_server.store.database import ReadError, Store
+from rpsagg_server.store.writer import WriteError
 from rpsagg_wire.v1.messages import RoundState
 
 #: what opening a job raises when its database cannot be (re)opened: a start-up check, the

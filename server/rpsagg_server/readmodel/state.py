@@ -4,7 +4,7 @@
 server subscribes :meth:`ServerState.apply` to the engine's event bus, and nothing else
 writes it. It lives in the same process and event loop as the ``grpc.aio`` server (the
 intended deployment serves the FastAPI dashboard with uvicorn on that loop:
-``rpsagg_server.process.main.serve(config, http_app_factory=create_app)`` calls
+``rpsagg_server.process.serving.serve(config, http_app_factory=create_app)`` calls
 ``http_app_factory(state)`` and serves the returned ASGI app on ``--http-port``).
 
 Read API (all methods are cheap, synchronous, and return frozen snapshots, the dataclasses

@@ -12,8 +12,10 @@ servicer calls directly: joins (``engine.membership``, :mod:`~rpsagg_server.roun
 admission of submissions (``engine.intake``, :mod:`~rpsagg_server.rounds.submissions`), results,
 watchers and the drained job end (``engine.results``, :mod:`~rpsagg_server.rounds.results`); each
 round's budget and estimator (``engine.planner``, :mod:`~rpsagg_server.rounds.planner`: target
-mode's rule is :class:`rpsagg.planning.BudgetPolicy`); and restart from the store
-(:mod:`~rpsagg_server.rounds.recovery`).
+mode's rule is :class:`rpsagg.planning.BudgetPolicy`); the views it publishes
+(``engine.views``, :mod:`~rpsagg_server.rounds.viewpublisher`); what a finished round
+leaves (:mod:`~rpsagg_server.rounds.roundend`); and restart from the store, the job's
+projection included (:mod:`~rpsagg_server.rounds.recovery`).
 Every change is published as a domain event (:mod:`~rpsagg_server.readmodel.events`) on the engine's
 bus, to which the read model, the watchers, the metrics ledger and the task monitor
 subscribe.
@@ -30,34 +32,26 @@ so a round never wedges on a transient database error.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import math
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 
 import numpy as np
 
-from rpsagg import Estimator, VectorCorrelationTracker, round_encoding
+from rpsagg import VectorCorrelationTracker, round_encoding
 from rpsagg.schemes import WireProfile
 from rpsagg.tasks import Task, make_task
 from rpsagg_server.decode.decoding import DecodeOptions, DecodeOutcome, decode_round
 from rpsagg_server.readmodel.events import (
-    ClientJoined,
-    Event,
     EventBus,
-    JobUpdated,
     RoundClosed,
     RoundCollecting,
     RoundDecoded,
     RoundFailed,
     RoundOpened,
-    RoundProgress,
     RoundRecovered,
 )
-from rpsagg_server.readmodel.views import JobView, RoundView
 from rpsagg_server.rounds import deadline
 from rpsagg_server.rounds.archive import RoundArchive
 from rpsagg_server.rounds.betawarm import BetaWarmup
@@ -66,18 +60,18 @@ from rpsagg_server.rounds.membership import Membership
 from rpsagg_server.rounds.planner import RoundPlanner
 from rpsagg_server.rounds.recovery import Recovery, next_state
 from rpsagg_server.rounds.results import JobProgress, ResultBook
-from rpsagg_server.rounds.roundview import estimate_info, round_view
+from rpsagg_server.rounds.roundend import end_round
+from rpsagg_server.rounds.roundview import estimate_info
 from rpsagg_server.rounds.rowcodec import to_row
 from rpsagg_server.rounds.submissions import Intake
+from rpsagg_server.rounds.viewpublisher import ViewPublisher
 from rpsagg_server.settings.serverconfig import ServerConfig
-from rpsagg_server.store.database import Store, WriteError
+from rpsagg_server.store.database import Store
 from rpsagg_server.store.jobnumber import job_id
+from rpsagg_server.store.writer import WriteError
 from rpsagg_wire.v1.messages import ACCEPTING, LIVE, RoundState
 
 log = logging.getLogger("rpsagg.server")
-
-# Arrivals reach the read model (dashboard, /metrics) at most this many seconds late.
-VIEW_INTERVAL = 0.05
 
 
 class RoundEngine:
@@ -123,11 +117,12 @@ class RoundEngine:
         self.results = ResultBook(config, self.m, self.clients, self.progress, self.archive)
         self.intake = Intake(config, self.m, store, self.publish, self.clients, self.progress,
                              self.results, self)
+        #: the views the engine publishes (the current round's arrivals paced)
+        self.views = ViewPublisher(config, self.clients, self.progress, self.tracker,
+                                   self.publish)
         bus.subscribe(self.results.observe)
-        bus.subscribe(self._on_event)
+        bus.subscribe(self.views.on_event)
         self._round_writes = asyncio.Lock()  # round rows commit in the order they change
-        self._view_due = False
-        self._view_at = -math.inf  # loop.time() of the last arrivals view
         self.beta = BetaWarmup(self.publish, config.n)
         self._executor = executor or ThreadPoolExecutor(max_workers=1,
                                                         thread_name_prefix="rpsagg-decode")
@@ -150,53 +145,21 @@ class RoundEngine:
         """``(spec_version, projection, block_size)`` every round announces."""
         return self.progress.encoding
 
-    @encoding.setter
-    def encoding(self, value: tuple[str, str, int]) -> None:
-        self.progress.encoding = value
-
     # -- set-up ----------------------------------------------------------------------------
     @property
     def wire(self) -> WireProfile:
         """What the job's clients send (the estimator's wire profile)."""
         return self.planner.base.wire
 
-    def _recover_encoding(self, job_exists: bool) -> None:
-        """Keep the projection a job was started with; record it for a new job.
-
-        Stored submissions are decoded with the projection they were encoded with, so a
-        job recovered by a newer server keeps it even where the default has changed: a job
-        from before the projection was recorded (meta ``encoding`` absent) used the SRHT.
-        If recording it fails, start-up fails (nothing was announced to clients yet).
-        """
-        saved = self.store.get_meta("encoding")
-        if saved is not None:
-            projection = str(json.loads(saved)[1])
-        elif job_exists:
-            projection = "srht" if self.encoding[1] else ""  # the projection before "auto"
-        else:
-            projection = self.encoding[1]
-        if projection and projection != self.encoding[1]:
-            log.warning("[Engine] job in %s was started with projection %r; keeping it "
-                        "(a new job with d=%d would use %r)", self.cfg.db, projection,
-                        self.cfg.d, self.encoding[1])
-            self.planner.keep_projection(projection)
-            self.encoding = round_encoding(self.planner.encoding_estimator())
-        if saved is None:
-            self.store.put_meta("encoding", json.dumps(list(self.encoding)))
-
-    def _transform_label(self, est: Estimator) -> str:
-        tr = getattr(est, "transform", None)
-        return "none" if tr is None else str(tr.label())
-
     async def start(self) -> None:
         """Recover from the store (or start a fresh job) and open the current round."""
         rec = Recovery(self.cfg, self.store, self.m, self.progress, self.tracker,
-                       self.planner.estimator, self)
+                       self.planner, self)
         # the start-up writes (settings, encoding, the job's id: each a synchronous commit)
         # run off the event loop, which serves the server's other jobs meanwhile; nothing
         # reads this engine yet
         job_exists = await asyncio.to_thread(rec.check_job_config)
-        await asyncio.to_thread(self._recover_encoding, job_exists)
+        await asyncio.to_thread(rec.recover_encoding, job_exists)
         await asyncio.to_thread(job_id, self.store)
         self.membership.recover()
         last = rec.recover_rounds()
@@ -208,7 +171,7 @@ class RoundEngine:
                                    (last.round_id if last else 0) + 1)
             await self.store.open_round(to_row(live))  # start-up: a write error is fatal
             self._install(live)
-        self._publish_job()
+        self.views.job()
         if p.job_done:
             self.beta.not_needed()
             p.done_event.set()
@@ -222,7 +185,7 @@ class RoundEngine:
     # -- recovery's host (recovery.RoundHost) -------------------------------------------------
     def show_recovered(self, live: LiveRound, current: bool) -> None:
         """A round read back at start-up: a past round's result is kept; shown either way."""
-        view = self.view(live)
+        view = self.views.of(live)
         if not current:
             self.results.record(live)
             self.publish(RoundRecovered(view, current=False,
@@ -234,41 +197,10 @@ class RoundEngine:
         """Decode a resumed round whose close did not finish before the restart."""
         self.spawn(self.close_round(live, "recovered"))
 
-    # -- events, views, background work ----------------------------------------------------
-    def view(self, live: LiveRound) -> RoundView:
-        """The read model's snapshot of a round (with the job's projection and block size)."""
-        _, projection, block_size = self.encoding
-        return round_view(live, self.cfg, self.clients, projection, block_size)
-
-    def _on_event(self, event: Event) -> None:
-        if isinstance(event, ClientJoined) and not event.recovered:
-            self.view_changed()  # the current round's missing clients changed
-
+    # -- views, background work ----------------------------------------------------------
     def view_changed(self) -> None:
-        """Publish the current round's view at most every :data:`VIEW_INTERVAL` seconds.
-
-        A view costs O(n log n) (sorted arrivals and missing clients); rebuilt once per loop
-        pass, it took a seventh of the event loop in a burst of 1,000 submissions. Arrivals
-        reach the dashboard within ``VIEW_INTERVAL``; the round's state changes (opened,
-        collecting, closed, finished) publish their views at once.
-        """
-        if self._view_due:
-            return
-        self._view_due = True
-        loop = asyncio.get_running_loop()
-
-        def refresh() -> None:
-            self._view_due = False
-            self._view_at = loop.time()
-            live = self.progress.current
-            if live is not None:
-                self.publish(RoundProgress(self.view(live)))
-
-        wait = self._view_at + VIEW_INTERVAL - loop.time()
-        if wait <= 0:
-            loop.call_soon(refresh)
-        else:
-            loop.call_later(wait, refresh)
+        """The current round's arrivals changed (its view is published, paced)."""
+        self.views.changed()
 
     def spawn(self, coro: Awaitable[None]) -> None:
         """Run ``coro`` in the background (cancelled by :meth:`close`)."""
@@ -294,19 +226,12 @@ class RoundEngine:
         """A new round; its row must be durable before :meth:`_install` shows its nonce, so
         a committed submission always has its round row (a restart resumes the same round).
         """
-        plan = self.planner.choose(self.tracker)
-        live = LiveRound(
-            round_id=round_id, nonce=secrets.randbits(64), task_step=self.progress.steps_done,
-            transform=self._transform_label(plan.estimator), r_prior=plan.r_prior,
-            global_state=np.asarray(global_state, dtype=np.float64), opened_at=time.time(),
-            r_priors=plan.r_priors, k=plan.k, value_bits=plan.value_bits,
-        )
-        live.estimator = plan.estimator
-        return live
+        return LiveRound.planned(round_id, global_state, self.progress.steps_done,
+                                 self.planner.choose(self.tracker))
 
     def _install(self, live: LiveRound) -> None:
         self.progress.current = live
-        self.publish(RoundOpened(self.view(live)))
+        self.publish(RoundOpened(self.views.of(live)))
         log.info("[Engine] round %d open (step %d, transform %s)", live.round_id,
                  live.task_step, live.transform)
 
@@ -318,7 +243,7 @@ class RoundEngine:
         self.arm_deadline(live)
         row = to_row(live)
         self.spawn(self._durable(lambda: self.store.save_round(row)))
-        self.publish(RoundCollecting(self.view(live)))
+        self.publish(RoundCollecting(self.views.of(live)))
 
     def all_committed(self, live: LiveRound) -> None:
         """All n submissions committed: close the round."""
@@ -337,17 +262,7 @@ class RoundEngine:
         """Close the round's set of submissions (durably), decode it and finish it."""
         if live.state != RoundState.COLLECTING or self.progress.current is not live:
             return
-        live.state = RoundState.DECODING
-        if live.timer is not None:
-            live.timer.cancel()
-        live.closed_at = time.time()
-        self.publish(RoundClosed(self.view(live), why))
-        if live.pending:  # queued writes decide before the set is closed (asyncio.wait:
-            # cancelling this task must not cancel the store's futures)
-            await asyncio.wait({f for _, f, _ in live.pending.values()})
-        # the closed set is durable: after a crash the round is decoded from exactly this set
-        row = to_row(live)
-        await self._durable(lambda: self.store.save_round(row))
+        await self._close_set(live, why)
         if len(live.subs) < self.cfg.min_clients:
             await self._finish(live, None, f"{why}: {len(live.subs)} of the minimum "
                                f"{self.cfg.min_clients} clients submitted")
@@ -369,33 +284,26 @@ class RoundEngine:
             return
         await self._finish(live, outcome, "")
 
+    async def _close_set(self, live: LiveRound, why: str) -> None:
+        """Close the round's set of submissions (admission refuses it from now on), durably:
+        after a crash the round is decoded from exactly this set."""
+        live.state = RoundState.DECODING
+        if live.timer is not None:
+            live.timer.cancel()
+        live.closed_at = time.time()
+        self.publish(RoundClosed(self.views.of(live), why))
+        if live.pending:  # queued writes decide before the set is closed (asyncio.wait:
+            # cancelling this task must not cancel the store's futures)
+            await asyncio.wait({f for _, f, _ in live.pending.values()})
+        row = to_row(live)
+        await self._durable(lambda: self.store.save_round(row))
+
     async def _finish(self, live: LiveRound, outcome: DecodeOutcome | None, reason: str) -> None:
         p = self.progress
-        live.finished_at = time.time()
-        if outcome is None:
-            live.state, live.reason = RoundState.FAILED, reason
-            next_state = live.global_state
-            p.failed_streak += 1
-            log.warning("[Engine] round %d failed: %s", live.round_id, reason)
-        else:
-            p.failed_streak = 0
-            live.state = RoundState.DONE
-            live.outcome = outcome
-            next_state = self.task.apply(live.global_state, outcome.estimate)
-            live.next_state = np.asarray(next_state, dtype=np.float64)
-            p.steps_done += 1
-            log.info("[Engine] round %d done: n'=%d decode %.3fs", live.round_id,
-                     outcome.n_prime, outcome.seconds)
-        # --rounds 0: until stopped (stop_job)
-        job_done = p.stopping or 0 < self.cfg.rounds <= p.steps_done
-        failure = p.cancelled
-        limit = self.cfg.max_failed_rounds
-        if not job_done and limit and p.failed_streak >= limit:
-            job_done = True
-            failure = (f"{p.failed_streak} consecutive rounds failed (--max-failed-rounds "
-                       f"{limit}); the last: {reason}")
+        end = end_round(live, outcome, reason, p, self.task, self.cfg)
+        job_done, failure = end.job_done, end.failure
         # the next round opens in the same transaction
-        nxt = None if job_done else self._new_round(next_state, live.round_id + 1)
+        nxt = None if job_done else self._new_round(end.next_state, live.round_id + 1)
         row, next_row = to_row(live), None if nxt is None else to_row(nxt)
         tracker = self.tracker
         fraction = None if tracker is None else tracker.fractions
@@ -407,7 +315,7 @@ class RoundEngine:
         self.results.record(live)
         p.current = None
         live.finished.set()
-        view = self.view(live)
+        view = self.views.of(live)
         if live.state == RoundState.DONE and live.next_state is not None:
             self.publish(RoundDecoded(view, live.next_state, job_done,
                                       estimate_info(live, view, self.cfg)))
@@ -422,7 +330,7 @@ class RoundEngine:
         else:
             assert nxt is not None
             self._install(nxt)
-        self._publish_job()
+        self.views.job()
 
     def stop_job(self) -> None:
         """End the job after the current round (the clean stop of ``--rounds 0``).
@@ -463,22 +371,8 @@ class RoundEngine:
             await live.finished.wait()
             return
         log.info("[Engine] cancelling the job in round %d (%s)", live.round_id, live.state)
-        live.state = RoundState.DECODING  # closed: admission refuses it from now on
-        if live.timer is not None:
-            live.timer.cancel()
-        live.closed_at = time.time()
-        self.publish(RoundClosed(self.view(live), why))
-        if live.pending:  # queued writes decide first (as in close_round)
-            await asyncio.wait({f for _, f, _ in live.pending.values()})
-        row = to_row(live)
-        await self._durable(lambda: self.store.save_round(row))
+        await self._close_set(live, why)
         await self._finish(live, None, why)
-
-    def _publish_job(self) -> None:
-        p = self.progress
-        prior = None if self.tracker is None else self.tracker.priors(self.cfg.n)[0]
-        self.publish(JobUpdated(JobView(self.cfg.task, p.steps_done, self.cfg.rounds,
-                                        p.job_done, prior, p.job_failure)))
 
     async def close(self) -> None:
         """Cancel timers and background work (the store is closed by the caller)."""

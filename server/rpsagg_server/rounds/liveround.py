@@ -9,6 +9,8 @@ Its row in the store is :mod:`rpsagg_server.rounds.rowcodec`'s; its dashboard vi
 from __future__ import annotations
 
 import asyncio
+import secrets
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,11 +20,18 @@ from numpy.typing import NDArray
 from rpsagg import Estimator
 from rpsagg_server.decode.decoding import DecodeOutcome
 from rpsagg_server.readmodel.views import Arrival
+from rpsagg_server.rounds.planner import RoundChoice
 from rpsagg_server.store.rowinfo import ArchivedSummary
 from rpsagg_wire.v1.messages import FINISHED, RoundState
 from rpsagg_wire.v1.serde import Submission
 
 FloatArray = NDArray[np.float64]
+
+
+def transform_label(est: Estimator) -> str:
+    """The label of an estimator's transform (``"none"`` for a scheme without one)."""
+    tr = getattr(est, "transform", None)
+    return "none" if tr is None else str(tr.label())
 
 
 @dataclass(frozen=True, eq=False)
@@ -93,6 +102,20 @@ class LiveRound:
     #: the outcome's estimate are empty; :meth:`arrays` reads them from the store): it
     #: is shown and its result kept, never written back
     light: bool = False
+
+    @classmethod
+    def planned(cls, round_id: int, global_state: FloatArray, task_step: int,
+                choice: RoundChoice) -> LiveRound:
+        """A new round, opened now with a fresh nonce and the planner's ``choice`` (its k,
+        value bits, priors and estimator), starting from ``global_state``."""
+        live = cls(
+            round_id=round_id, nonce=secrets.randbits(64), task_step=task_step,
+            transform=transform_label(choice.estimator), r_prior=choice.r_prior,
+            global_state=np.asarray(global_state, dtype=np.float64), opened_at=time.time(),
+            r_priors=choice.r_priors, k=choice.k, value_bits=choice.value_bits,
+        )
+        live.estimator = choice.estimator
+        return live
 
     def add(self, sub: Submission, received_at: float) -> None:
         """Record a committed submission (keeps the byte totals current)."""

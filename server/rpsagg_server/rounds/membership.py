@@ -17,7 +17,8 @@ from rpsagg_server.domain.errors import InvalidRequest, LimitExceeded, Unavailab
 from rpsagg_server.readmodel.events import ClientJoined, Publish
 from rpsagg_server.readmodel.views import ClientView
 from rpsagg_server.settings.serverconfig import ServerConfig
-from rpsagg_server.store.database import Store, WriteError
+from rpsagg_server.store.database import Store
+from rpsagg_server.store.writer import WriteError
 from rpsagg_wire.v1.serde import JoinReply
 
 log = logging.getLogger("rpsagg.server")

@@ -1,4 +1,4 @@
-"""Restart from the store: the job's settings, its progress and its rounds.
+"""Restart from the store: the job's settings and projection, its progress and its rounds.
 
 After a crash the last round resumes with every committed submission (a collecting round
 gets a fresh deadline; a round that was closing is decoded from exactly its closed set);
@@ -14,15 +14,15 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from rpsagg import Estimator, VectorCorrelationTracker
+from rpsagg import VectorCorrelationTracker, round_encoding
 from rpsagg.tasks import Task
 from rpsagg_server.rounds.liveround import LiveRound
+from rpsagg_server.rounds.planner import RoundPlanner
 from rpsagg_server.rounds.results import JobProgress
 from rpsagg_server.rounds.rowcodec import from_row
 from rpsagg_server.settings.jobspec import IDENTITY_KEYS, JOB_DEFAULTS
@@ -68,8 +68,9 @@ class Recovery:
         Filled in by :meth:`recover_rounds` and :meth:`resume`.
     tracker : VectorCorrelationTracker or None
         ``transform=auto``'s correlation priors (restored), else None.
-    estimator : callable
-        A round's estimator for its correlation prior, k and value bits.
+    planner : RoundPlanner
+        A round's estimator for its correlation prior, k and value bits, and the projection
+        the job keeps.
     host : RoundHost
     """
 
@@ -78,7 +79,7 @@ class Recovery:
     m: int
     progress: JobProgress
     tracker: VectorCorrelationTracker | None
-    estimator: Callable[[float | None, int | None, int | None], Estimator]
+    planner: RoundPlanner
     host: RoundHost
 
     def check_job_config(self) -> bool:
@@ -99,6 +100,31 @@ class Recovery:
             raise SettingsMismatch(f"database {cfg.db} belongs to a job with other settings: "
                                    f"{detail}")
         return True
+
+    def recover_encoding(self, job_exists: bool) -> None:
+        """Keep the projection a job was started with; record it for a new job.
+
+        Stored submissions are decoded with the projection they were encoded with, so a
+        job recovered by a newer server keeps it even where the default has changed: a job
+        from before the projection was recorded (meta ``encoding`` absent) used the SRHT.
+        If recording it fails, start-up fails (nothing was announced to clients yet).
+        """
+        p = self.progress
+        saved = self.store.get_meta("encoding")
+        if saved is not None:
+            projection = str(json.loads(saved)[1])
+        elif job_exists:
+            projection = "srht" if p.encoding[1] else ""  # the projection before "auto"
+        else:
+            projection = p.encoding[1]
+        if projection and projection != p.encoding[1]:
+            log.warning("[Engine] job in %s was started with projection %r; keeping it "
+                        "(a new job with d=%d would use %r)", self.cfg.db, projection,
+                        self.cfg.d, p.encoding[1])
+            self.planner.keep_projection(projection)
+            p.encoding = round_encoding(self.planner.encoding_estimator())
+        if saved is None:
+            self.store.put_meta("encoding", json.dumps(list(p.encoding)))
 
     def recover_rounds(self) -> LiveRound | None:
         """Read the job's progress and rounds back; returns the newest round (None: no
@@ -130,7 +156,7 @@ class Recovery:
 
     def resume(self, live: LiveRound) -> None:
         """Make the last unfinished round current again with its committed submissions."""
-        live.estimator = self.estimator(live.r_prior, live.k, live.value_bits)
+        live.estimator = self.planner.estimator(live.r_prior, live.k, live.value_bits)
         for s in self.store.submissions(live.round_id):
             live.add(serde.decode_submission(s.payload), s.received_at)
         log.info("[Engine] resuming round %d (%s) with %d committed submissions",

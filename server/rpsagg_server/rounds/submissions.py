@@ -43,7 +43,8 @@ from rpsagg_server.rounds.requestchecks import (
 )
 from rpsagg_server.rounds.results import JobProgress, ResultBook
 from rpsagg_server.settings.serverconfig import ServerConfig
-from rpsagg_server.store.database import Store, StoredSubmission, WriteError
+from rpsagg_server.store.database import Store, StoredSubmission
+from rpsagg_server.store.writer import WriteError
 from rpsagg_wire.v1 import serde
 from rpsagg_wire.v1.messages import ACCEPTING, RoundState
 from rpsagg_wire.v1.serde import Submission, SubmitReply

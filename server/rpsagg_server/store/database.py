@@ -5,10 +5,11 @@ the current one (:mod:`rpsagg_server.store.migrations`; a newer version is refus
 
 An ack is sent only after the submission's transaction has committed with
 ``synchronous=FULL``. Writes go through one writer thread that commits whatever is queued
-in a single transaction (group commit), so many concurrent submissions share one fsync.
-A transaction that fails (a lock held past the busy timeout, a full disk, an I/O error) is
-rolled back and reported to each waiting caller as :class:`WriteError`; the writer keeps
-serving, and an idle heartbeat transaction keeps :meth:`Store.writable` (readiness) current.
+in a single transaction (group commit, :mod:`rpsagg_server.store.writer`), so many
+concurrent submissions share one fsync. A transaction that fails (a lock held past the busy
+timeout, a full disk, an I/O error) is rolled back and reported to each waiting caller as
+:class:`~rpsagg_server.store.writer.WriteError`; the writer keeps serving, and an idle
+heartbeat transaction keeps :meth:`Store.writable` (readiness) current.
 Reads for recovery happen once at start-up, before serving, and read the rounds without
 their arrays; a finished round's arrays are read back one round at a time, on demand
 (:meth:`Store.round`, through a second connection: :mod:`~rpsagg_server.rounds.archive`).
@@ -17,57 +18,22 @@ their arrays; a finished round's arrays are read back one round at a time, on de
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
-import queue
 import sqlite3
 import threading
 import time
 from collections.abc import Sequence
-from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import Any
 
 from rpsagg_server.store.migrations import CURRENT_VERSION, check_version, open_schema
 from rpsagg_server.store.rowinfo import RowInfo
 from rpsagg_server.store.rows import StoredRound, StoredSubmission
+from rpsagg_server.store.writer import GroupCommitWriter, Op, WriteError
 from rpsagg_wire.v1.messages import RoundState
 
-__all__ = ["ReadError", "Store", "StoredRound", "StoredSubmission", "WriteError", "describe"]
+__all__ = ["ReadError", "Store", "StoredRound", "StoredSubmission"]
 log = logging.getLogger("rpsagg.server")
-
-_Op = tuple[str, tuple[Any, ...]]
-
-
-class _Queued(NamedTuple):
-    """One item of the writer's queue: ``writes`` (each a list of operations that commits or
-    fails as a unit) and the future of their outcome. ``many``: the future resolves with one
-    outcome per write (None or a :class:`WriteError`) and never raises; else it resolves
-    with None or raises the one write's :class:`WriteError`."""
-
-    writes: list[list[_Op]]
-    loop: Any
-    fut: Any
-    many: bool
-
-
-_STOP = object()
-_PROBE = object()
-# errors that belong to one write's data: isolate it and commit the rest of its batch. Any
-# other error (busy/locked past the timeout, disk full, I/O) fails the whole batch at once.
-_PER_WRITE = (sqlite3.IntegrityError, sqlite3.DataError, sqlite3.ProgrammingError,
-              sqlite3.InterfaceError)
-
-
-class WriteError(Exception):
-    """A transaction did not commit; ``reason`` says why in words for the caller.
-
-    Nothing of the write is in the database (its transaction was rolled back).
-    """
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 class ReadError(Exception):
@@ -77,19 +43,6 @@ class ReadError(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-def describe(exc: BaseException) -> str:
-    """The reason a write failed, for logs and for clients (the message of the refusal)."""
-    name = getattr(exc, "sqlite_errorname", "") or type(exc).__name__
-    text = str(exc)
-    if name.startswith("SQLITE_FULL") or "disk is full" in text or "No space" in text:
-        return (f"database write failed: the disk holding the database is full ({name}: "
-                f"{text}); the server recovers once space is freed")
-    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in text:
-        return (f"database write failed: the database is locked by another connection "
-                f"({name}: {text})")
-    return f"database write failed ({name}: {text})"
 
 
 class Store:
@@ -132,12 +85,8 @@ class Store:
         if path not in ("", ":memory:"):
             self._reader = sqlite3.connect(path, check_same_thread=False,
                                            isolation_level=None, timeout=busy_timeout)
-        self.heartbeat = heartbeat
-        self.last_error: str | None = None
-        self._ok = True
-        self._queue: queue.Queue[Any] = queue.Queue()
-        self._thread = threading.Thread(target=self._writer, name="rpsagg-store", daemon=True)
-        self._thread.start()
+        self._writer = GroupCommitWriter(self._conn, self._lock, heartbeat,
+                                         lambda: _op_meta("heartbeat", repr(time.time())))
 
     # -- writes ----------------------------------------------------------------------------
     def set_busy_timeout(self, seconds: float) -> None:
@@ -159,132 +108,17 @@ class Store:
 
     def writable(self) -> bool:
         """Whether the writer is alive and its last transaction committed (readiness)."""
-        return self._ok and self._thread.is_alive()
+        return self._writer.writable()
 
-    def _transaction(self, ops: list[_Op]) -> None:
-        """Run ``ops`` in one transaction; on any error roll back (if one is active) and
-        re-raise. Caller holds ``self._lock``.
-        """
-        try:
-            self._conn.execute("BEGIN IMMEDIATE")
-            for sql, group in itertools.groupby(ops, key=itemgetter(0)):
-                rows = [args for _, args in group]
-                if len(rows) == 1:
-                    self._conn.execute(sql, rows[0])
-                else:  # a group commit's rows of one kind: one call, not one per row
-                    self._conn.executemany(sql, rows)
-            self._conn.execute("COMMIT")
-        except BaseException:
-            if self._conn.in_transaction:
-                try:
-                    self._conn.execute("ROLLBACK")
-                except sqlite3.Error:  # SQLite already rolled back (e.g. after SQLITE_FULL)
-                    log.exception("[Store] ROLLBACK failed")
-            raise
-
-    def _run(self, ops: list[_Op]) -> BaseException | None:
-        with self._lock:
-            try:
-                self._transaction(ops)
-            except Exception as exc:
-                return exc
-            return None
-
-    def _note(self, error: BaseException | None) -> None:
-        """Record the outcome of a transaction; log each change of state or of reason."""
-        reason = None if error is None else describe(error)
-        if error is None and not self._ok:
-            log.warning("[Store] writes commit again")
-        elif reason is not None and reason != self.last_error:
-            log.error("[Store] %s", reason)
-        self._ok = error is None
-        self.last_error = reason
-
-    def _writer(self) -> None:
-        while True:
-            try:
-                item = self._queue.get(timeout=self.heartbeat)
-            except queue.Empty:
-                item = _PROBE
-            if item is _STOP:
-                return
-            if item is _PROBE:  # idle: prove that a write can commit
-                self._note(self._run([_op_meta("heartbeat", repr(time.time()))]))
-                continue
-            batch = [item]
-            stop = False
-            while True:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is _STOP:
-                    stop = True
-                    break
-                batch.append(nxt)
-            try:
-                self._commit(batch)
-            except BaseException:  # never let the writer die: fail the batch, keep serving
-                log.exception("[Store] writer error")
-                for item in batch:
-                    errors: list[WriteError | None] = [WriteError("internal error")] * len(
-                        item.writes)
-                    item.loop.call_soon_threadsafe(_resolve_all, [(item, errors)])
-            if stop:
-                return
-
-    def _commit(self, batch: list[_Queued]) -> None:
-        writes = [w for item in batch for w in item.writes]
-        error = self._run([op for w in writes for op in w])
-        if error is not None and len(writes) > 1 and isinstance(error, _PER_WRITE):
-            # one write's data is at fault: commit each on its own so the others still land
-            outcomes = [self._run(w) for w in writes]
-        else:
-            outcomes = [error] * len(writes)
-        failed = all(e is not None for e in outcomes) and not isinstance(error, _PER_WRITE)
-        self._note(error if failed else None)
-        by_loop: dict[Any, list[tuple[_Queued, list[WriteError | None]]]] = {}
-        start = 0
-        for item in batch:
-            end = start + len(item.writes)
-            by_loop.setdefault(item.loop, []).append(
-                (item, [None if e is None else WriteError(describe(e))
-                        for e in outcomes[start:end]]))
-            start = end
-        for loop, results in by_loop.items():  # one wake-up of the event loop per batch
-            loop.call_soon_threadsafe(_resolve_all, results)
-
-    def _enqueue(self, ops: list[_Op]) -> asyncio.Future[None]:
-        """Queue ``ops`` for one atomic transaction; the future resolves once it is durable
-        or raises :class:`WriteError` (nothing written). Call from the event loop.
-
-        The write happens whether or not anyone awaits the future: its outcome decides.
-        """
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        self._queue.put(_Queued([ops], loop, fut, False))
-        return fut
-
-    def _enqueue_many(self, writes: list[list[_Op]]) -> asyncio.Future[list[WriteError | None]]:
-        """Queue several writes, each atomic on its own (one's bad data never fails
-        another's); the future resolves with one outcome per write, in order: None once it
-        is durable, or the :class:`WriteError` that says why nothing of it was written. It
-        never raises. Call from the event loop."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[list[WriteError | None]] = loop.create_future()
-        self._queue.put(_Queued(writes, loop, fut, True))
-        return fut
-
-    def _write_sync(self, ops: list[_Op]) -> None:
+    def _write_sync(self, ops: list[Op]) -> None:
         """Commit ``ops`` from a thread that is not the event loop (start-up)."""
-        with self._lock:
-            self._transaction(ops)
+        self._writer.write_sync(ops)
 
     # -- what the engine writes (queued: group-committed by the writer thread) ------------
     def add_client(self, client_id: str, index: int, joined_at: float) -> asyncio.Future[None]:
         """Queue a client's join; the future resolves once it is durable (or raises
         :class:`WriteError`). A second row for the id or the index is refused."""
-        return self._enqueue([_op_client(client_id, index, joined_at)])
+        return self._writer.enqueue([_op_client(client_id, index, joined_at)])
 
     def commit_submissions(self, subs: Sequence[StoredSubmission],
                            ) -> asyncio.Future[list[WriteError | None]]:
@@ -292,16 +126,16 @@ class Store:
         is queued); the future resolves with one outcome per submission, in order: None once
         it is durable, or the :class:`WriteError` that kept it out (the primary key refuses
         a second one per client and round). It never raises."""
-        return self._enqueue_many([[_op_submission(s)] for s in subs])
+        return self._writer.enqueue_many([[_op_submission(s)] for s in subs])
 
     async def open_round(self, r: StoredRound) -> None:
         """Commit a new round's row (the first round of a process; later rounds open in
         :meth:`finish_round`'s transaction)."""
-        await self._enqueue([_op_round(r)])
+        await self._writer.enqueue([_op_round(r)])
 
     async def save_round(self, r: StoredRound) -> None:
         """Commit a round's row as it is now (its deadline started; its set was closed)."""
-        await self._enqueue([_op_round(r)])
+        await self._writer.enqueue([_op_round(r)])
 
     async def finish_round(self, r: StoredRound, *, next_round: StoredRound | None,
                            tracker: bool = False,
@@ -322,7 +156,7 @@ class Store:
             ops.append(_op_meta("job_failure", job_failure))
         if next_round is not None:
             ops.append(_op_round(next_round))
-        await self._enqueue(ops)
+        await self._writer.enqueue(ops)
 
     def put_meta(self, key: str, value: str) -> None:
         """Upsert a meta value now, from a thread that is not the event loop (start-up: the
@@ -331,8 +165,7 @@ class Store:
 
     def close(self) -> None:
         """Stop the writer after the queued writes and close the database."""
-        self._queue.put(_STOP)
-        self._thread.join(timeout=10)
+        self._writer.stop()
         with self._lock:
             self._conn.close()
         if self._reader is not None:
@@ -432,32 +265,20 @@ def _stored_round(r: Sequence[Any], arrays: bool) -> StoredRound:
                        next_state=None if r[12] is None else bytes(r[12]), arrays=arrays)
 
 
-def _resolve_all(results: list[tuple[_Queued, list[WriteError | None]]]) -> None:
-    for item, errors in results:
-        if item.fut.done():
-            continue
-        if item.many:
-            item.fut.set_result(errors)
-        elif errors[0] is None:
-            item.fut.set_result(None)
-        else:
-            item.fut.set_exception(errors[0])
-
-
 # -- SQL of the writes ---------------------------------------------------------
-def _op_meta(key: str, value: str) -> _Op:
+def _op_meta(key: str, value: str) -> Op:
     """Upsert a meta value."""
     return ("INSERT INTO meta(key, value) VALUES (?, ?) "
             "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
 
 
-def _op_client(client_id: str, index: int, joined_at: float) -> _Op:
+def _op_client(client_id: str, index: int, joined_at: float) -> Op:
     """Insert a client."""
     return ("INSERT INTO clients(client_id, idx, joined_at) VALUES (?, ?, ?)",
             (client_id, index, joined_at))
 
 
-def _op_round(r: StoredRound) -> _Op:
+def _op_round(r: StoredRound) -> Op:
     """Insert or replace a whole round row."""
     return (
         "INSERT OR REPLACE INTO rounds(round_id, nonce, state, reason, task_step, transform, "
@@ -469,7 +290,7 @@ def _op_round(r: StoredRound) -> _Op:
     )
 
 
-def _op_submission(s: StoredSubmission) -> _Op:
+def _op_submission(s: StoredSubmission) -> Op:
     """Insert a submission (the primary key rejects a second one per client and round)."""
     return (
         "INSERT INTO submissions(round_id, client_id, client_seed, digest, payload, received_at)"
