@@ -32,7 +32,7 @@ from rpsagg_server.rounds.engine import RoundEngine
 from rpsagg_server.rounds.taskeval import TaskMonitor
 from rpsagg_server.rpc.auth import TokenInterceptor
 from rpsagg_server.rpc.guard import ConnectionGuard, grpc_connection_options, server_budget
-from rpsagg_server.rpc.refusals import RefusalInterceptor, status_of
+from rpsagg_server.rpc.refusals import status_of
 from rpsagg_server.rpc.servicer import AggregationServicer
 from rpsagg_server.settings.serverconfig import ServerConfig
 from rpsagg_server.settings.tokenfiles import TokenBook
@@ -200,12 +200,11 @@ def open_host(cfg: ServerConfig) -> tuple[ServerConfig, JobHost]:
 
 def grpc_server(cfg: ServerConfig, host: JobHost, guard: ConnectionGuard,
                 tokens: TokenBook | None, limit: int, max_connections: int) -> grpc.aio.Server:
-    """The gRPC server of ``host``'s jobs, not yet bound: the connection guard's, refusal and
+    """The gRPC server of ``host``'s jobs, not yet bound: the connection guard's and the
     token interceptors, requests of at most ``limit`` bytes, connections bounded
-    (``max_connections``, the timeouts of ``cfg``), the service and nothing else."""
-    # refusals are answered outside the token check, which raises its own
-    interceptors: list[grpc.aio.ServerInterceptor] = [guard.interceptor(),
-                                                      RefusalInterceptor()]
+    (``max_connections``, the timeouts of ``cfg``), the service and nothing else (its
+    handlers answer their own refusals: :meth:`AggregationServicer.generic_handler`)."""
+    interceptors: list[grpc.aio.ServerInterceptor] = [guard.interceptor()]
     if tokens is not None:
         interceptors.append(TokenInterceptor(tokens, _count_refusal(host)))
     server = grpc.aio.server(interceptors=interceptors, options=[

@@ -20,6 +20,7 @@ import grpc
 
 from rpsagg_server.domain.errors import DomainError, Forbidden
 from rpsagg_server.rounds.requestchecks import check_bound
+from rpsagg_server.rpc.refusals import abort
 from rpsagg_server.settings.tokenfiles import TokenBook, Verdict
 from rpsagg_wire.v1 import serde
 
@@ -58,8 +59,8 @@ Refused = Callable[[str, DomainError], None]
 class TokenInterceptor(grpc.aio.ServerInterceptor):
     """Authenticates every call of the Aggregation service before its handler runs.
 
-    A refused call raises its :class:`~rpsagg_server.domain.errors.Unauthenticated`; the
-    :class:`~rpsagg_server.rpc.refusals.RefusalInterceptor` installed before this one answers it.
+    A refused call ends with its :class:`~rpsagg_server.domain.errors.Unauthenticated`,
+    answered by :func:`~rpsagg_server.rpc.refusals.abort` as the handlers' refusals are.
 
     Parameters
     ----------
@@ -102,15 +103,15 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
                 response_serializer=handler.response_serializer)
         return handler  # the service has no other kinds of method
 
-    def _refuse(self, method: str, exc: DomainError) -> NoReturn:
+    async def _refuse(self, context: Any, method: str, exc: DomainError) -> NoReturn:
         if self.on_refused is not None:
             self.on_refused(method, exc)
-        raise exc
+        await abort(context, method, exc)
 
     def _unary(self, method: str, inner: Any, verdict: Verdict | DomainError) -> Any:
         async def behavior(request: Any, context: Any) -> Any:
             if isinstance(verdict, DomainError):
-                self._refuse(method, verdict)
+                await self._refuse(context, method, verdict)
             token = _bound.set(verdict.client)
             job_token = _bound_job.set(verdict.job)
             try:
@@ -123,7 +124,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
     def _stream(self, method: str, inner: Any, verdict: Verdict | DomainError) -> Any:
         async def behavior(request: Any, context: Any) -> AsyncIterator[Any]:
             if isinstance(verdict, DomainError):
-                self._refuse(method, verdict)
+                await self._refuse(context, method, verdict)
             _bound.set(verdict.client)  # this call's own task: nothing else reads it
             _bound_job.set(verdict.job)
             async for item in inner(request, context):

@@ -1,8 +1,9 @@
 """gRPC servicer: parse at the wire edge, validate, raise the domain's refusals.
 
 A refusal (:class:`~rpsagg_server.domain.errors.DomainError`) raised by a handler is logged with
-the method's tag and answered with its status by
-:class:`~rpsagg_server.rpc.refusals.RefusalInterceptor`, the one place that maps them.
+the method's tag and answered with its status by :func:`~rpsagg_server.rpc.refusals.abort`,
+the one place that maps them: :meth:`AggregationServicer.generic_handler` registers every
+handler wrapped once (:func:`~rpsagg_server.rpc.refusals.answer_unary`).
 
 Authentication runs before any handler, in :class:`~rpsagg_server.rpc.auth.TokenInterceptor`;
 a handler only checks that the client id a request names is the token's own
@@ -38,7 +39,7 @@ from rpsagg_server.jobs.jobruntime import JobRuntime
 from rpsagg_server.readmodel.events import SubmissionRefused
 from rpsagg_server.rounds.requestchecks import check_client_id
 from rpsagg_server.rpc.auth import authorize, authorize_job, bound_client
-from rpsagg_server.rpc.refusals import status_of
+from rpsagg_server.rpc.refusals import answer_stream, answer_unary, status_of
 from rpsagg_wire.v1 import serde
 
 
@@ -53,7 +54,7 @@ class AggregationServicer:
 
         def unary(name: str, fn: Callable[[bytes, Any], Awaitable[Any]]) -> Any:
             return grpc.unary_unary_rpc_method_handler(
-                fn, request_deserializer=None,
+                answer_unary(name, fn), request_deserializer=None,
                 response_serializer=serde.reply_serializer(name))
 
         return grpc.method_handlers_generic_handler(serde.SERVICE, {
@@ -62,7 +63,7 @@ class AggregationServicer:
             "Submit": unary("Submit", self.Submit),
             "GetResult": unary("GetResult", self.GetResult),
             "WatchRounds": grpc.unary_stream_rpc_method_handler(
-                self.WatchRounds, request_deserializer=None,
+                answer_stream("WatchRounds", self.WatchRounds), request_deserializer=None,
                 response_serializer=serde.reply_serializer("WatchRounds")),
         })
 
@@ -85,7 +86,7 @@ class AggregationServicer:
         except serde.WireError as exc:
             raise InvalidRequest(str(exc)) from None
 
-    # -- methods: a refusal raised here is answered by grpcerrors.RefusalInterceptor ------
+    # -- methods: a refusal raised here is answered by refusals.abort (generic_handler) ----
     async def Join(self, raw: bytes, context: Any) -> serde.JoinReply:
         """Register a client id."""
         req = self._parse("Join", raw)
