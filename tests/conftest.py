@@ -68,6 +68,21 @@ def _groups(config: pytest.Config) -> set[str]:
     return out
 
 
+#: modules whose tests share one worker under pytest-xdist (``./test.sh`` runs ``-n``): the
+#: engine group's, which share the session's Docker engine (``docker_engine``: the worker
+#: that started it stops it at its end)
+SHARED_WORKER = {"engine": "engine"}
+
+
+def _one_worker_per_module(items: list[pytest.Item]) -> None:
+    """Every test of a module on one worker (``--dist loadgroup``): module-scoped fixtures
+    and the order of a module's tests stay as in a serial run; the engine group's modules
+    share one worker (:data:`SHARED_WORKER`)."""
+    for item in items:
+        folder = item.path.parent.name
+        item.add_marker(pytest.mark.xdist_group(SHARED_WORKER.get(folder, item.path.stem)))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Refuse the run when a collected test module has no group, or more than one, or sits
@@ -88,6 +103,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             wrong.append(f"{item.path}: group {', '.join(names) or 'none'}")
         elif folder != names[0] and folder != "flower":
             wrong.append(f"{item.path}: group {names[0]}, in tests/{folder}/")
+    _one_worker_per_module(items)
     if wrong:
         raise pytest.UsageError(
             f"a test module needs exactly one group ({', '.join(sorted(groups))}) in its "
