@@ -103,7 +103,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             wrong.append(f"{item.path}: group {', '.join(names) or 'none'}")
         elif folder != names[0] and folder != "flower":
             wrong.append(f"{item.path}: group {names[0]}, in tests/{folder}/")
-    _one_worker_per_module(items)
+    if config.pluginmanager.hasplugin("xdist"):
+        _one_worker_per_module(items)
     if wrong:
         raise pytest.UsageError(
             f"a test module needs exactly one group ({', '.join(sorted(groups))}) in its "

@@ -92,8 +92,8 @@ def plot(results: list[dict], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--clients", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--clients", type=int, help="SuperNodes (default 10; --quick: 2)")
+    ap.add_argument("--rounds", type=int, help="rounds (default 20; --quick: 2)")
     ap.add_argument("--k", type=int, default=785)
     ap.add_argument("--model", choices=["softmax", "cnn"], default="softmax",
                     help="softmax regression (d = 7,850), or the small CNN with BatchNorm of "
@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--transform", default="avg")
     ap.add_argument("--value-bits", type=int, default=32)
     ap.add_argument("--methods", nargs="+", default=METHODS)
-    ap.add_argument("--examples-per-client", type=int, default=0)
+    ap.add_argument("--examples-per-client", type=int,
+                    help="training images per node (default 0: its whole shard; --quick: 300)")
     ap.add_argument("--engine", choices=["deployment", "simulation"], default="deployment")
     ap.add_argument("--seed", type=int, default=1,
                     help="nonces and client seeds derived from it (0: fresh randomness)")
@@ -111,14 +112,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--error-feedback", action="store_true")
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run: 2 nodes, 2 rounds, 300 images each, FedAvg and "
-                         "Rand-Proj-Spatial (unless --methods is given)")
+                         "Rand-Proj-Spatial (each unless given: --quick --rounds 50 runs 50)")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     ap.add_argument("--report-only", action="store_true",
                     help="print the table and plot from the JSON files already in --out")
     args = ap.parse_args(argv)
+    sizes = (2, 2, 300) if args.quick else (10, 20, 0)  # clients, rounds, examples
+    args.clients, args.rounds, args.examples_per_client = (
+        given if given is not None else default for given, default in zip(
+            (args.clients, args.rounds, args.examples_per_client), sizes, strict=True))
     if args.quick:
-        args.clients, args.rounds, args.examples_per_client = 2, 2, 300
         if args.methods == METHODS:
             args.methods = ["fedavg", "rand-proj-spatial"]
     args.out.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ from types import ModuleType
 
 import numpy as np
 import pytest
+from planning_cases import CASES, SAME_D, SAME_N, policy_k, strategy_k
 from repo_paths import ROOT
 
 from rpsagg import VectorCorrelationTracker, make_estimator, plan_budget, value_bytes
@@ -160,14 +161,6 @@ def test_policy_plans_for_the_trackers_least_of_smoothed_and_newest() -> None:
 
 # -- one rule: the server's planner, the Flower strategy and the bench choose the same k ------
 
-SAME_N, SAME_D, SAME_K = 10, 1024, 1024  # bench/target_mode.py's n and d
-
-
-def _policy_k(target: float, r: float | None, k_min: int, k_max: int) -> int:
-    def make(k: int, bits: int):
-        return make_estimator("rand-proj-spatial", n=SAME_N, k=k, d=SAME_D, value_bits=bits)
-
-    return BudgetPolicy(target, k_min, k_max).plan([r], make).k
 
 
 def _server_k(target: float, r: float | None, k_min: int, k_max: int) -> int:
@@ -196,34 +189,14 @@ def _bench_k(target: float, r: float | None, k_min: int, k_max: int) -> int:
     return int(bench.Rule(target, k_min, k_max, "avg").round_k((r,)))
 
 
-def _strategy_k(target: float, r: float | None, k_min: int, k_max: int) -> int:
-    """The Flower strategy's k after a round of ``SAME_N`` replies whose R_hat was ``r``
-    (the strategy plans at R 0 rather than sending k_max when none is known)."""
-    pytest.importorskip("flwr")
-    from rpsagg_flower.settings import RoundEncoding
-    from rpsagg_flower.strategy import RandProjSpatialFedAvg
-
-    strategy = RandProjSpatialFedAvg(k=k_max, target_rel_error=target, k_min=k_min)
-    strategy._last_n = SAME_N
-    if r is not None:  # r / (n - 1) is exact for these r: the tracker gives back r itself
-        strategy.tracker.fold(r, SAME_N)
-        assert strategy.tracker.planning_prior(SAME_N) == r
-    return int(strategy._target_k(RoundEncoding("rand-proj-spatial", k_max, SAME_D, 1)))
-
-
-CHOOSERS = {"server": _server_k, "bench": _bench_k, "strategy": _strategy_k}
-#: (target, r, k_min, k_max); tests/flower/test_target_policy.py runs the strategy's in CI
-CASES = [(0.05, 4.5, 1, 1024), (0.2, 7.875, 1, 1024), (0.2, 1.125, 16, 512),
-         (1e-4, 2.25, 1, 256)]
-
-
+CHOOSERS = {"server": _server_k, "bench": _bench_k, "strategy": strategy_k}
 @pytest.mark.parametrize("who", sorted(CHOOSERS))
 @pytest.mark.parametrize(("target", "r", "k_min", "k_max"), CASES)
 def test_every_caller_chooses_the_policys_k(who: str, target: float, r: float, k_min: int,
                                             k_max: int) -> None:
-    assert CHOOSERS[who](target, r, k_min, k_max) == _policy_k(target, r, k_min, k_max)
+    assert CHOOSERS[who](target, r, k_min, k_max) == policy_k(target, r, k_min, k_max)
 
 
 @pytest.mark.parametrize("who", ["server", "bench"])
 def test_server_and_bench_send_k_max_before_any_r(who: str) -> None:
-    assert CHOOSERS[who](0.2, None, 1, 512) == 512 == _policy_k(0.2, None, 1, 512)
+    assert CHOOSERS[who](0.2, None, 1, 512) == 512 == policy_k(0.2, None, 1, 512)
