@@ -1,24 +1,58 @@
 #!/usr/bin/env bash
 # The whole test suite: lint, type check, the docs site, tests. Sets up .venv on first use.
-# The tests run on RPSAGG_TEST_WORKERS pytest workers (default 2: the machine's cores; 0 runs
-# them in this process, as a plain pytest): every module's tests on one worker, the engine
-# group's together (tests/conftest.py).
+#
+# Most of the tests wait (on subprocesses, sockets, containers, fsync), so the run overlaps
+# them: the type checks and the site build at once; the tests on RPSAGG_TEST_WORKERS
+# pytest-xdist workers (default 3; 0 runs them in this process, as a plain pytest), every
+# module's tests on one worker, the engine group's together (tests/conftest.py); and the
+# Flower tests in .venv-flower beside them, their output printed when they end.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$root"
 scripts/setup-env.sh test
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+# a run in the background ignores Ctrl-C (no job control here): stopped with this script
+trap 'kill "${pids[@]}" 2>/dev/null; exit 130' INT TERM
+
+# run NAME COMMAND...: in the background, its output in $logs/NAME; waited by finish
+declare -A pids=()
+run() {
+  local name=$1
+  shift
+  "$@" > "$logs/$name" 2>&1 &
+  pids[$name]=$!
+}
+# finish NAME: wait for it, print its output, return its status
+finish() {
+  local status=0
+  wait "${pids[$1]}" || status=$?
+  echo "[test] $1$([ $status = 0 ] || echo ": FAILED (exit $status)")"
+  cat "$logs/$1"
+  return $status
+}
+
 echo "[test] ruff"
 .venv/bin/ruff check .
-echo "[test] mypy"
-.venv/bin/mypy
-echo "[test] docs site (mkdocs build --strict -> build/site)"
-NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
-workers=(-n "${RPSAGG_TEST_WORKERS:-2}" --dist loadgroup)
-echo "[test] pytest (${RPSAGG_TEST_WORKERS:-2} workers)"
-.venv/bin/python -m pytest "${workers[@]}" "$@"
+echo "[test] mypy, mypy of the Flower integration (.venv-flower) and the docs site, at once"
+run mypy .venv/bin/mypy
+# MYPYPATH: rpsagg's source, as .venv's mypy sees it; its own cache (two mypys at once)
+run "mypy flower" env MYPYPATH=common .venv-flower/bin/mypy --cache-dir .mypy_cache/flower \
+  flower/rpsagg_flower examples/flower-fashion-mnist
+run "docs site (mkdocs build --strict -> build/site)" \
+  env NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
+failed=0
+for name in mypy "mypy flower" "docs site (mkdocs build --strict -> build/site)"; do
+  finish "$name" || failed=1
+done
+[ $failed = 0 ] || exit 1
+
+workers=(-n "${RPSAGG_TEST_WORKERS:-3}" --dist loadgroup)
 # the Flower integration in its own environment (flwr's pins; tests/conftest.py keeps
-# tests/flower out of the run above); MYPYPATH: rpsagg's source, as .venv's mypy sees it
-echo "[test] mypy flower (.venv-flower)"
-MYPYPATH=common .venv-flower/bin/mypy flower/rpsagg_flower examples/flower-fashion-mnist
-echo "[test] pytest tests/flower (.venv-flower)"
-RPSAGG_FLOWER_TESTS=1 .venv-flower/bin/python -m pytest "${workers[@]}" tests/flower
+# tests/flower out of the main run), beside the main run
+run "pytest tests/flower (.venv-flower)" \
+  env RPSAGG_FLOWER_TESTS=1 .venv-flower/bin/python -m pytest tests/flower
+echo "[test] pytest (${RPSAGG_TEST_WORKERS:-3} workers; tests/flower beside it, printed at its end)"
+.venv/bin/python -m pytest "${workers[@]}" "$@" || failed=1
+finish "pytest tests/flower (.venv-flower)" || failed=1
+exit $failed
