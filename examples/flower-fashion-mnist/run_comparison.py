@@ -122,9 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     args.clients, args.rounds, args.examples_per_client = (
         given if given is not None else default for given, default in zip(
             (args.clients, args.rounds, args.examples_per_client), sizes, strict=True))
-    if args.quick:
-        if args.methods == METHODS:
-            args.methods = ["fedavg", "rand-proj-spatial"]
+    if args.quick and args.methods == METHODS:
+        args.methods = ["fedavg", "rand-proj-spatial"]
     args.out.mkdir(parents=True, exist_ok=True)
     if args.report_only:
         results = [json.loads((args.out / f"{m}.json").read_text()) for m in args.methods]
