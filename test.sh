@@ -15,12 +15,13 @@ trap 'rm -rf "$logs"' EXIT
 # a run in the background ignores Ctrl-C (no job control here): stopped with this script
 trap 'kill "${pids[@]}" 2>/dev/null; exit 130' INT TERM
 
-# run NAME COMMAND...: in the background, its output in $logs/NAME; waited by finish
+# run NAME COMMAND...: in the background, its output in a file of $logs; waited by finish
 declare -A pids=()
+log_of() { echo "$logs/$(printf '%s' "$1" | tr -c 'A-Za-z0-9' _)"; }
 run() {
   local name=$1
   shift
-  "$@" > "$logs/$name" 2>&1 &
+  "$@" > "$(log_of "$name")" 2>&1 &
   pids[$name]=$!
 }
 # finish NAME: wait for it, print its output, return its status
@@ -28,7 +29,7 @@ finish() {
   local status=0
   wait "${pids[$1]}" || status=$?
   echo "[test] $1$([ $status = 0 ] || echo ": FAILED (exit $status)")"
-  cat "$logs/$1"
+  cat "$(log_of "$1")"
   return $status
 }
 
