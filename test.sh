@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite: lint, type check, the docs site, tests. Sets up .venv on first use.
 #
-# Most of the tests wait (on subprocesses, sockets, containers, fsync), so the run overlaps
-# them: the type checks and the site build at once; the tests on RPSAGG_TEST_WORKERS
-# pytest-xdist workers (default 3; 0 runs them in this process, as a plain pytest), every
-# module's tests on one worker, the engine group's together (tests/conftest.py); and the
-# Flower tests in .venv-flower beside them, their output printed when they end.
+# The type checks and the site build run at once; the tests on RPSAGG_TEST_WORKERS
+# pytest-xdist workers (default 2, the machine's cores; 0 runs them in this process, as a
+# plain pytest), every module's tests on one worker, the engine group's together
+# (tests/conftest.py); then the Flower tests in .venv-flower, the same way. (Three workers
+# with the Flower run beside them overloaded the 2-core machine: a container's server and
+# a Ctrl-C'd Flower run missed their bounds.)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$root"
@@ -48,12 +49,10 @@ for name in mypy "mypy flower" "docs site (mkdocs build --strict -> build/site)"
 done
 [ $failed = 0 ] || exit 1
 
-workers=(-n "${RPSAGG_TEST_WORKERS:-3}" --dist loadgroup)
+workers=(-n "${RPSAGG_TEST_WORKERS:-2}" --dist loadgroup)
+echo "[test] pytest (${RPSAGG_TEST_WORKERS:-2} workers)"
+.venv/bin/python -m pytest "${workers[@]}" "$@"
 # the Flower integration in its own environment (flwr's pins; tests/conftest.py keeps
-# tests/flower out of the main run), beside the main run
-run "pytest tests/flower (.venv-flower)" \
-  env RPSAGG_FLOWER_TESTS=1 .venv-flower/bin/python -m pytest tests/flower
-echo "[test] pytest (${RPSAGG_TEST_WORKERS:-3} workers; tests/flower beside it, printed at its end)"
-.venv/bin/python -m pytest "${workers[@]}" "$@" || failed=1
-finish "pytest tests/flower (.venv-flower)" || failed=1
-exit $failed
+# tests/flower out of the run above)
+echo "[test] pytest tests/flower (.venv-flower)"
+RPSAGG_FLOWER_TESTS=1 .venv-flower/bin/python -m pytest "${workers[@]}" tests/flower
