@@ -234,10 +234,16 @@ def resolve_compose(files: list[Path], env_file: Path) -> dict[str, Any]:
 
 
 def project(request: pytest.FixtureRequest, tmp_path: Path, **settings: str) -> Iterator[Project]:
-    """A :class:`Project` named after the test, torn down (``down -v``) afterwards."""
+    """A :class:`Project` named after the test, torn down (``down -v``) afterwards. Before
+    that, its containers' states and logs are printed: pytest shows them with a failure
+    (captured output of the teardown) and drops them otherwise."""
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:30]
     p = Project(f"rpsagg-t{os.getpid()}-{slug}", tmp_path / "test.env", settings)
     try:
         yield p
     finally:
-        p.down()
+        try:  # shown, not checked: the test's own result stands
+            print(p.compose("ps", "-a", timeout=60, check=False))
+            print(p.compose("logs", "--no-color", "--timestamps", timeout=60, check=False))
+        finally:
+            p.down()
