@@ -14,13 +14,11 @@ still a cycle in the design, so function-level imports count; imports under
 from __future__ import annotations
 
 import ast
-import re
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from repo_paths import ROOT
+from repo_paths import ROOT, requirement_names
 
 pytestmark = pytest.mark.unit
 
@@ -319,11 +317,7 @@ def test_every_package_and_script_folder_imports_only_its_allowed_edges() -> Non
 def declared_dependencies(folder: str) -> set[str]:
     """The import packages of this repository that ``folder``'s distribution declares, in
     its dependencies or any of its extras."""
-    project = tomllib.loads((ROOT / folder / "pyproject.toml").read_text())["project"]
-    wanted = list(project.get("dependencies", []))
-    for extra in project.get("optional-dependencies", {}).values():
-        wanted += extra
-    names = {re.split(r"[\[<>=!~; ]", spec, maxsplit=1)[0].replace("-", "_") for spec in wanted}
+    names = {n.replace("-", "_") for n in requirement_names(folder, extras=True)}
     return names & set(DISTRIBUTIONS)
 
 

@@ -10,15 +10,13 @@ copy of its sources and fails on any setuptools warning.
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
-from repo_paths import ROOT
+from repo_paths import ROOT, requirement_names
 
 pytestmark = pytest.mark.unit
 
@@ -53,19 +51,12 @@ def test_editable_build_raises_no_setuptools_warning(package: str, tmp_path: Pat
     assert list(out.glob("*.whl")), res.stdout[-2000:]
 
 
-def _requirement_names(package: str) -> set[str]:
-    """The distribution names in ``package``'s ``[project] dependencies``."""
-    deps = tomllib.loads((ROOT / package / "pyproject.toml").read_text())["project"]
-    return {re.split(r"[\s\[<>=!~;]", dep, maxsplit=1)[0].lower()
-            for dep in deps.get("dependencies", [])}
-
-
 def test_the_math_library_declares_numpy_and_scipy_only() -> None:
-    assert _requirement_names("common") == {"numpy", "scipy"}
+    assert requirement_names("common") == {"numpy", "scipy"}
     # the protocol needs protobuf, never gRPC; gRPC is the client's and the server's
-    assert _requirement_names("wire") == {"rpsagg", "numpy", "protobuf"}
+    assert requirement_names("wire") == {"rpsagg", "numpy", "protobuf"}
     for package in ("server", "client"):
-        assert {"rpsagg", "rpsagg-wire", "grpcio"} <= _requirement_names(package)
+        assert {"rpsagg", "rpsagg-wire", "grpcio"} <= requirement_names(package)
 
 
 IMPORT_ALL = """
