@@ -4,7 +4,7 @@
 # The type checks and the site build run at once; the tests on RPSAGG_TEST_WORKERS
 # pytest-xdist workers (default 2, the machine's cores; 0 runs them in this process, as a
 # plain pytest), every module's tests on one worker, the engine group's together
-# (tests/conftest.py); then the Flower tests in .venv-flower, the same way. (Three workers
+# (tests/worker_units.py); then the Flower tests in .venv-flower, the same way. (Three workers
 # with the Flower run beside them overloaded the 2-core machine: a container's server and
 # a Ctrl-C'd Flower run missed their bounds.)
 set -euo pipefail
@@ -49,7 +49,7 @@ for name in mypy "mypy flower" "docs site (mkdocs build --strict -> build/site)"
 done
 [ $failed = 0 ] || exit 1
 
-workers=(-n "${RPSAGG_TEST_WORKERS:-2}" --dist loadgroup)
+workers=(-n "${RPSAGG_TEST_WORKERS:-2}" --dist loadfile)
 echo "[test] pytest (${RPSAGG_TEST_WORKERS:-2} workers)"
 .venv/bin/python -m pytest "${workers[@]}" "$@"
 # the Flower integration in its own environment (flwr's pins; tests/conftest.py keeps

@@ -15,7 +15,8 @@ with no group or more than one stops the run.
 Each group's modules sit in the folder of that name (``tests/unit``, ``tests/service``,
 ``tests/engine``, ``tests/browser``; ``tests/flower`` is the Flower environment's, whatever
 the group); a module elsewhere stops the run too. The shared helpers stay in ``tests/``
-(``repo_paths``, ``http_util``, ``service_util``, ``engine_util``, ``anyd_util``):
+(``repo_paths``, ``http_util``, ``service_util``, ``engine_util``, ``anyd_util``,
+``worker_units``):
 pyproject.toml's ``pythonpath`` puts ``tests/`` on ``sys.path``, and ``conformance/``, whose
 plain-Python reference of the wire format (``wire_reference``) and conformance runner
 (``run``) the tests import.
@@ -28,6 +29,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+# pytest-xdist's work units: one per module, the engine group's modules one (./test.sh)
+from worker_units import (  # noqa: F401  (hooks, found here by name)
+    pytest_runtest_logreport,
+    pytest_sessionfinish,
+    pytest_xdist_make_scheduler,
+)
 
 collect_ignore = [] if os.environ.get("RPSAGG_FLOWER_TESTS") == "1" else ["flower"]
 
@@ -68,21 +76,6 @@ def _groups(config: pytest.Config) -> set[str]:
     return out
 
 
-#: modules whose tests share one worker under pytest-xdist (``./test.sh`` runs ``-n``): the
-#: engine group's, which share the session's Docker engine (``docker_engine``: the worker
-#: that started it stops it at its end)
-SHARED_WORKER = {"engine": "engine"}
-
-
-def _one_worker_per_module(items: list[pytest.Item]) -> None:
-    """Every test of a module on one worker (``--dist loadgroup``): module-scoped fixtures
-    and the order of a module's tests stay as in a serial run; the engine group's modules
-    share one worker (:data:`SHARED_WORKER`)."""
-    for item in items:
-        folder = item.path.parent.name
-        item.add_marker(pytest.mark.xdist_group(SHARED_WORKER.get(folder, item.path.stem)))
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Refuse the run when a collected test module has no group, or more than one, or sits
@@ -103,8 +96,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             wrong.append(f"{item.path}: group {', '.join(names) or 'none'}")
         elif folder != names[0] and folder != "flower":
             wrong.append(f"{item.path}: group {names[0]}, in tests/{folder}/")
-    if config.pluginmanager.hasplugin("xdist"):
-        _one_worker_per_module(items)
     if wrong:
         raise pytest.UsageError(
             f"a test module needs exactly one group ({', '.join(sorted(groups))}) in its "
