@@ -76,14 +76,16 @@ def docker(*args: str, timeout: float = 120, check: bool = True) -> str:
 
 
 def build_images(*services: str, profile: str | None = None, env: dict[str, str] | None = None,
-                 timeout: float = 1500) -> None:
+                 project: str | None = None, timeout: float = 1500) -> None:
     """``docker compose build SERVICES`` once per session per service (the build cache makes a
-    build of unchanged sources take seconds; this saves even those)."""
-    todo = [s for s in services if s not in _built]
+    build of unchanged sources take seconds; this saves even those). With ``project``, built
+    again under that compose project: compose labels an image with the project that built
+    it, so the tags then name new image ids (as another checkout's build would make them)."""
+    todo = [s for s in services if project is not None or s not in _built]
     if not todo:
         return
     args = ["compose", "--project-directory", str(ROOT), "-f", str(COMPOSE), "-p",
-            "rpsagg-build"]
+            project or "rpsagg-build"]
     if profile:
         args += ["--profile", profile]
     full = engine()

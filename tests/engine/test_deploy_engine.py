@@ -9,8 +9,9 @@ bound, and ends with ``down -v``. No skips: where no engine can be had, the test
    exits 0, the API and /metrics answer from the host; meanwhile a second job, created from
    the host with ``rpsagg-jobs`` through the published HTTP port, runs to its end with the
    ``jobs`` profile's replicas (``RPSAGG_JOB``; the profile's ``jobs`` service waits for
-   it); then ``down`` and ``up`` again run a new default job to its end while the first one
-   is kept (``/api/jobs``), and the created job with it.
+   it), after the images were rebuilt under another project: neither re-creates the
+   running server; then ``down`` and ``up`` again run a new default job to its end
+   while the first one is kept (``/api/jobs``), and the created job with it.
 2. the TLS override with the certificates of ``scripts/make-test-ca.sh``: the job ends, the
    published gRPC port speaks TLS under the test CA and refuses a plain-text client.
 3. the ray profile: every round decoded by Ray tasks on the worker containers (the server's
@@ -128,6 +129,13 @@ def _sample(text: str, name: str, **labels: str) -> float:
     return float(values[0])
 
 
+def _container_id(p: Project, service: str) -> str:
+    """The id of the service's one container."""
+    ids = [c["ID"] for c in p.containers() if c["Service"] == service]
+    assert len(ids) == 1, ids
+    return str(ids[0])
+
+
 def _jobs(base: str) -> dict[str, dict[str, Any]]:
     """``/api/jobs``'s jobs by id."""
     return {j["id"]: j for j in get_json(base + "/api/jobs")["jobs"]}
@@ -151,8 +159,15 @@ def test_plain_job_then_down_and_up_runs_a_second(plain: Project) -> None:
     assert made.returncode == 0, made.stderr
     job = made.stdout.strip()
     assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", job), made.stdout
+    # the images rebuilt meanwhile under another project (their labels name it, so the tags
+    # move to new image ids): the jobs profile's services leave the running server alone
+    server_id = _container_id(p, "server")
+    build_images("server", "client", project=f"{p.name}-rebuild")
+    tagged = docker("image", "inspect", "--format", "{{.Id}}", "rpsagg-server:latest").strip()
+    assert docker("inspect", "--format", "{{.Image}}", server_id).strip() != tagged
     p.configure(RPSAGG_JOB=job)
     p.compose("up", "-d", "--scale", "job-client=2", "job-client")
+    assert _container_id(p, "server") == server_id
 
     _check_job(p, rounds=4, n=3)
     status = p.status()
@@ -164,6 +179,7 @@ def test_plain_job_then_down_and_up_runs_a_second(plain: Project) -> None:
     waited = p.compose_run("run", "--rm", "-T", "jobs", "wait", job, "--timeout", "150",
                            timeout=200)
     assert waited.returncode == 0, waited.stderr[-2000:]
+    assert _container_id(p, "server") == server_id
     replicas = p.wait_exited("job-client", timeout=90)
     assert len(replicas) == 2 and all(c["ExitCode"] == 0 for c in replicas), replicas
     jobs = _jobs(base)
