@@ -136,7 +136,7 @@ def test_ctrl_c_leaves_no_flower_process(tmp_path: Path) -> None:
         [sys.executable, str(EXAMPLE / "run_comparison.py"), "--quick", "--rounds", "50",
          "--out", str(tmp_path / "out")],
         cwd=EXAMPLE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True)
+        start_new_session=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     seen: set[int] = set()
     deadline = time.monotonic() + 180
     try:
@@ -151,7 +151,10 @@ def test_ctrl_c_leaves_no_flower_process(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, f"no ServerApp within 180 s: {names}"
             time.sleep(0.2)
         os.kill(proc.pid, signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
+        try:
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(_stuck(proc, seen)) from None
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -164,6 +167,28 @@ def test_ctrl_c_leaves_no_flower_process(tmp_path: Path) -> None:
     assert not alive, [_cmdline(p) for p in alive]
 
 
+def _stuck(proc: subprocess.Popen[bytes], seen: set[int]) -> str:
+    """What a script that did not end after SIGINT was doing: its processes' states, and
+    every thread's stack (SIGABRT: PYTHONFAULTHANDLER prints them before it dies)."""
+    tree = sorted(seen | descendants([proc.pid]))
+    states = [f"{p} {_state(p)} {_cmdline(p)[:120]}" for p in tree]
+    os.kill(proc.pid, signal.SIGABRT)
+    try:
+        out, _ = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        out = b"(no stack dump within 20 s)"
+    return ("run_comparison.py did not end within 60 s of SIGINT; its processes then:\n"
+            + "\n".join(states) + "\n" + out.decode(errors="replace")[-6000:])
+
+
+def _state(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "gone"
+    return stat[stat.rindex(")") + 2]
+
+
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -172,8 +197,4 @@ def _cmdline(pid: int) -> str:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
+    return _state(pid) not in ("gone", "Z")
