@@ -263,7 +263,7 @@ class JobHost:
             scheduling.check_fits(
                 need, limit, self.memory_budget,
                 scheduling.committed_memory(self.jobs.values(), self._records.values()),
-                self.request_limit, len(scheduling.queued(self._records.values())))
+                self.request_limit, scheduling.count_queued(self._records.values()))
             job_id = wanted or new_job_id({*self._records, DEFAULT_JOB})
             stored = {k: v for k, v in dict(settings).items() if k in JOB_KEYS}
             stored["_memory"] = need.memory
@@ -272,6 +272,7 @@ class JobHost:
             except CatalogError as exc:
                 raise Unavailable(f"the job could not be recorded: {exc}") from None
             self._records[job_id] = rec
+            self.listing.remember(job_id, need.cfg)
             log.info("[Jobs] job %s created: %s", job_id,
                      ", ".join(f"{k}={v}" for k, v in sorted(stored.items()) if k[0] != "_"))
         # the answer says queued: the job starts right after it (opening its database takes

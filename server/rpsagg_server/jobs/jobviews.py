@@ -109,12 +109,17 @@ class JobListing:
         if full is None:
             given = {k: v for k, v in rec.settings.items() if k in JOB_KEYS}
             try:
-                public = job_config(self.cfg, given, ":memory:").public_dict()
-                full = {k: public[k] for k in JOB_KEYS}
+                self.remember(rec.id, job_config(self.cfg, given, ":memory:"))
             except ValueError:  # settings a later version refuses: shown as given
-                full = given
-            self._full_settings[rec.id] = full
+                self._full_settings[rec.id] = given
+            full = self._full_settings[rec.id]
         return dict(full)
+
+    def remember(self, job_id: str, cfg: ServerConfig) -> None:
+        """Keep a created job's every setting from its configuration (the one its creation
+        validated: not validated again when it is first shown)."""
+        public = cfg.public_dict()
+        self._full_settings[job_id] = {k: public[k] for k in JOB_KEYS}
 
     def current(self) -> list[JobRecord]:
         """The jobs this server runs: the default first, then the created ones oldest

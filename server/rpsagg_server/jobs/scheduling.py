@@ -22,6 +22,11 @@ def queued(records: Iterable[JobRecord]) -> list[JobRecord]:
     return sorted((r for r in records if r.state == JobState.QUEUED), key=lambda r: r.seq)
 
 
+def count_queued(records: Iterable[JobRecord]) -> int:
+    """How many jobs are queued (no order needed: :func:`queued` sorts them)."""
+    return sum(r.state == JobState.QUEUED for r in records)
+
+
 def committed_memory(runtimes: Iterable[JobRuntime], records: Iterable[JobRecord]) -> int:
     """The estimates of the jobs that hold or will hold memory: open and queued."""
     return sum(rt.memory for rt in runtimes) + sum(
