@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 from pydantic.dataclasses import dataclass
 
 from rpsagg import ESTIMATOR_NAMES, QUANTIZER_NAMES
@@ -24,10 +24,10 @@ from rpsagg_server.settings.rules import (
     AUTO,
     Rule,
     at_least,
-    check_field,
     field_infos,
     finite,
     one_of,
+    validate_field,
 )
 
 SCHEMES = ESTIMATOR_NAMES + QUANTIZER_NAMES
@@ -193,8 +193,8 @@ class JobSpec:
 
     @field_validator("*")
     @classmethod
-    def _rule(cls, value: Any, info: Any) -> Any:
-        return check_field(cls.RULES, info.field_name, value)
+    def _rule(cls, value: Any, info: ValidationInfo) -> Any:
+        return validate_field(cls.RULES, value, info)
 
 
 #: the settings of a job, in their order (``POST /api/jobs`` takes these keys)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 from pydantic.dataclasses import dataclass
 
 from rpsagg_server.settings.jobspec import BYTES_PER_COORDINATE
-from rpsagg_server.settings.rules import Rule, at_least, check_field, finite, one_of
+from rpsagg_server.settings.rules import Rule, at_least, finite, one_of, validate_field
 
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 _PORT = Rule(lambda v: 0 <= v <= 65535, "must be in [0, 65535]")
@@ -156,8 +156,8 @@ class ServerSettings:
 
     @field_validator("*")
     @classmethod
-    def _rule(cls, value: Any, info: Any) -> Any:
-        return check_field(cls.RULES, info.field_name, value)
+    def _rule(cls, value: Any, info: ValidationInfo) -> Any:
+        return validate_field(cls.RULES, value, info)
 
 
 #: the settings that name files (the dashboard shows whether they are set, never the paths)

@@ -1,9 +1,10 @@
 """One field's rule: what a setting's value must be, and the one line that says so.
 
 The settings models (:mod:`rpsagg_server.settings.jobspec`, :mod:`rpsagg_server.settings.process`)
-check every field with :func:`check_field`: first the range its value reaches
-(:func:`rpsagg_server.settings.bounds.check_range`), then the field's own :class:`Rule`, then that a
-number is finite (:func:`rpsagg_server.settings.bounds.check_finite`). Messages name the flag
+check every field with :func:`check_field` (through :func:`validate_field`): first the range
+its value reaches (:func:`rpsagg_server.settings.bounds.check_range`), then the field's own
+:class:`Rule`, then that a number is finite
+(:func:`rpsagg_server.settings.bounds.check_finite`). Messages name the flag
 (``--round-timeout``); the jobs API renames them to the job setting (``round_timeout``).
 """
 
@@ -14,12 +15,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from pydantic import ValidationInfo
 from pydantic.fields import FieldInfo
 
 from rpsagg_server.settings.bounds import check_finite, check_range
 
 #: the value a setting may have where a number or ``auto`` is taken
 AUTO: Final = "auto"
+#: the validation context's key for the fields whose values were checked already (a job's
+#: copy of the server's own settings): their rules do not run again
+CHECKED: Final = "checked"
 
 
 def field_infos(model: type) -> dict[str, FieldInfo]:
@@ -66,6 +71,16 @@ def one_of(choices: tuple[str, ...], show: bool = True) -> Rule:
     text = ("must be one of " + ", ".join(choices) if len(choices) > 2
             else "must be " + " or ".join(choices))
     return Rule(lambda v: v in choices, text, repr if show else None)
+
+
+def validate_field(rules: Mapping[str, Rule], value: Any, info: ValidationInfo) -> Any:
+    """The settings models' field validator: :func:`check_field`, unless the validation's
+    context lists the field as :data:`CHECKED`."""
+    context = info.context
+    name = str(info.field_name)
+    if context is not None and name in context.get(CHECKED, ()):
+        return value
+    return check_field(rules, name, value)
 
 
 def check_field(rules: Mapping[str, Rule], name: str, value: Any) -> Any:

@@ -16,7 +16,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
 from rpsagg.projections import auto_block_size
@@ -31,7 +31,7 @@ from rpsagg_server.settings.jobspec import (
     JobSpec,
 )
 from rpsagg_server.settings.process import PATH_KEYS, SERVER_RULES, ServerSettings
-from rpsagg_server.settings.rules import AUTO, Rule, field_infos
+from rpsagg_server.settings.rules import AUTO, CHECKED, Rule, field_infos
 
 __all__ = ["AUTO", "AUTO_VALUE_BITS", "BYTES_PER_COORDINATE", "JOB_KEYS", "ServerConfig",
            "automatic_max_d", "first_error", "job_config", "memory_limit"]
@@ -180,11 +180,19 @@ def job_config(server: ServerConfig, settings: Mapping[str, Any], db: str) -> Se
         raise ValueError("d must be >= 1 for a job created over the API (a d from the first "
                          "join is the default job's alone)")
     own = {f.name: getattr(server, f.name) for f in fields(ServerSettings)}
-    own.update(db=db, port_file=None, on_finished_job="keep", no_default_job=False)
+    # the server's own values were checked when it started: only the job's rules run
+    context = {CHECKED: own.keys() - _JOB_OWN.keys()}
+    own.update(_JOB_OWN, db=db)
     try:
-        return ServerConfig(**{**own, **JOB_DEFAULTS, **values})
+        return _ADAPTER.validate_python({**own, **JOB_DEFAULTS, **values}, context=context)
     except ValidationError as exc:
         raise first_error(exc) from None
+
+
+#: what a created job's configuration sets of the server's own settings (and ``db``)
+_JOB_OWN: dict[str, Any] = {"db": None, "port_file": None, "on_finished_job": "keep",
+                            "no_default_job": False}
+_ADAPTER = TypeAdapter(ServerConfig)
 
 
 def json_value(key: str, value: Any) -> Any:
