@@ -1,7 +1,8 @@
 """Which pytest-xdist worker runs which tests (``./test.sh`` runs ``-n 2 --dist loadfile``).
 
 A work unit is a test module: its tests run on one worker, in their order, and its
-module-scoped fixtures are set up once. The engine group's modules form one unit
+module-scoped fixtures are set up once. A few modules of long, independent tests give
+each test a unit (:data:`PER_TEST`). The engine group's modules form one unit
 (:data:`SHARED_UNITS`): they share the session's Docker engine, which the worker that
 started it stops at its end, and the images they build under the same tags (a build by one
 test re-tags ``rpsagg-server:latest`` under another's running project, and compose then
@@ -24,12 +25,16 @@ import pytest
 
 #: test folders whose modules make one work unit, by folder name
 SHARED_UNITS = {"engine": "tests/engine"}
+#: modules of long tests that share nothing (no module fixtures; each starts its own
+#: processes on free ports): each test is a unit of its own, so both workers take them
+PER_TEST = frozenset({"tests/flower/test_benchmark.py", "tests/flower/test_e2e.py"})
 
 _ran_on: defaultdict[str, set[str]] = defaultdict(set)
 
 
 def work_unit(nodeid: str) -> str:
-    """The work unit of a test: its module's path, or its folder's shared unit.
+    """The work unit of a test: its module's path, its folder's shared unit, or for a
+    module of :data:`PER_TEST` the test itself.
 
     Parameters
     ----------
@@ -42,6 +47,8 @@ def work_unit(nodeid: str) -> str:
         ``tests/unit/test_x.py``, or ``tests/engine`` for a module in ``tests/engine``.
     """
     path = nodeid.split("::", 1)[0]
+    if path in PER_TEST:
+        return nodeid
     parts = path.split("/")
     folder = parts[-2] if len(parts) > 1 else ""
     return SHARED_UNITS.get(folder, path)

@@ -25,6 +25,8 @@ def test_a_module_is_its_unit_and_the_engine_folder_one_unit() -> None:
     assert work_unit("tests/engine/test_deploy_engine.py::test_x") == "tests/engine"
     assert work_unit("tests/engine/test_deploy_monitoring.py::test_y") == "tests/engine"
     assert work_unit("test_top.py::test_z") == "test_top.py"
+    e2e = "tests/flower/test_e2e.py::test_ctrl_c_leaves_no_flower_process"
+    assert work_unit(e2e) == e2e
 
 
 def _tree(root: Path) -> Path:
