@@ -180,17 +180,17 @@ def job_config(server: ServerConfig, settings: Mapping[str, Any], db: str) -> Se
         raise ValueError("d must be >= 1 for a job created over the API (a d from the first "
                          "join is the default job's alone)")
     own = {f.name: getattr(server, f.name) for f in fields(ServerSettings)}
-    # the server's own values were checked when it started: only the job's rules run
-    context = {CHECKED: own.keys() - _JOB_OWN.keys()}
     own.update(_JOB_OWN, db=db)
+    # the server's own values were checked when it started: only the job's rules run
+    context = {CHECKED: own.keys() - {*_JOB_OWN, "db"}}
     try:
         return _ADAPTER.validate_python({**own, **JOB_DEFAULTS, **values}, context=context)
     except ValidationError as exc:
         raise first_error(exc) from None
 
 
-#: what a created job's configuration sets of the server's own settings (and ``db``)
-_JOB_OWN: dict[str, Any] = {"db": None, "port_file": None, "on_finished_job": "keep",
+#: what a created job's configuration sets of the server's own settings (``db`` aside)
+_JOB_OWN: dict[str, Any] = {"port_file": None, "on_finished_job": "keep",
                             "no_default_job": False}
 _ADAPTER = TypeAdapter(ServerConfig)
 
