@@ -17,6 +17,7 @@ that none of the processes the federation started, nor their descendants, is lef
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -24,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -132,11 +134,12 @@ def test_ctrl_c_leaves_no_flower_process(tmp_path: Path) -> None:
     """SIGINT to run_comparison.py while a ServerApp runs: it exits with 130 and every
     process it had started (SuperLink, SuperNodes, flower-superexec in its own session,
     flwr-serverapp, flwr-clientapp) is gone."""
-    proc = subprocess.Popen(
-        [sys.executable, str(EXAMPLE / "run_comparison.py"), "--quick", "--rounds", "50",
-         "--out", str(tmp_path / "out")],
-        cwd=EXAMPLE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    with _sigint_as_at_a_terminal():
+        proc = subprocess.Popen(
+            [sys.executable, str(EXAMPLE / "run_comparison.py"), "--quick", "--rounds", "50",
+             "--out", str(tmp_path / "out")],
+            cwd=EXAMPLE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     seen: set[int] = set()
     deadline = time.monotonic() + 180
     try:
@@ -167,11 +170,29 @@ def test_ctrl_c_leaves_no_flower_process(tmp_path: Path) -> None:
     assert not alive, [_cmdline(p) for p in alive]
 
 
+@contextlib.contextmanager
+def _sigint_as_at_a_terminal() -> Iterator[None]:
+    """SIGINT at its default in the processes started inside, as a terminal starts them.
+
+    A test run in the background of a shell without job control (``./test.sh &``) has
+    SIGINT ignored (POSIX), and an ignored signal stays ignored across ``exec``: the script
+    would never see the Ctrl-C. A handler here instead is reset to the default at ``exec``,
+    and Python then raises KeyboardInterrupt as at a terminal."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 def _stuck(proc: subprocess.Popen[bytes], seen: set[int]) -> str:
     """What a script that did not end after SIGINT was doing: its processes' states, and
     every thread's stack (SIGABRT: PYTHONFAULTHANDLER prints them before it dies)."""
     tree = sorted(seen | descendants([proc.pid]))
     states = [f"{p} {_state(p)} {_cmdline(p)[:120]}" for p in tree]
+    with contextlib.suppress(OSError):  # its signals: pending, blocked, ignored, caught
+        states.append(" ".join(line for line in Path(f"/proc/{proc.pid}/status").read_text()
+                               .splitlines() if line.startswith(("ShdPnd", "Sig"))))
     os.kill(proc.pid, signal.SIGABRT)
     try:
         out, _ = proc.communicate(timeout=20)
