@@ -2,11 +2,10 @@
 # The whole test suite: lint, type check, the docs site, tests. Sets up .venv on first use.
 #
 # The type checks and the site build run at once; the tests on RPSAGG_TEST_WORKERS
-# pytest-xdist workers (default 2, the machine's cores; 0 runs them in this process, as a
-# plain pytest), every module's tests on one worker, the engine group's together
-# (tests/worker_units.py); then the Flower tests in .venv-flower, the same way. (Three workers
-# with the Flower run beside them overloaded the 2-core machine: a container's server and
-# a Ctrl-C'd Flower run missed their bounds.)
+# pytest-xdist workers (default 3, one more than the development machine's 2 cores: many
+# tests wait on processes, sockets and containers; 0 runs them in this process, as a plain
+# pytest), every module's tests on one worker, the engine group's together
+# (tests/worker_units.py); then the Flower tests in .venv-flower, the same way.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$root"
@@ -49,8 +48,8 @@ for name in mypy "mypy flower" "docs site (mkdocs build --strict -> build/site)"
 done
 [ $failed = 0 ] || exit 1
 
-workers=(-n "${RPSAGG_TEST_WORKERS:-2}" --dist loadfile)
-echo "[test] pytest (${RPSAGG_TEST_WORKERS:-2} workers)"
+workers=(-n "${RPSAGG_TEST_WORKERS:-3}" --dist loadfile)
+echo "[test] pytest (${RPSAGG_TEST_WORKERS:-3} workers)"
 .venv/bin/python -m pytest "${workers[@]}" "$@"
 # the Flower integration in its own environment (flwr's pins; tests/conftest.py keeps
 # tests/flower out of the run above)
