@@ -236,6 +236,13 @@ def _stat(pid: int) -> list[str] | None:
     return stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, session, ...
 
 
+def process_state(pid: int) -> str | None:
+    """A process's state letter (``R``, ``S``, ``Z``...), or None once it is gone (Linux
+    ``/proc``)."""
+    fields = _stat(pid)
+    return fields[0] if fields else None
+
+
 def _pgid(pid: int) -> int:
     fields = _stat(pid)
     return int(fields[2]) if fields else 0

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.service
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flower-fashion-mnist"
 sys.path.insert(0, str(EXAMPLE))
 
-from federation import LocalFederation, descendants, live_members  # noqa: E402
+from federation import LocalFederation, descendants, live_members, process_state  # noqa: E402
 
 RUN = {"method": "rand-proj-spatial", "k": 785, "clients": 2, "num-server-rounds": 2,
        "examples-per-client": 300, "seed": 7}
@@ -203,11 +203,7 @@ def _stuck(proc: subprocess.Popen[bytes], seen: set[int]) -> str:
 
 
 def _state(pid: int) -> str:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return "gone"
-    return stat[stat.rindex(")") + 2]
+    return process_state(pid) or "gone"
 
 
 def _cmdline(pid: int) -> str:

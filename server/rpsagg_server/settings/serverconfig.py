@@ -160,6 +160,12 @@ def automatic_max_d() -> int:
     return min(MAX_D_CEILING, 1 << max(16, budget.bit_length() - 1))
 
 
+#: what a created job's configuration sets of the server's own settings (``db`` aside)
+_JOB_OWN: dict[str, Any] = {"port_file": None, "on_finished_job": "keep",
+                            "no_default_job": False}
+_ADAPTER = TypeAdapter(ServerConfig)
+
+
 def job_config(server: ServerConfig, settings: Mapping[str, Any], db: str) -> ServerConfig:
     """The configuration of a job created over the API: ``settings`` (keys of
     :data:`~rpsagg_server.settings.jobspec.JOB_KEYS`, JSON values) over the defaults, the server's
@@ -187,12 +193,6 @@ def job_config(server: ServerConfig, settings: Mapping[str, Any], db: str) -> Se
         return _ADAPTER.validate_python({**own, **JOB_DEFAULTS, **values}, context=context)
     except ValidationError as exc:
         raise first_error(exc) from None
-
-
-#: what a created job's configuration sets of the server's own settings (``db`` aside)
-_JOB_OWN: dict[str, Any] = {"port_file": None, "on_finished_job": "keep",
-                            "no_default_job": False}
-_ADAPTER = TypeAdapter(ServerConfig)
 
 
 def json_value(key: str, value: Any) -> Any:
