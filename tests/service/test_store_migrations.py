@@ -95,6 +95,62 @@ def test_a_version_0_database_is_migrated_once(tmp_path: Path) -> None:
     assert _version(db) == CURRENT_VERSION
 
 
+def test_a_new_database_gets_the_current_schema_in_one_script(tmp_path: Path) -> None:
+    db = tmp_path / "new.db"
+    statements: list[str] = []
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.set_trace_callback(statements.append)
+    try:
+        assert open_schema(conn, pragmas="PRAGMA journal_mode=WAL;") == 0
+        conn.set_trace_callback(None)
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master "
+                                             "WHERE type = 'table'")}
+    finally:
+        conn.close()
+    assert tables == {"meta", "clients", "rounds", "submissions"}
+    assert _version(db) == CURRENT_VERSION
+    # the probe, then the script's statements (no statement of the existing-database path)
+    assert statements[0].startswith("SELECT user_version")
+    assert "BEGIN IMMEDIATE;" in statements and statements[-1] == "COMMIT;"
+    assert not any(s.startswith("CREATE TABLE IF NOT EXISTS") for s in statements)
+
+
+class _TablesMadeMeanwhile(sqlite3.Connection):
+    """A connection whose probe sees an empty database while another connection has made
+    the tables (and a row) between the probe and the new database's script."""
+
+    def execute(self, sql: str, *args: object) -> sqlite3.Cursor:  # type: ignore[override]
+        if sql.startswith("SELECT user_version, EXISTS"):
+            other = sqlite3.connect(self.execute("PRAGMA database_list").fetchone()[2],
+                                    isolation_level=None)
+            try:
+                other.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+                other.execute("INSERT INTO meta VALUES ('config', '{}')")
+            finally:
+                other.close()
+            return super().execute("SELECT 0, 0")
+        return super().execute(sql, *args)
+
+
+def test_tables_made_meanwhile_take_the_existing_database_path(tmp_path: Path) -> None:
+    db = tmp_path / "raced.db"
+    conn = sqlite3.connect(db, isolation_level=None, factory=_TablesMadeMeanwhile)
+    try:
+        # the script's CREATE TABLE meta fails: rolled back, then the tables that are
+        # missing are made and the version recorded, the other connection's row kept (no
+        # round table: nothing to migrate)
+        assert open_schema(conn) == 0
+        assert not conn.in_transaction
+        assert conn.execute("SELECT value FROM meta").fetchall() == [("{}",)]
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master "
+                                             "WHERE type = 'table'")}
+    finally:
+        conn.close()
+    assert tables == {"meta", "clients", "rounds", "submissions"}
+    assert _version(db) == CURRENT_VERSION
+
+
 def test_rows_of_before_are_completed_as_the_code_of_before_read_them(tmp_path: Path) -> None:
     db = _copy(tmp_path)
     old = {"first_at": 1.0, "deadline": 2.0, "closed_at": 3.0, "finished_at": 4.0,

@@ -156,11 +156,9 @@ class RoundEngine:
         rec = Recovery(self.cfg, self.store, self.m, self.progress, self.tracker,
                        self.planner, self)
         # the start-up writes (settings, encoding, the job's id: each a synchronous commit)
-        # run off the event loop, which serves the server's other jobs meanwhile; nothing
-        # reads this engine yet
-        job_exists = await asyncio.to_thread(rec.check_job_config)
-        await asyncio.to_thread(rec.recover_encoding, job_exists)
-        await asyncio.to_thread(job_id, self.store)
+        # run off the event loop, which serves the server's other jobs meanwhile, in one
+        # trip (on a busy loop, each trip waits its turn); nothing reads this engine yet
+        await asyncio.to_thread(self._startup_writes, rec)
         self.membership.recover()
         last = rec.recover_rounds()
         p = self.progress
@@ -177,6 +175,10 @@ class RoundEngine:
             p.done_event.set()
         else:
             self.spawn(self.beta.start(self._executor, self._compute_beta))
+
+    def _startup_writes(self, rec: Recovery) -> None:
+        rec.recover_encoding(rec.check_job_config())
+        job_id(self.store)
 
     def _compute_beta(self) -> float:
         """beta for n (runs in the decode thread; a Monte Carlo on a cold cache)."""

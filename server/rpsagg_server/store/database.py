@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from rpsagg_server.store.migrations import CURRENT_VERSION, check_version, open_schema
+from rpsagg_server.store.migrations import CURRENT_VERSION, open_schema
 from rpsagg_server.store.rowinfo import RowInfo
 from rpsagg_server.store.rows import StoredRound, StoredSubmission
 from rpsagg_server.store.writer import GroupCommitWriter, Op, WriteError
@@ -70,11 +70,10 @@ class Store:
         self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
                                      timeout=busy_timeout)
         try:
-            check_version(self._conn)  # a newer version is refused before any write
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=FULL")
-            # the tables of a new database, or an older one migrated: one transaction
-            if open_schema(self._conn):
+            # the tables of a new database, or an older one migrated: one transaction, after
+            # the journal's mode; a newer version is refused before any write
+            if open_schema(self._conn, pragmas="PRAGMA journal_mode=WAL;"
+                                               "PRAGMA synchronous=FULL;"):
                 log.info("[Store] %s: migrated to schema version %d", path, CURRENT_VERSION)
         except BaseException:
             self._conn.close()

@@ -62,6 +62,11 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_info_v0_to_v1]
 CURRENT_VERSION = len(MIGRATIONS)
 
 
+#: the schema of a new database: every table made, none found (a table made meanwhile by
+#: another connection fails the script, which then takes the path of an existing database)
+_NEW_SCHEMA = SCHEMA.replace("CREATE TABLE IF NOT EXISTS", "CREATE TABLE")
+
+
 def schema_version(conn: sqlite3.Connection) -> int:
     """The database's ``user_version`` (0: a new database, or one of before versions)."""
     return int(conn.execute("PRAGMA user_version").fetchone()[0])
@@ -70,7 +75,10 @@ def schema_version(conn: sqlite3.Connection) -> int:
 def check_version(conn: sqlite3.Connection) -> int:
     """The database's version; raises :class:`SchemaError` for one newer than this code's
     (before anything is written)."""
-    version = schema_version(conn)
+    return _refuse_newer(schema_version(conn))
+
+
+def _refuse_newer(version: int) -> int:
     if version > CURRENT_VERSION:
         raise SchemaError(
             f"the database's schema version is {version}, newer than this server's "
@@ -80,17 +88,39 @@ def check_version(conn: sqlite3.Connection) -> int:
 
 
 def open_schema(conn: sqlite3.Connection,
-                migrations: list[Callable[[sqlite3.Connection], None]] | None = None) -> int:
+                migrations: list[Callable[[sqlite3.Connection], None]] | None = None,
+                pragmas: str = "") -> int:
     """Create the tables of a new database, or migrate an older one, in one transaction.
 
-    ``conn`` is in autocommit mode (``isolation_level=None``) and its version was checked
-    (:func:`check_version`). Returns the number of migrations run (0: a new database, or
-    one of the current version). Raises
-    :class:`SchemaError` when a migration fails (rolled back: the file is unchanged).
-    ``migrations``: :data:`MIGRATIONS` unless given (tests).
+    ``conn`` is in autocommit mode (``isolation_level=None``). A database of a newer
+    version is refused (:class:`SchemaError`) before anything is written, ``pragmas``
+    (statements, each ending in ``;``, such as the journal mode) included; they run before
+    the schema. Returns the number of migrations run (0: a new database, or one of the
+    current version). Raises :class:`SchemaError` when a migration fails (rolled back: the
+    file is unchanged). ``migrations``: :data:`MIGRATIONS` unless given (tests).
+
+    A new database takes one script (one statement each, no round trip through Python
+    between them: a job starts on a loaded server without waiting for the interpreter
+    lock between its statements); an existing one is read, then migrated.
     """
     steps = MIGRATIONS if migrations is None else migrations
     current = len(steps)
+    version, has_tables = conn.execute(
+        "SELECT user_version, EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table') "
+        "FROM pragma_user_version").fetchone()
+    _refuse_newer(int(version))
+    if not has_tables:
+        try:
+            conn.executescript(f"{pragmas}BEGIN IMMEDIATE;{_NEW_SCHEMA}"
+                               f"PRAGMA user_version = {current};COMMIT;")
+            return 0
+        except sqlite3.OperationalError as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if "already exists" not in str(exc):
+                raise
+    elif pragmas:
+        conn.executescript(pragmas)
     conn.execute("BEGIN IMMEDIATE")
     try:
         version = check_version(conn)
