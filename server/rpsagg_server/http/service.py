@@ -34,7 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 import rpsagg
 from rpsagg_server.http import errors, routes_jobsapi
-from rpsagg_server.http.app import closing_lifespan, create_app, mount_page
+from rpsagg_server.http.app import add_routes, closing_lifespan, create_app, mount_page
 from rpsagg_server.http.auth import Gate, HttpTokens
 from rpsagg_server.http.jobschemas import add_security
 from rpsagg_server.http.renders import DEFAULT_MAX_BYTES, BodyCache, BodyCacheCollector
@@ -128,7 +128,7 @@ def create_service_app(host: JobHost, registry: CollectorRegistry | None = None,
     template = create_app(ServerState(host.cfg.public_dict()), CollectorRegistry(),
                           bodies=cache)
     app.openapi = merged_openapi(app, template)  # type: ignore[method-assign]
-    app.include_router(routes_jobsapi.router)
+    add_routes(app, routes_jobsapi.router)
     mount_page(app, registry)
 
     @app.get("/healthz", include_in_schema=False)
