@@ -170,9 +170,12 @@ class Task:
     head: tuple[str, ...] = ()
 
 
-def fmnist_task(clients: int, examples: int, seed: int) -> Task:
-    """The small CNN with BatchNorm (``fmnist_app.cnn``) on IID shards of Fashion-MNIST."""
+def fmnist_task(clients: int, examples: int, seed: int, test_examples: int = 0) -> Task:
+    """The small CNN with BatchNorm (``fmnist_app.cnn``) on IID shards of Fashion-MNIST,
+    evaluated on the test set (its first ``test_examples`` images; 0: all 10,000)."""
     x_test, y_test = load("t10k")
+    if test_examples:
+        x_test, y_test = x_test[:test_examples], y_test[:test_examples]
     test_images = cnn.images(x_test)
     shards = [partition(i, clients, examples) for i in range(clients)]
     shard_images = [cnn.images(x) for x, _ in shards]
@@ -656,6 +659,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--examples-per-client", type=int, default=0,
                     help="fmnist shard size (0: all of it); wide: 400")
+    ap.add_argument("--test-examples", type=int, default=0,
+                    help="fmnist: evaluate on the test set's first N images (0: all 10,000; "
+                         "evaluation is most of a short run's time)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--seeds", type=int, nargs="+",
                     help="run every configuration once per seed (default: --seed alone); the "
@@ -689,6 +695,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.threads < 1:
         ap.error("--threads must be at least 1")
+    if args.test_examples < 0:
+        ap.error("--test-examples must be 0 (all) or more")
     if args.partial and args.tasks != ["fmnist"]:
         ap.error("--partial is an fmnist experiment: give --tasks fmnist")
     pin_threads(args.threads)
@@ -708,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
             results = []
             for seed in args.seeds or [args.seed]:  # each seed: its data and initial model
                 task = (fmnist_task(clients, 1000 if args.quick else args.examples_per_client,
-                                    seed) if name == "fmnist"
+                                    seed, args.test_examples) if name == "fmnist"
                         else wide_task(clients, 200 if args.quick else 400, seed))
                 every = (partial_configs(compressed_size(task)) if args.partial
                          else configs(name, compressed_size(task), clients))
