@@ -60,6 +60,14 @@ def _version(db: Path) -> int:
         conn.close()
 
 
+#: the tables of a job database
+TABLES = {"meta", "clients", "rounds", "submissions"}
+
+
+def _tables(conn: sqlite3.Connection) -> set[str]:
+    return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
 def _sha(db: Path) -> str:
     return hashlib.sha256(db.read_bytes()).hexdigest()
 
@@ -104,11 +112,9 @@ def test_a_new_database_gets_the_current_schema_in_one_script(tmp_path: Path) ->
         assert open_schema(conn, pragmas="PRAGMA journal_mode=WAL;") == 0
         conn.set_trace_callback(None)
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master "
-                                             "WHERE type = 'table'")}
+        assert _tables(conn) == TABLES
     finally:
         conn.close()
-    assert tables == {"meta", "clients", "rounds", "submissions"}
     assert _version(db) == CURRENT_VERSION
     # the probe, then the script's statements (no statement of the existing-database path)
     assert statements[0].startswith("SELECT user_version")
@@ -143,11 +149,9 @@ def test_tables_made_meanwhile_take_the_existing_database_path(tmp_path: Path) -
         assert open_schema(conn) == 0
         assert not conn.in_transaction
         assert conn.execute("SELECT value FROM meta").fetchall() == [("{}",)]
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master "
-                                             "WHERE type = 'table'")}
+        assert _tables(conn) == TABLES
     finally:
         conn.close()
-    assert tables == {"meta", "clients", "rounds", "submissions"}
     assert _version(db) == CURRENT_VERSION
 
 
