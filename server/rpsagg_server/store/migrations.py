@@ -99,9 +99,9 @@ def open_schema(conn: sqlite3.Connection,
     current version). Raises :class:`SchemaError` when a migration fails (rolled back: the
     file is unchanged). ``migrations``: :data:`MIGRATIONS` unless given (tests).
 
-    A new database takes one script (one statement each, no round trip through Python
-    between them: a job starts on a loaded server without waiting for the interpreter
-    lock between its statements); an existing one is read, then migrated.
+    A new database takes one probe and one script: a call per statement would take the
+    interpreter lock back after each, and on a loaded server each of those waits is long
+    (a job starts sooner). An existing one is read, then migrated.
     """
     steps = MIGRATIONS if migrations is None else migrations
     current = len(steps)
