@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 from http_util import Service, call
@@ -74,7 +75,10 @@ def test_a_cancel_answered_200_wins_over_the_start(empty: Service) -> None:
         client = AggregationClient(svc.target, "x0", insecure=True, job=job_id,
                                    retry_budget=2)
         try:
-            client.join(d=64)
+            with pytest.raises(grpc.RpcError) as err:  # an ended job takes no new client
+                client.join(d=64)
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION, job_id
+            assert "the job has ended (failed: cancelled" in str(err.value.details())
             info = client.current_round()
             assert info.job_done and "cancelled" in info.job_failure, (job_id, info)
         finally:

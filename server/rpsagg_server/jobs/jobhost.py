@@ -164,13 +164,15 @@ class JobHost:
         if rec is not None and rec.state not in ENDED:
             await self._set_state(rt.id, jobviews.runtime_state(rt), p.job_failure,
                                   must=False, only_from=OPEN_STATES)
+        why = "failed: " + p.job_failure if p.job_failure else "done"
         if not rt.default:  # an ended created job keeps one round's arrays cached
             rt.memory = ended_memory(rt.cfg, rt.engine.m)
             rt.engine.archive.shrink(rt.memory)
-        log.info("[Jobs] job %s ended (%s)", rt.id,
-                 "failed: " + p.job_failure if p.job_failure else "done")
+        log.info("[Jobs] job %s ended (%s)", rt.id, why)
         self._changed()
         await self.schedule()
+        if not rt.default:  # and no thread and no writes (after the queued jobs started)
+            await rt.release(why)
 
     def _changed(self) -> None:
         self.changed.set()

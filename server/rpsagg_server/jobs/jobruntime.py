@@ -5,6 +5,7 @@ registry, typed fields set once the dashboard builds them)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent.futures import Executor
@@ -24,6 +25,8 @@ from rpsagg_server.settings.serverconfig import ServerConfig
 from rpsagg_server.store.database import ReadError, Store
 from rpsagg_server.store.writer import WriteError
 from rpsagg_wire.v1.messages import RoundState
+
+log = logging.getLogger("rpsagg.server")
 
 #: what opening a job raises when its database cannot be (re)opened: a start-up check, the
 #: store's or SQLite's errors, the file system, settings that do not fit the database. Any
@@ -55,6 +58,22 @@ class JobRuntime:
     app: AsgiApp | None = None
     #: its metrics (``/metrics`` labels them with its id), once the dashboard built them
     registry: CollectorRegistry | None = None
+
+    async def release(self, why: str) -> None:
+        """An ended job (``why``) lets go of what only a running job needs: its task
+        monitor's thread (after the measurements queued), its archive's reader thread (its
+        reads go to the one that ended jobs share) and its store's writer thread, heartbeat
+        and write connection (after the queued writes); no new client joins it.
+        What it serves stays: its read model, its results and its downloads (read through
+        the store's second connection). A failure is logged: the job keeps them."""
+        self.engine.membership.close(why)
+        try:
+            await self.monitor.drain()
+            self.monitor.close()
+            self.engine.archive.release()
+            await asyncio.to_thread(self.store.stop_writing)
+        except Exception:
+            log.exception("[Jobs] job %s could not let go of its threads", self.id)
 
     async def close(self) -> None:
         """Stop its timers and background work, then close its monitor and store."""

@@ -41,6 +41,10 @@ __all__ = ["DEFAULT_CACHE_BYTES", "RoundArchive", "RoundArrays"]
 DEFAULT_CACHE_BYTES = 64 << 20
 
 
+#: the reader thread every ended job's archive shares (:meth:`RoundArchive.release`)
+_ENDED_READER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rpsagg-archive-ended")
+
+
 class RoundArchive:
     """Finished rounds' arrays: an LRU cache of at most ``max_bytes`` over the store.
 
@@ -163,8 +167,17 @@ class RoundArchive:
         """Read a round's row and wrap its arrays (in the reader thread)."""
         return arrays_of_row(self.store.round(round_id))
 
+    def release(self) -> None:
+        """The job ended: its reads of the store go to the one reader thread that every
+        ended job's archive shares, and its own thread stops."""
+        own, self._reader = self._reader, _ENDED_READER
+        if own is not _ENDED_READER:
+            own.shutdown(wait=False)
+
     def close(self) -> None:
         """Stop the reader thread (a read after this raises ``ReadError``)."""
+        if self._reader is _ENDED_READER:  # shared: this archive's reads are refused
+            self._reader = ThreadPoolExecutor(max_workers=1)
         self._reader.shutdown(wait=False, cancel_futures=True)
 
     async def fetch(self, round_id: int) -> RoundArrays:

@@ -13,7 +13,12 @@ import functools
 import logging
 import time
 
-from rpsagg_server.domain.errors import InvalidRequest, LimitExceeded, Unavailable
+from rpsagg_server.domain.errors import (
+    InvalidRequest,
+    LimitExceeded,
+    PreconditionFailed,
+    Unavailable,
+)
 from rpsagg_server.readmodel.events import ClientJoined, Publish
 from rpsagg_server.readmodel.views import ClientView
 from rpsagg_server.settings.serverconfig import ServerConfig
@@ -52,6 +57,11 @@ class Membership:
         self.publish = publish
         self.clients: dict[str, int] = {}
         self._joining: dict[str, tuple[int, asyncio.Future[None]]] = {}
+        self._closed = ""  # why no new client joins any more (the job ended)
+
+    def close(self, why: str) -> None:
+        """Take no new client any more (the job ended: ``why``); a joined one re-joins."""
+        self._closed = why
 
     def recover(self) -> None:
         """Read the joined clients back from the store (start-up)."""
@@ -74,6 +84,9 @@ class Membership:
         elif client_id in self._joining:
             idx, fut = self._joining[client_id]
             await outcome(fut)
+        elif self._closed:
+            raise PreconditionFailed(f"client {client_id!r} cannot join: the job has ended "
+                                     f"({self._closed})")
         else:
             used = set(self.clients.values()) | {i for i, _ in self._joining.values()}
             if len(used) >= self.cfg.n:

@@ -175,6 +175,10 @@ class TaskMonitor:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def drain(self) -> None:
+        """Wait for the measurements queued so far."""
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
     def close(self) -> None:
         """Stop the worker thread (pending measurements are dropped)."""
         for t in list(self._tasks):

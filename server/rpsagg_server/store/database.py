@@ -84,6 +84,7 @@ class Store:
         if path not in ("", ":memory:"):
             self._reader = sqlite3.connect(path, check_same_thread=False,
                                            isolation_level=None, timeout=busy_timeout)
+        self._ended = False  # its writes stopped for good (stop_writing), the store open
         self._writer = GroupCommitWriter(self._conn, self._lock, heartbeat,
                                          lambda: _op_meta("heartbeat", repr(time.time())))
 
@@ -106,8 +107,9 @@ class Store:
             return int(self._conn.execute("PRAGMA page_count").fetchone()[0])
 
     def writable(self) -> bool:
-        """Whether the writer is alive and its last transaction committed (readiness)."""
-        return self._writer.writable()
+        """Whether the writer is alive and its last transaction committed, or its writes
+        were stopped cleanly and the store is open (readiness: an ended job's store)."""
+        return self._writer.writable() or (self._ended and self._writer.stopped_cleanly())
 
     def _write_sync(self, ops: list[Op]) -> None:
         """Commit ``ops`` from a thread that is not the event loop (start-up)."""
@@ -162,8 +164,20 @@ class Store:
         job's settings and encoding; tests)."""
         self._write_sync([_op_meta(key, value)])
 
+    def stop_writing(self) -> None:
+        """Stop the writer after the queued writes and close the write connection: an
+        ended job's store, read through the second connection from then on (a write is
+        refused with :class:`WriteError`; an in-memory store keeps its one connection)."""
+        self._writer.stop()
+        self._ended = True
+        if self._reader is not None:
+            with self._lock:
+                self._conn.close()
+            self._conn, self._lock = self._reader, self._read_lock
+
     def close(self) -> None:
         """Stop the writer after the queued writes and close the database."""
+        self._ended = False  # closed: not writable, whatever ended before
         self._writer.stop()
         with self._lock:
             self._conn.close()

@@ -41,6 +41,8 @@ class _Queued(NamedTuple):
 
 _STOP = object()
 _PROBE = object()
+#: the reason a write queued after :meth:`GroupCommitWriter.stop` is refused
+STOPPED = "the store takes no more writes: its job has ended"
 # errors that belong to one write's data: isolate it and commit the rest of its batch. Any
 # other error (busy/locked past the timeout, disk full, I/O) fails the whole batch at once.
 _PER_WRITE = (sqlite3.IntegrityError, sqlite3.DataError, sqlite3.ProgrammingError,
@@ -97,6 +99,8 @@ class GroupCommitWriter:
         self.last_error: str | None = None
         self._ok = True
         self._queue: queue.Queue[Any] = queue.Queue()
+        self._stopping = threading.Lock()  # a write is queued before the stop, or refused
+        self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="rpsagg-store", daemon=True)
         self._thread.start()
 
@@ -104,9 +108,16 @@ class GroupCommitWriter:
         """Whether the writer is alive and its last transaction committed (readiness)."""
         return self._ok and self._thread.is_alive()
 
+    def stopped_cleanly(self) -> bool:
+        """Whether the writer was stopped after a last transaction that committed."""
+        return self._stopped and self._ok and not self._thread.is_alive()
+
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the thread after the queued writes (waiting ``timeout`` seconds at most)."""
-        self._queue.put(_STOP)
+        """Stop the thread after the queued writes (waiting ``timeout`` seconds at most); a
+        write queued after this is refused (:data:`STOPPED`)."""
+        with self._stopping:
+            self._stopped = True
+            self._queue.put(_STOP)
         self._thread.join(timeout=timeout)
 
     def enqueue(self, ops: list[Op]) -> asyncio.Future[None]:
@@ -117,8 +128,15 @@ class GroupCommitWriter:
         """
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
-        self._queue.put(_Queued([ops], loop, fut, False))
+        self._put(_Queued([ops], loop, fut, False))
         return fut
+
+    def _put(self, item: _Queued) -> None:
+        with self._stopping:
+            if not self._stopped:
+                self._queue.put(item)
+                return
+        _resolve_all([(item, [WriteError(STOPPED)] * len(item.writes))])
 
     def enqueue_many(self, writes: list[list[Op]]) -> asyncio.Future[list[WriteError | None]]:
         """Queue several writes, each atomic on its own (one's bad data never fails
@@ -127,11 +145,13 @@ class GroupCommitWriter:
         never raises. Call from the event loop."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[list[WriteError | None]] = loop.create_future()
-        self._queue.put(_Queued(writes, loop, fut, True))
+        self._put(_Queued(writes, loop, fut, True))
         return fut
 
     def write_sync(self, ops: list[Op]) -> None:
         """Commit ``ops`` from a thread that is not the event loop (start-up)."""
+        if self._stopped:
+            raise WriteError(STOPPED)
         with self._lock:
             self._transaction(ops)
 

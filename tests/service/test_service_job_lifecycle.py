@@ -1,0 +1,158 @@
+"""An ended job lets go of what only a running job needs (``JobRuntime.release``).
+
+A created job that ends (done, failed, cancelled) stops its store's writer thread (and with
+it the heartbeat commit every 2 s) and closes its write connection, and its task monitor's
+thread; what it serves stays: its rounds, results and downloads, read through the store's
+second connection, the same bytes after a restart. A new client can no longer join it (a
+refusal, not a retry); a write after the stop is refused, never left waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import sqlite3
+import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from http_util import Service
+from service_util import base_config, in_process_server, wait_until
+
+from rpsagg_client import AggregationClient
+from rpsagg_server.store.database import Store
+from rpsagg_server.store.writer import STOPPED, WriteError
+
+pytestmark = pytest.mark.service
+
+#: a small created job (one client, one round)
+JOB = {"n": 1, "k": 8, "d": 64, "task": "mean", "rounds": 1, "round_timeout": 60}
+ENDED = 5
+
+
+def _estimate(svc: Service, job: str) -> bytes:
+    status, body = svc.api(f"/api/jobs/{job}/rounds/1/estimate?format=npy")
+    assert status == 200, (status, body)
+    assert isinstance(body, bytes)
+    return body
+
+
+@pytest.mark.timeout(240)
+def test_ended_jobs_serve_the_same_bytes_after_a_restart_and_take_no_new_client(
+        tmp_path: Path) -> None:
+    svc = Service(tmp_path, "a", "--insecure", "--max-jobs", "8")
+    try:
+        jobs = [svc.create(**JOB) for _ in range(ENDED)]
+        clients = [svc.client(f"c{i}", "--insecure", "--job", job) for i, job in enumerate(jobs)]
+        for proc in clients:
+            assert proc.wait(timeout=120) == 0
+        wait_until(lambda: all(svc.job(j)["state"] == "done" for j in jobs), 30, "jobs done")
+        before = {job: _estimate(svc, job) for job in jobs}
+        for body in before.values():
+            assert np.load(io.BytesIO(body)).shape == (JOB["d"],)
+        rounds = svc.api(f"/api/jobs/{jobs[0]}/rounds")[1]["rounds"]
+        assert [(r["round_id"], r["state"]) for r in rounds] == [(1, "done")]
+
+        # a new client cannot join an ended job: refused at once, not retried
+        late = AggregationClient(svc.target, "late", insecure=True, job=jobs[0],
+                                 retry_budget=0)
+        try:
+            with pytest.raises(grpc.RpcError) as err:
+                late.join()
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "the job has ended (done)" in str(err.value.details())
+            assert late.current_round().job_done
+        finally:
+            late.close()
+        known = AggregationClient(svc.target, "c0", insecure=True, job=jobs[0])
+        try:
+            assert known.join().client_index == 0  # a joined client re-joins
+        finally:
+            known.close()
+
+        svc.proc.terminate()
+        svc.proc.wait(30)
+        again = Service(tmp_path, "b", "--insecure", "--max-jobs", "8")
+        svc.procs.append(again.proc)
+        # reopened at the restart, then let go again: the same bytes
+        assert {job: _estimate(again, job) for job in jobs} == before
+    finally:
+        svc.close()
+
+
+def _ours() -> Counter[str]:
+    """This process's threads of the server's own kinds, by kind."""
+    kinds = ("rpsagg-store", "rpsagg-archive-ended", "rpsagg-archive", "rpsagg-task")
+    return Counter(next(k for k in kinds if t.name.startswith(k)) for t in threading.enumerate()
+                   if t.name.startswith(kinds))
+
+
+def _run_one_round(port: int, job: str) -> None:
+    client = AggregationClient(f"127.0.0.1:{port}", "c0", insecure=True, job=job)
+    try:
+        client.join()
+        rnd = client.current_round()
+        client.submit(rnd, np.ones(JOB["d"]))
+        assert client.result(rnd.round_id, wait=True, timeout=60).state == "done"
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(120)
+def test_ended_jobs_hold_no_thread_of_their_own(tmp_path: Path) -> None:
+    """Waves of jobs created, run to their end and read: the server's own threads after the
+    second wave are those after the first (its running jobs' only: none), for ever."""
+    cfg = base_config(db=str(tmp_path / "jobs.db"), no_default_job=True, max_jobs=8,
+                      eval=True)
+    with in_process_server(cfg) as srv:
+        host = srv.running.host
+        after = []
+        for _wave in range(2):
+            jobs = [str(srv.call(host.create(dict(JOB, eval=True)))["id"])  # type: ignore[index]
+                    for _ in range(ENDED)]
+            wait_until(lambda jobs=jobs: all(j in host.jobs for j in jobs), 30, "started")
+            assert _ours()["rpsagg-store"] == ENDED  # a writer each while they run
+            with ThreadPoolExecutor(ENDED) as pool:
+                list(pool.map(lambda j: _run_one_round(srv.port, j), jobs))
+            wait_until(lambda: not host.running(), 30, "every job ended")
+            wait_until(lambda: _ours()["rpsagg-store"] == 0, 30, "the ended jobs' writers")
+            for job in jobs:  # a read of the store after the end (the cache emptied first)
+                archive = host.jobs[job].engine.archive
+                archive.shrink(0)
+                assert archive.get(1).estimate.shape == (1, JOB["d"])
+            after.append(_ours())
+        assert after[0] == after[1], after
+        assert after[1]["rpsagg-store"] == after[1]["rpsagg-task"] == 0
+        assert after[1]["rpsagg-archive"] == 0 and after[1]["rpsagg-archive-ended"] <= 1
+
+
+def test_a_stopped_store_refuses_writes_and_still_reads(tmp_path: Path) -> None:
+    db = str(tmp_path / "job.db")
+
+    async def scenario() -> None:
+        store = Store(db)
+        try:
+            await store.add_client("c0", 0, 1.0)
+            await asyncio.to_thread(store.stop_writing)
+            assert store.writable()  # stopped on purpose: no fault for readiness
+            with pytest.raises(WriteError, match=STOPPED):
+                await asyncio.wait_for(store.add_client("c1", 1, 2.0), 10)
+            outcomes = await asyncio.wait_for(store.commit_submissions([]), 10)
+            assert outcomes == []
+            with pytest.raises(WriteError, match=STOPPED):
+                store.put_meta("k", "v")
+            assert store.clients() == [("c0", 0, 1.0)]  # read through the second connection
+            assert store.get_meta("k") is None
+        finally:
+            store.close()
+
+    asyncio.run(scenario())
+    conn = sqlite3.connect(db)
+    try:
+        assert conn.execute("SELECT client_id FROM clients").fetchall() == [("c0",)]
+    finally:
+        conn.close()
