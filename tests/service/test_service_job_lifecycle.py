@@ -84,6 +84,39 @@ def test_ended_jobs_serve_the_same_bytes_after_a_restart_and_take_no_new_client(
         svc.close()
 
 
+@pytest.mark.timeout(120)
+def test_a_job_that_never_ran_is_a_row_and_nothing_else(tmp_path: Path) -> None:
+    """Queued behind the default job, then cancelled: no database, before and after a
+    restart, and a client is told the job ended and why."""
+    svc = Service(tmp_path, "a", "--insecure", "--max-jobs", "1")
+    try:
+        jobs = [svc.create(**JOB) for _ in range(3)]
+        for job in jobs:
+            assert svc.job(job)["state"] == "queued"
+            assert svc.api(f"/api/jobs/{job}", "DELETE")[0] == 200
+        for server in (svc, None):
+            if server is None:  # the restart
+                svc.proc.terminate()
+                svc.proc.wait(30)
+                server = Service(tmp_path, "b", "--insecure", "--max-jobs", "1")
+                svc.procs.append(server.proc)
+            for job in jobs:
+                assert not Path(server.job_db(job)).exists()
+                assert server.job(job)["state"] == "cancelled"
+                client = AggregationClient(server.target, "x0", insecure=True, job=job,
+                                           retry_budget=0)
+                try:
+                    info = client.current_round()
+                finally:
+                    client.close()
+                assert info.job_done and info.job_failure == "cancelled over the API"
+                assert (info.d, info.total_rounds) == (JOB["d"], JOB["rounds"])
+        assert not (tmp_path / "jobs.db.d").exists() or not any(
+            p.name.startswith(tuple(jobs)) for p in (tmp_path / "jobs.db.d").iterdir())
+    finally:
+        svc.close()
+
+
 def _ours() -> Counter[str]:
     """This process's threads of the server's own kinds, by kind."""
     kinds = ("rpsagg-store", "rpsagg-archive-ended", "rpsagg-archive", "rpsagg-task")

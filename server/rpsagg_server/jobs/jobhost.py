@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
@@ -117,11 +118,12 @@ class JobHost:
 
     async def restore(self) -> None:
         """Reopen the created jobs the catalog lists (queued ones start when there is room;
-        a cancel acknowledged before a crash is applied again). A job whose database cannot
-        be reopened (:data:`~rpsagg_server.jobs.jobruntime.CANNOT_OPEN`) is marked failed;
-        any other error propagates."""
+        a cancel acknowledged before a crash is applied again; one that never ran stays a
+        row). One that cannot be reopened (:data:`.jobruntime.CANNOT_OPEN`) is marked
+        failed; any other error propagates."""
         for rec in list(self._records.values()):
-            if rec.state == JobState.QUEUED or rec.kind != "created":
+            if rec.state == JobState.QUEUED or rec.kind != "created" or (
+                    rec.state in ENDED and not os.path.exists(self.catalog.job_db(rec.id))):
                 continue
             try:
                 rt = await self._open(rec)

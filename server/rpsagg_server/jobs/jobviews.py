@@ -7,11 +7,13 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from rpsagg_server.domain.jobstate import JobState
+from rpsagg.tasks import make_task
+from rpsagg_server.domain.jobstate import ENDED, JobState
 from rpsagg_server.jobs.catalog import JOB_STATES, JobRecord
 from rpsagg_server.jobs.jobruntime import JobRuntime
+from rpsagg_server.rounds.results import announced_k
 from rpsagg_server.settings.serverconfig import JOB_KEYS, ServerConfig, job_config
-from rpsagg_wire.v1.messages import RoundState
+from rpsagg_wire.v1.messages import RoundInfo, RoundState
 
 
 def describe(rec: JobRecord, settings: dict[str, Any], rt: JobRuntime | None,
@@ -93,6 +95,24 @@ class JobListing:
         self.jobs = jobs
         self.default_id: str | None = None
         self._full_settings: dict[str, dict[str, Any]] = {}
+
+    def ended_info(self, job_id: str) -> RoundInfo | None:
+        """GetRound's answer for a created job that ended without ever running (no runtime:
+        queued, then cancelled or failed to start): ``job_done`` with why; None for any
+        other job."""
+        rec = self.records.get(job_id)
+        if rec is None or rec.kind != "created" or rec.state not in ENDED \
+                or job_id in self.jobs:
+            return None
+        c = job_config(self.cfg, {k: v for k, v in rec.settings.items() if k in JOB_KEYS},
+                       ":memory:")
+        return RoundInfo(round_id=0, nonce=0, scheme=c.estimator, n=c.n,
+                         k=announced_k(c, c.k), d=c.d, transform="", task=c.task,
+                         m=make_task(c.task, c.d, c.params).m, global_state=None,
+                         state=RoundState.UNSPECIFIED, deadline_unix_ms=0, eval=c.eval,
+                         job_done=True, task_step=0, total_rounds=c.rounds,
+                         job_failure=rec.failure or str(rec.state),
+                         value_bits=c.fixed_value_bits, bits=c.bits)
 
     def describe(self, job_id: str) -> dict[str, Any]:
         """A job as ``GET /api/jobs/{id}`` shows it (KeyError when unknown): its catalog

@@ -106,6 +106,10 @@ class AggregationServicer:
         if waiting is not None:
             authorize_job(waiting.id)
             return waiting.round_info()
+        ended = self.host.listing.ended_info(req.job)
+        if ended is not None:  # it never ran: its row says how it ended
+            authorize_job(req.job)
+            return ended
         return self._job(req.job).engine.results.round_info(req.client_id)
 
     async def Submit(self, raw: bytes, context: Any) -> serde.SubmitReply:
