@@ -21,9 +21,11 @@ import grpc
 import numpy as np
 import pytest
 from http_util import Service
+from prometheus_client.parser import text_string_to_metric_families
 from service_util import base_config, in_process_server, wait_until
 
 from rpsagg_client import AggregationClient
+from rpsagg_server.http.jobmetrics import ENDED_LABEL, KEEP_ENDED
 from rpsagg_server.store.database import Store
 from rpsagg_server.store.writer import STOPPED, WriteError
 
@@ -161,6 +163,36 @@ def test_ended_jobs_hold_no_thread_of_their_own(tmp_path: Path) -> None:
         assert after[0] == after[1], after
         assert after[1]["rpsagg-store"] == after[1]["rpsagg-task"] == 0
         assert after[1]["rpsagg-archive"] == 0 and after[1]["rpsagg-archive-ended"] <= 1
+
+
+@pytest.mark.timeout(180)
+def test_metrics_keep_the_last_ended_jobs_series_and_every_total(tmp_path: Path) -> None:
+    """Twelve jobs run to their end, one after another: ``/metrics`` has series of their own
+    for the last eight only; the four before are summed under ``job="(ended)"``, so the sum
+    of ``rpsagg_rounds_total`` and of the bytes received over every series is every job's."""
+    svc = Service(tmp_path, "a", "--insecure", "--max-jobs", "4")
+    try:
+        jobs = []
+        for i in range(KEEP_ENDED + 4):
+            jobs.append(svc.create(**JOB))
+            assert svc.client(f"c{i}", "--insecure", "--job", jobs[-1]).wait(timeout=120) == 0
+            wait_until(lambda: svc.job(jobs[-1])["state"] == "done", 30, "the job done")
+        status, text = svc.api("/metrics")
+        assert status == 200
+        rounds: dict[str, float] = {}
+        received = 0.0
+        for fam in text_string_to_metric_families(text.decode()):
+            for sample in fam.samples:
+                if sample.name == "rpsagg_rounds_total" and sample.labels["state"] == "done":
+                    rounds[sample.labels["job"]] = sample.value
+                if sample.name == "rpsagg_bytes_received_total":
+                    received += sample.value
+        assert rounds.pop(ENDED_LABEL) == 4
+        assert rounds == {"default": 0, **{job: 1 for job in jobs[4:]}}
+        listed = svc.api("/api/jobs")[1]["jobs"]
+        assert received == sum(j["bytes_up"] for j in listed) > 0
+    finally:
+        svc.close()
 
 
 def test_a_stopped_store_refuses_writes_and_still_reads(tmp_path: Path) -> None:

@@ -10,8 +10,10 @@ Paths:
   ``--insecure``.
 - ``/api/jobs/{id}/...``: the job's own API (``/api/jobs/{id}/rounds`` is that job's
   ``/api/rounds``, and so on); ``/jobs/{id}/``: its page.
-- ``/metrics``: the series of every job, each with a label ``job`` (the default job's is
-  ``default``), and the server-wide ones (connections, body cache) without it.
+- ``/metrics``: the series of the running jobs and of the last ended ones, each with a
+  label ``job`` (the default job's is ``default``), those of the jobs ended before them
+  summed (:mod:`~rpsagg_server.http.jobmetrics`), and the server-wide ones (connections,
+  body cache) without it.
 - Every other path is the default job's app, as on a server of one job (``/api/status``,
   ``/api/rounds``, ``/``...); without a default job, ``/`` is the page (the job list) and
   the default job's API answers 404.
@@ -20,7 +22,7 @@ Paths:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
@@ -28,14 +30,13 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
-from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import rpsagg
 from rpsagg_server.http import errors, routes_jobsapi
 from rpsagg_server.http.app import add_routes, closing_lifespan, create_app, mount_page
 from rpsagg_server.http.auth import Gate, HttpTokens
+from rpsagg_server.http.jobmetrics import JobsCollector
 from rpsagg_server.http.jobschemas import add_security
 from rpsagg_server.http.renders import DEFAULT_MAX_BYTES, BodyCache, BodyCacheCollector
 from rpsagg_server.http.routes_jobsapi import AdminGuard
@@ -43,38 +44,6 @@ from rpsagg_server.jobs.jobhost import JobHost
 from rpsagg_server.jobs.jobruntime import JobRuntime
 from rpsagg_server.readmodel.state import ServerState
 from rpsagg_server.rounds.archive import ArchiveCollector
-
-
-class JobsCollector(Collector):
-    """The metrics of every job's registry, each series labelled ``job``, plus
-    ``rpsagg_jobs{state}``."""
-
-    def __init__(self, host: JobHost) -> None:
-        self.host = host
-
-    def describe(self) -> Iterable[Metric]:
-        """None: the families change as jobs come and go."""
-        return []
-
-    def collect(self) -> Iterable[Metric]:
-        """Merge the jobs' families by name, adding the label to every sample."""
-        families: dict[str, Metric] = {}
-        for job_id, rt in list(self.host.jobs.items()):
-            registry = rt.registry
-            if registry is None:
-                continue
-            for fam in registry.collect():
-                out = families.get(fam.name)
-                if out is None:
-                    out = families[fam.name] = Metric(fam.name, fam.documentation, fam.type,
-                                                      fam.unit)
-                for s in fam.samples:
-                    out.samples.append(s._replace(labels={**s.labels, "job": job_id}))
-        jobs = Metric("rpsagg_jobs", "Jobs of this server by state", "gauge")
-        for state, n in self.host.counts().items():
-            jobs.add_sample("rpsagg_jobs", {"state": state}, n)
-        yield jobs
-        yield from families.values()
 
 
 def _job_app(rt: JobRuntime, bodies: BodyCache) -> None:
