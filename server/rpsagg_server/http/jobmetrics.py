@@ -4,9 +4,10 @@ under ``job="(ended)"`` (so that a sum over every job keeps counting while the g
 own series drop out, as Prometheus advises for things that are gone); and
 ``rpsagg_jobs{state}``.
 
-An ended job's cumulative series never change again, so each is summed once, when it
-drops out of the kept ones: a scrape costs the running and kept jobs, not every job ever
-run.
+An ended job's counts are summed once, when it drops out of the kept ones: a scrape costs
+the running and kept jobs, not every job ever run. What such a job counts after that (the
+cache reads of its downloads, a refused submission) is not added: the sums never go down,
+and may stay below the full count.
 """
 
 from __future__ import annotations
