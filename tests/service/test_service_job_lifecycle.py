@@ -25,7 +25,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from service_util import base_config, in_process_server, wait_until
 
 from rpsagg_client import AggregationClient
+from rpsagg_server.domain.errors import Unavailable
 from rpsagg_server.http.jobmetrics import ENDED_LABEL, KEEP_ENDED
+from rpsagg_server.jobs.catalog import CatalogError
 from rpsagg_server.store.database import Store
 from rpsagg_server.store.writer import STOPPED, WriteError
 
@@ -119,6 +121,55 @@ def test_a_job_that_never_ran_is_a_row_and_nothing_else(tmp_path: Path) -> None:
         svc.close()
 
 
+def _done_rounds(svc: Service) -> dict[str, float]:
+    """``rpsagg_rounds_total{state="done"}`` by job."""
+    text = svc.api("/metrics")[1].decode()
+    return {s.labels["job"]: s.value for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+            if s.name == "rpsagg_rounds_total" and s.labels["state"] == "done"}
+
+
+@pytest.mark.timeout(240)
+def test_retention_removes_the_first_ended_and_nothing_running(tmp_path: Path) -> None:
+    """``--keep-finished-jobs 2``: of four jobs run to their end, the first two are removed
+    (database and row), the running ones stay; ``DELETE`` removes an ended job and only
+    cancels a running one; a restart with a lower bound removes the one ended first."""
+    flags = ("--insecure", "--max-jobs", "4", "--keep-finished-jobs", "2")
+    svc = Service(tmp_path, "a", *flags)
+    try:
+        keeper = svc.create(**dict(JOB, rounds=0))  # runs until cancelled
+        wait_until(lambda: svc.job(keeper)["state"] == "running", 30, "the long job")
+        jobs = []
+        for i in range(4):
+            jobs.append(svc.create(**JOB))
+            assert svc.client(f"c{i}", "--insecure", "--job", jobs[-1]).wait(timeout=120) == 0
+        wait_until(lambda: {j["id"] for j in svc.api("/api/jobs")[1]["jobs"]}
+                   == {"default", keeper, *jobs[2:]}, 30, "the first two removed")
+        for job in jobs[:2]:
+            assert svc.api(f"/api/jobs/{job}")[0] == 404
+            assert not Path(svc.job_db(job)).exists()
+        assert Path(svc.job_db(keeper)).exists() and svc.job(keeper)["state"] == "running"
+        assert _done_rounds(svc)[ENDED_LABEL] == 2  # the removed jobs' rounds still count
+
+        status, gone = svc.api(f"/api/jobs/{jobs[2]}", "DELETE")
+        assert (status, gone["id"], gone["state"]) == (200, jobs[2], "done")
+        assert svc.api(f"/api/jobs/{jobs[2]}")[0] == 404
+        assert not Path(svc.job_db(jobs[2])).exists()
+        status, cancelled = svc.api(f"/api/jobs/{keeper}", "DELETE")  # running: a cancel
+        assert (status, cancelled["state"]) == (200, "cancelled")
+        assert Path(svc.job_db(keeper)).exists()
+
+        svc.proc.terminate()
+        svc.proc.wait(30)
+        again = Service(tmp_path, "b", *flags[:-1], "1")
+        svc.procs.append(again.proc)
+        assert again.api(f"/api/jobs/{jobs[3]}")[0] == 404  # it ended before the keeper
+        assert not Path(again.job_db(jobs[3])).exists()
+        assert again.job(keeper)["state"] == "cancelled"
+    finally:
+        svc.close()
+
+
 def _ours() -> Counter[str]:
     """This process's threads of the server's own kinds, by kind."""
     kinds = ("rpsagg-store", "rpsagg-archive-ended", "rpsagg-archive", "rpsagg-task")
@@ -193,6 +244,34 @@ def test_metrics_keep_the_last_ended_jobs_series_and_every_total(tmp_path: Path)
         assert received == sum(j["bytes_up"] for j in listed) > 0
     finally:
         svc.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_removal_whose_row_cannot_be_dropped_keeps_the_row(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The files go first: a failed row delete answers Unavailable and leaves the row (a
+    job without data, as one that never ran), which a second removal drops."""
+    cfg = base_config(db=str(tmp_path / "jobs.db"), no_default_job=True)
+    with in_process_server(cfg) as srv:
+        host = srv.running.host
+        job = str(srv.call(host.create(dict(JOB)))["id"])  # type: ignore[index]
+        wait_until(lambda: job in host.jobs, 30, "started")
+        _run_one_round(srv.port, job)
+        wait_until(lambda: host.describe(job)["state"] == "done", 30, "the job's end recorded")
+
+        def fails(job_id: str) -> None:
+            raise CatalogError("disk I/O error")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(host.catalog, "delete", fails)
+            with pytest.raises(Unavailable, match="its row not: disk I/O error"):
+                srv.call(host.retention.remove(job, "a test"))
+        assert not Path(host.catalog.job_db(job)).exists() and job not in host.jobs
+        assert host.describe(job)["state"] == "done"
+        srv.call(host.retention.remove(job, "a test"))
+        with pytest.raises(KeyError):
+            host.describe(job)
+        assert host.catalog.get(job) is None
 
 
 def test_a_stopped_store_refuses_writes_and_still_reads(tmp_path: Path) -> None:

@@ -222,12 +222,15 @@ def test_cancel_mid_round(insecure: Service) -> None:
         with pytest.raises(grpc.RpcError, match=r"round 1 is finished \(failed\); no more"):
             clients[2].submit(rnd, xs[2])
         assert svc.api(f"/api/jobs/{job_id}/cancel", "POST")[0] == 409
-        assert svc.api(f"/api/jobs/{job_id}", "DELETE")[0] == 409
         store = Store(svc.job_db(job_id))
         try:
             assert len(store.submissions(rnd.round_id)) == 2
         finally:
             store.close()
+        # DELETE of the ended job removes its data and row (a cancel is POST .../cancel)
+        assert svc.api(f"/api/jobs/{job_id}", "DELETE")[0] == 200
+        assert svc.api(f"/api/jobs/{job_id}")[0] == 404
+        assert not os.path.exists(svc.job_db(job_id))
         # the default job was not touched
         assert svc.job("default")["state"] == "running"
         assert svc.api("/api/jobs/nope/cancel", "POST")[0] == 404

@@ -42,6 +42,7 @@ class JobsCollector(Collector):
     def __init__(self, host: JobHost, keep_ended: int = KEEP_ENDED) -> None:
         self.host = host
         self.keep_ended = keep_ended
+        host.retention.on_remove.append(self._removed)
         self._folded: set[str] = set()
         #: (family, sample name, labels) -> the sum over the folded jobs
         self._sums: dict[tuple[str, str, tuple[tuple[str, str], ...]], float] = {}
@@ -93,6 +94,11 @@ class JobsCollector(Collector):
         for job_id, rt in ended[:cut]:
             self._fold(job_id, rt)
         return shown + ended[cut:]
+
+    def _removed(self, job_id: str, rt: JobRuntime | None) -> None:
+        """A job about to be removed: its counts go to the sums (if not there yet)."""
+        if rt is not None and job_id not in self._folded:
+            self._fold(job_id, rt)
 
     def _fold(self, job_id: str, rt: JobRuntime) -> None:
         """Add an ended job's cumulative series to the sums, once."""

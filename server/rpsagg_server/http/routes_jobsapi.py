@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse
 
+from rpsagg_server.domain.jobstate import ENDED
 from rpsagg_server.http.auth import HttpTokens, verdict
 from rpsagg_server.http.bodies import MAX_BODY, parse_settings, read_body
 from rpsagg_server.http.jobschemas import JobInfo, job_body_schema, refusals
@@ -107,8 +108,21 @@ async def cancel_job(request: Request, job_id: str) -> dict[str, Any]:
     return await _cancel(request, job_id)
 
 
-@router.delete("/api/jobs/{job_id}", tags=["jobs"], summary="Cancel a job",
+@router.delete("/api/jobs/{job_id}", tags=["jobs"],
+               summary="Cancel a job, or remove an ended one's data",
                responses={200: {"model": JobInfo}, **refusals(401, 403, 404, 409, 503)})
 async def delete_job(request: Request, job_id: str) -> dict[str, Any]:
-    """The same as ``POST /api/jobs/{job_id}/cancel`` (the job's record stays)."""
-    return await _cancel(request, job_id)
+    """A queued or running job: the same as ``POST /api/jobs/{job_id}/cancel`` (its record
+    and data stay). An ended created job: its database and its record are removed (the
+    answer is the job as it was; ``GET`` then answers 404), as ``--keep-finished-jobs``
+    does to the oldest."""
+    _check_admin(request)
+    host = _host(request)
+    try:
+        job = host.describe(job_id)
+    except KeyError:
+        raise HTTPException(404, f"no job {job_id!r}") from None
+    if job["state"] not in ENDED or job["kind"] != "created":
+        return await _cancel(request, job_id)
+    await host.retention.remove(job_id, "deleted over the API")  # a refusal: http.errors
+    return job

@@ -253,6 +253,10 @@ class Catalog:
             sql, args = "UPDATE jobs SET state = ? ", (state,)
         return self._write(sql + where, (*args, job_id, *only_from)) == 1
 
+    def delete(self, job_id: str) -> None:
+        """Drop a job's row (its data removed); durable when this returns."""
+        self._write("DELETE FROM jobs WHERE id = ?", (job_id,))
+
     def get(self, job_id: str) -> JobRecord | None:
         """One job, or None."""
         rows = self._select("WHERE id = ?", (job_id,))

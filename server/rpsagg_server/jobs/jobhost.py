@@ -6,10 +6,9 @@ workers.
 :class:`JobHost` owns them: it routes a request's ``job`` field to its runtime
 (:class:`~rpsagg_server.jobs.jobruntime.JobRuntime`), or to the default job's
 :class:`~rpsagg_server.jobs.firstjoin.FirstJoin` while a ``--d 0`` job waits for its d;
-creates, queues, starts and cancels jobs; and keeps the
-:class:`~rpsagg_server.jobs.catalog.Catalog`, the one list of every job (its module
-docstring tells the crash story). What it takes on is bounded by
-:mod:`~rpsagg_server.jobs.scheduling`.
+creates, queues, starts, cancels and retires jobs (:mod:`~rpsagg_server.jobs.retention`);
+and keeps the :class:`~rpsagg_server.jobs.catalog.Catalog`, the one list of every job (its
+module docstring tells the crash story), bounded by :mod:`~rpsagg_server.jobs.scheduling`.
 """
 
 from __future__ import annotations
@@ -46,6 +45,7 @@ from rpsagg_server.jobs.catalog import (
 from rpsagg_server.jobs.defaultjob import DefaultJob
 from rpsagg_server.jobs.firstjoin import FirstJoin
 from rpsagg_server.jobs.jobruntime import CANNOT_OPEN, JobRuntime, open_job
+from rpsagg_server.jobs.retention import Retention
 from rpsagg_server.jobs.sizing import AUTO_REQUEST_BYTES, ended_memory, server_request_limit, vet
 from rpsagg_server.rounds.recovery import SettingsMismatch
 from rpsagg_server.settings.serverconfig import JOB_KEYS, ServerConfig, job_config, memory_limit
@@ -79,8 +79,8 @@ class JobHost:
         self._watchers: set[asyncio.Task[None]] = set()
         self._scheduling = asyncio.Lock()
         self._create_lock = asyncio.Lock()
-        self._default = DefaultJob(self.catalog, self._records, pool, self._install,
-                                   self._changed)
+        self._default = DefaultJob(self.catalog, self._records, pool, self._install, self._changed)
+        self.retention = Retention(self, self._records, cfg.keep_finished_jobs)
         #: called with each job's runtime once it is open (the dashboard builds its app)
         self.on_open: list[Callable[[JobRuntime], None]] = []
         self.changed = asyncio.Event()  # set (and cleared) at every job state change
@@ -135,6 +135,7 @@ class JobHost:
                 continue
             if rec.state == JobState.CANCELLED:
                 await rt.engine.cancel(rec.failure or "cancelled")
+        await self.retention.start()
         await self.schedule()
 
     async def _open(self, rec: JobRecord) -> JobRuntime:
@@ -175,6 +176,7 @@ class JobHost:
         await self.schedule()
         if not rt.default:  # and no thread and no writes (after the queued jobs started)
             await rt.release(why)
+            await self.retention.apply()
 
     def _changed(self) -> None:
         self.changed.set()
@@ -361,8 +363,7 @@ class JobHost:
         return w if w is not None and job in ("", w.id) else None
 
     def default(self) -> JobRuntime | None:
-        """The default job's runtime (None on a server without one, or while it waits for
-        its d)."""
+        """The default job's runtime (None without one, or while it waits for its d)."""
         return None if self.default_id is None else self.jobs.get(self.default_id)
 
     def describe(self, job_id: str) -> dict[str, Any]:
@@ -374,8 +375,7 @@ class JobHost:
         return self.listing.past_jobs()
 
     def list(self) -> list[dict[str, Any]]:
-        """Every job this server runs, the default first, then the created ones oldest
-        first."""
+        """Every job of this server: the default first, the created ones oldest first."""
         return self.listing.list()
 
     def counts(self) -> dict[str, int]:

@@ -135,6 +135,10 @@ class JobListing:
             full = self._full_settings[rec.id]
         return dict(full)
 
+    def forget(self, job_id: str) -> None:
+        """A removed job's settings, no longer kept."""
+        self._full_settings.pop(job_id, None)
+
     def remember(self, job_id: str, cfg: ServerConfig) -> None:
         """Keep a created job's every setting from its configuration (the one its creation
         validated: not validated again when it is first shown)."""

@@ -40,6 +40,7 @@ SERVER_RULES: dict[str, Rule] = {
     "event_loop": one_of(EVENT_LOOPS),
     "on_finished_job": one_of(("keep", "new")),
     "max_jobs": at_least(1),
+    "keep_finished_jobs": at_least(0, "0: none kept"),
     "jobs_memory_bytes": at_least(0, "0: automatic"),
     "max_request_bytes": at_least(0, "0: automatic"),
 }
@@ -126,6 +127,10 @@ class ServerSettings:
         "only the jobs created over the HTTP API (rpsagg-jobs create)")
     max_jobs: int = Field(16, description="jobs running at once (the default job "
                           "included); more wait queued")
+    keep_finished_jobs: int = Field(
+        1000, description="created jobs that ended (done, failed, cancelled) whose data the "
+        "server keeps, the most recently ended; beyond it the job that ended first is removed "
+        "(its database deleted, its row dropped), with a line in the log")
     jobs_memory_bytes: int = Field(
         0, description="memory the jobs may take together, by each job's estimate "
         "(docs/architecture.md); a job that would not fit is refused at creation (0: "
