@@ -46,6 +46,7 @@ from typing import Any
 from rpsagg_server.domain.errors import InvalidRequest
 from rpsagg_server.domain.jobstate import ENDED, JobState
 from rpsagg_server.jobs.pastjobs import past_jobs
+from rpsagg_server.settings.jobspec import JOB_KEYS
 
 log = logging.getLogger("rpsagg.server")
 
@@ -103,6 +104,11 @@ class JobRecord:
     kind: str = "created"
     #: a past job's file, rounds (done of all), clients and when its last round opened
     summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def job_settings(self) -> dict[str, Any]:
+        """Its job settings as recorded (the row's own keys, such as ``_memory``, left out)."""
+        return {k: v for k, v in self.settings.items() if k in JOB_KEYS}
 
 
 class CatalogError(Exception):

@@ -30,11 +30,10 @@ from typing import NoReturn
 
 from rpsagg.tasks import make_task
 from rpsagg_server.domain.errors import InvalidRequest, NotReady, PreconditionFailed, StartupError
-from rpsagg_server.rounds.results import announced_k
+from rpsagg_server.rounds.results import announced_k, no_round_info
 from rpsagg_server.settings.serverconfig import BYTES_PER_COORDINATE, ServerConfig, memory_limit
 from rpsagg_server.store.database import Store
 from rpsagg_server.store.jobnumber import job_id
-from rpsagg_wire.v1.messages import RoundState
 from rpsagg_wire.v1.serde import RoundInfo
 
 log = logging.getLogger("rpsagg.server")
@@ -120,13 +119,7 @@ class FirstJoin:
 
     def round_info(self) -> RoundInfo:
         """GetRound's answer: the job with d = 0 and no round."""
-        c = self.cfg
-        return RoundInfo(round_id=0, nonce=0, scheme=c.estimator, n=c.n,
-                         k=announced_k(c, c.k), d=0,
-                         transform="", task=c.task, m=self.m, global_state=None,
-                         state=RoundState.UNSPECIFIED, deadline_unix_ms=0, eval=c.eval,
-                         job_done=False, task_step=0, total_rounds=c.rounds,
-                         value_bits=c.fixed_value_bits, bits=c.bits, job_id=self.job_id)
+        return no_round_info(self.cfg, self.m, d=0, job_id=self.job_id)
 
     def close(self) -> None:
         """Close its store (the job opens its own on the same database)."""

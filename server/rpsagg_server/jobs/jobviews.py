@@ -11,7 +11,7 @@ from rpsagg.tasks import make_task
 from rpsagg_server.domain.jobstate import ENDED, JobState
 from rpsagg_server.jobs.catalog import JOB_STATES, JobRecord
 from rpsagg_server.jobs.jobruntime import JobRuntime
-from rpsagg_server.rounds.results import announced_k
+from rpsagg_server.rounds.results import no_round_info
 from rpsagg_server.settings.serverconfig import JOB_KEYS, ServerConfig, job_config
 from rpsagg_wire.v1.messages import RoundInfo, RoundState
 
@@ -95,6 +95,7 @@ class JobListing:
         self.jobs = jobs
         self.default_id: str | None = None
         self._full_settings: dict[str, dict[str, Any]] = {}
+        self._ended_info: dict[str, RoundInfo] = {}
 
     def ended_info(self, job_id: str) -> RoundInfo | None:
         """GetRound's answer for a created job that ended without ever running (no runtime:
@@ -104,15 +105,13 @@ class JobListing:
         if rec is None or rec.kind != "created" or rec.state not in ENDED \
                 or job_id in self.jobs:
             return None
-        c = job_config(self.cfg, {k: v for k, v in rec.settings.items() if k in JOB_KEYS},
-                       ":memory:")
-        return RoundInfo(round_id=0, nonce=0, scheme=c.estimator, n=c.n,
-                         k=announced_k(c, c.k), d=c.d, transform="", task=c.task,
-                         m=make_task(c.task, c.d, c.params).m, global_state=None,
-                         state=RoundState.UNSPECIFIED, deadline_unix_ms=0, eval=c.eval,
-                         job_done=True, task_step=0, total_rounds=c.rounds,
-                         job_failure=rec.failure or str(rec.state),
-                         value_bits=c.fixed_value_bits, bits=c.bits)
+        info = self._ended_info.get(job_id)
+        if info is None:  # made once: a row that ended never changes
+            c = job_config(self.cfg, rec.job_settings, ":memory:")
+            info = self._ended_info[job_id] = no_round_info(
+                c, make_task(c.task, c.d, c.params).m, d=c.d, job_done=True,
+                job_failure=rec.failure or str(rec.state))
+        return info
 
     def describe(self, job_id: str) -> dict[str, Any]:
         """A job as ``GET /api/jobs/{id}`` shows it (KeyError when unknown): its catalog
@@ -124,10 +123,10 @@ class JobListing:
     def settings(self, rec: JobRecord) -> dict[str, Any]:
         """A job's settings, every job setting (a created job's defaults filled in)."""
         if rec.kind != "created":
-            return {k: v for k, v in rec.settings.items() if k in JOB_KEYS}
+            return rec.job_settings
         full = self._full_settings.get(rec.id)
         if full is None:
-            given = {k: v for k, v in rec.settings.items() if k in JOB_KEYS}
+            given = rec.job_settings
             try:
                 self.remember(rec.id, job_config(self.cfg, given, ":memory:"))
             except ValueError:  # settings a later version refuses: shown as given
@@ -136,8 +135,9 @@ class JobListing:
         return dict(full)
 
     def forget(self, job_id: str) -> None:
-        """A removed job's settings, no longer kept."""
+        """A removed job's settings and answer, no longer kept."""
         self._full_settings.pop(job_id, None)
+        self._ended_info.pop(job_id, None)
 
     def remember(self, job_id: str, cfg: ServerConfig) -> None:
         """Keep a created job's every setting from its configuration (the one its creation

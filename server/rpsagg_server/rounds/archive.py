@@ -43,6 +43,9 @@ DEFAULT_CACHE_BYTES = 64 << 20
 
 #: the reader thread every ended job's archive shares (:meth:`RoundArchive.release`)
 _ENDED_READER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rpsagg-archive-ended")
+#: a closed archive's reader: shut down, so a read raises ``ReadError``
+_CLOSED = ThreadPoolExecutor(max_workers=1)
+_CLOSED.shutdown()
 
 
 class RoundArchive:
@@ -176,9 +179,9 @@ class RoundArchive:
 
     def close(self) -> None:
         """Stop the reader thread (a read after this raises ``ReadError``)."""
-        if self._reader is _ENDED_READER:  # shared: this archive's reads are refused
-            self._reader = ThreadPoolExecutor(max_workers=1)
-        self._reader.shutdown(wait=False, cancel_futures=True)
+        own, self._reader = self._reader, _CLOSED
+        if own is not _ENDED_READER:  # the shared one serves the other ended jobs
+            own.shutdown(wait=False, cancel_futures=True)
 
     async def fetch(self, round_id: int) -> RoundArrays:
         """:meth:`get` from the event loop: a hit at once, a read in a worker thread."""

@@ -61,6 +61,19 @@ def announced_k(cfg: ServerConfig, k: int) -> int:
     return k if scheme_traits(cfg.estimator).takes_k else 0
 
 
+def no_round_info(cfg: ServerConfig, m: int, *, d: int, job_done: bool = False,
+                  job_failure: str = "", job_id: int = 0) -> RoundInfo:
+    """``GetRound``'s answer for a job without a round and without a database: one waiting
+    for its first join's d (``d`` 0), or one that ended without ever running."""
+    c = cfg
+    return RoundInfo(round_id=0, nonce=0, scheme=c.estimator, n=c.n, k=announced_k(c, c.k),
+                     d=d, transform="", task=c.task, m=m, global_state=None,
+                     state=RoundState.UNSPECIFIED, deadline_unix_ms=0, eval=c.eval,
+                     job_done=job_done, task_step=0, total_rounds=c.rounds,
+                     job_failure=job_failure, value_bits=c.fixed_value_bits, bits=c.bits,
+                     job_id=job_id)
+
+
 @dataclass
 class JobProgress:
     """The engine's progress, written by the engine's lifecycle and read by the results.
