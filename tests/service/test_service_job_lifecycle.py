@@ -111,8 +111,13 @@ def test_a_job_that_never_ran_is_a_row_and_nothing_else(tmp_path: Path) -> None:
                                            retry_budget=0)
                 try:
                     info = client.current_round()
+                    with pytest.raises(grpc.RpcError) as err:  # as any ended job: refused
+                        client.join()
                 finally:
                     client.close()
+                assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+                assert "the job has ended (failed: cancelled over the API)" in str(
+                    err.value.details())
                 assert info.job_done and info.job_failure == "cancelled over the API"
                 assert (info.d, info.total_rounds) == (JOB["d"], JOB["rounds"])
         assert not (tmp_path / "jobs.db.d").exists() or not any(

@@ -139,9 +139,8 @@ class JobHost:
         await self.schedule()
 
     async def _open(self, rec: JobRecord) -> JobRuntime:
-        settings = {k: v for k, v in rec.settings.items() if k in JOB_KEYS}
         try:
-            cfg = job_config(self.cfg, settings, self.catalog.job_db(rec.id))
+            cfg = job_config(self.cfg, rec.job_settings, self.catalog.job_db(rec.id))
         except ValueError as exc:  # recorded settings this version refuses
             raise SettingsMismatch(str(exc)) from None
         rt = await open_job(rec.id, cfg, self.pool.lane(rec.id))
@@ -175,7 +174,7 @@ class JobHost:
         self._changed()
         await self.schedule()
         if not rt.default:  # and no thread and no writes (after the queued jobs started)
-            await rt.release(why)
+            await rt.release()
             await self.retention.apply()
 
     def _changed(self) -> None:
@@ -320,6 +319,7 @@ class JobHost:
         if not moved:  # it ended while the cancel was written
             raise PreconditionFailed(f"job {job_id} has ended already "
                                      f"({self._records[job_id].state})")
+        live = self.jobs.get(job_id)  # again: a start may have installed it meanwhile
         if live is not None:
             await live.engine.cancel("cancelled over the API")
         log.info("[Jobs] job %s cancelled", job_id)

@@ -59,14 +59,13 @@ class JobRuntime:
     #: its metrics (``/metrics`` labels them with its id), once the dashboard built them
     registry: CollectorRegistry | None = None
 
-    async def release(self, why: str) -> None:
-        """An ended job (``why``) lets go of what only a running job needs: its task
+    async def release(self) -> None:
+        """An ended job lets go of what only a running job needs: its task
         monitor's thread (after the measurements queued), its archive's reader thread (its
         reads go to the one that ended jobs share) and its store's writer thread, heartbeat
-        and write connection (after the queued writes); no new client joins it.
+        and write connection (after the queued writes).
         What it serves stays: its read model, its results and its downloads (read through
         the store's second connection). A failure is logged: the job keeps them."""
-        self.engine.membership.close(why)
         try:
             await self.monitor.drain()
             self.monitor.close()
@@ -105,6 +104,8 @@ async def open_job(job_id: str, cfg: ServerConfig, executor: Executor | None,
         bus.subscribe(state.apply)
         bus.subscribe(state.ledger.observe)
         engine = RoundEngine(cfg, store, bus, executor)
+        if not default:  # a created job takes no new client once it ended
+            engine.membership.refuse_after(engine.progress)
         state.read_estimate = engine.archive.estimate
         monitor = TaskMonitor(cfg, engine.task, bus.publish)
         bus.subscribe(monitor.observe)

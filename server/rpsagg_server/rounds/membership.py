@@ -12,6 +12,7 @@ import asyncio
 import functools
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from rpsagg_server.domain.errors import (
     InvalidRequest,
@@ -26,6 +27,9 @@ from rpsagg_server.store.database import Store
 from rpsagg_server.store.writer import WriteError
 from rpsagg_wire.v1.serde import JoinReply
 
+if TYPE_CHECKING:
+    from rpsagg_server.rounds.results import JobProgress
+
 log = logging.getLogger("rpsagg.server")
 
 
@@ -38,6 +42,12 @@ async def outcome(fut: asyncio.Future[None]) -> None:
         await asyncio.shield(fut)
     except WriteError as exc:
         raise Unavailable(exc.reason) from None
+
+
+def ended_refusal(client_id: str, failure: str) -> PreconditionFailed:
+    """A new client's join of a job that has ended (``failure``: why it failed, or "")."""
+    return PreconditionFailed(f"client {client_id!r} cannot join: the job has ended "
+                              f"({'failed: ' + failure if failure else 'done'})")
 
 
 class Membership:
@@ -57,11 +67,12 @@ class Membership:
         self.publish = publish
         self.clients: dict[str, int] = {}
         self._joining: dict[str, tuple[int, asyncio.Future[None]]] = {}
-        self._closed = ""  # why no new client joins any more (the job ended)
+        self._ends: JobProgress | None = None  # refuse_after's
 
-    def close(self, why: str) -> None:
-        """Take no new client any more (the job ended: ``why``); a joined one re-joins."""
-        self._closed = why
+    def refuse_after(self, progress: JobProgress) -> None:
+        """From the job's end on (``progress.job_done``) take no new client; a joined one
+        re-joins (a created job's: the default job answers late clients ``job_done``)."""
+        self._ends = progress
 
     def recover(self) -> None:
         """Read the joined clients back from the store (start-up)."""
@@ -84,9 +95,8 @@ class Membership:
         elif client_id in self._joining:
             idx, fut = self._joining[client_id]
             await outcome(fut)
-        elif self._closed:
-            raise PreconditionFailed(f"client {client_id!r} cannot join: the job has ended "
-                                     f"({self._closed})")
+        elif self._ends is not None and self._ends.job_done:
+            raise ended_refusal(client_id, self._ends.job_failure)
         else:
             used = set(self.clients.values()) | {i for i, _ in self._joining.values()}
             if len(used) >= self.cfg.n:

@@ -37,6 +37,7 @@ from rpsagg_server.domain.errors import DomainError, InvalidRequest, LimitExceed
 from rpsagg_server.jobs.jobhost import JobHost
 from rpsagg_server.jobs.jobruntime import JobRuntime
 from rpsagg_server.readmodel.events import SubmissionRefused
+from rpsagg_server.rounds.membership import ended_refusal
 from rpsagg_server.rounds.requestchecks import check_client_id
 from rpsagg_server.rpc.auth import authorize, authorize_job, bound_client
 from rpsagg_server.rpc.refusals import answer_stream, answer_unary, status_of
@@ -96,6 +97,10 @@ class AggregationServicer:
         if waiting is not None:
             authorize_job(waiting.id)
             await waiting.join(req.client_id, req.d)  # raises: fixed, or refused
+        ended = self.host.listing.ended_info(req.job)
+        if ended is not None:  # it never ran: refused as a job that ended
+            authorize_job(req.job)
+            raise ended_refusal(req.client_id, ended.job_failure)
         return await self._job(req.job).engine.membership.join(req.client_id, req.d)
 
     async def GetRound(self, raw: bytes, context: Any) -> serde.RoundInfo:
