@@ -24,6 +24,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from rpsagg_server.store.migrations import CURRENT_VERSION, open_schema
@@ -63,12 +64,20 @@ class Store:
         Seconds of writer idleness after which a probe transaction checks that a write can
         still commit (so readiness notices a lock or a full disk without client traffic,
         and notices recovery).
+    writing : bool
+        False: a store to read an ended job from, with one connection and no writer thread
+        (a write is refused with :class:`WriteError`, as after :meth:`stop_writing`; an
+        older schema is still migrated on open).
     """
 
-    def __init__(self, path: str, busy_timeout: float = 5.0, heartbeat: float = 2.0) -> None:
+    def __init__(self, path: str, busy_timeout: float = 5.0, heartbeat: float = 2.0,
+                 writing: bool = True) -> None:
         self.path = path
-        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
-                                     timeout=busy_timeout)
+        # a reader's file must exist: opened read-write (a migration writes), never made
+        target, uri = ((Path(path).absolute().as_uri() + "?mode=rw", True)
+                       if not writing and path not in ("", ":memory:") else (path, False))
+        self._conn = sqlite3.connect(target, check_same_thread=False, isolation_level=None,
+                                     timeout=busy_timeout, uri=uri)
         try:
             # the tables of a new database, or an older one migrated: one transaction, after
             # the journal's mode; a newer version is refused before any write
@@ -81,12 +90,13 @@ class Store:
         self._lock = threading.Lock()
         self._reader: sqlite3.Connection | None = None
         self._read_lock = threading.Lock()
-        if path not in ("", ":memory:"):
+        if writing and path not in ("", ":memory:"):
             self._reader = sqlite3.connect(path, check_same_thread=False,
                                            isolation_level=None, timeout=busy_timeout)
-        self._ended = False  # its writes stopped for good (stop_writing), the store open
+        self._ended = not writing  # its writes stopped for good, the store open
         self._writer = GroupCommitWriter(self._conn, self._lock, heartbeat,
-                                         lambda: _op_meta("heartbeat", repr(time.time())))
+                                         lambda: _op_meta("heartbeat", repr(time.time())),
+                                         start=writing)
 
     # -- writes ----------------------------------------------------------------------------
     def set_busy_timeout(self, seconds: float) -> None:

@@ -74,7 +74,8 @@ def describe(exc: BaseException) -> str:
 
 
 class GroupCommitWriter:
-    """The writer thread of one connection, started at once.
+    """The writer thread of one connection, started at once (or never: ``start=False``, a
+    writer stopped from the start, which refuses every write).
 
     Parameters
     ----------
@@ -88,10 +89,12 @@ class GroupCommitWriter:
         notices recovery).
     probe : callable
         The probe's operation (a harmless upsert), made anew for each probe.
+    start : bool
+        Whether the thread starts (False: a reader's store, stopped cleanly from the start).
     """
 
     def __init__(self, conn: sqlite3.Connection, lock: threading.Lock, heartbeat: float,
-                 probe: Callable[[], Op]) -> None:
+                 probe: Callable[[], Op], start: bool = True) -> None:
         self._conn = conn
         self._lock = lock
         self.heartbeat = heartbeat
@@ -100,9 +103,10 @@ class GroupCommitWriter:
         self._ok = True
         self._queue: queue.Queue[Any] = queue.Queue()
         self._stopping = threading.Lock()  # a write is queued before the stop, or refused
-        self._stopped = False
+        self._stopped = not start
         self._thread = threading.Thread(target=self._loop, name="rpsagg-store", daemon=True)
-        self._thread.start()
+        if start:
+            self._thread.start()
 
     def writable(self) -> bool:
         """Whether the writer is alive and its last transaction committed (readiness)."""
@@ -118,7 +122,8 @@ class GroupCommitWriter:
         with self._stopping:
             self._stopped = True
             self._queue.put(_STOP)
-        self._thread.join(timeout=timeout)
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout=timeout)
 
     def enqueue(self, ops: list[Op]) -> asyncio.Future[None]:
         """Queue ``ops`` for one atomic transaction; the future resolves once it is durable
