@@ -30,7 +30,7 @@ from rpsagg_client import AggregationClient
 SMALL = {"n": 4, "k": 16, "d": 256, "task": "mean", "rounds": 1, "round_timeout": 60}
 
 
-def _proc(pid: int) -> dict[str, float]:
+def proc_usage(pid: int) -> dict[str, float]:
     """Threads, descriptors, RSS (MiB), bytes written and CPU seconds of ``pid``."""
     status = dict(line.split(":", 1) for line in
                   Path(f"/proc/{pid}/status").read_text().splitlines())
@@ -41,8 +41,9 @@ def _proc(pid: int) -> dict[str, float]:
             "cpu": (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")}
 
 
-def _run_job(grpc_port: int, http_port: int) -> None:
-    """Create one job and run its one round with its n clients."""
+def run_job(grpc_port: int, http_port: int) -> str:
+    """Create one job and run its one round with its n clients; returns its id once the
+    server says it is done."""
     status, job = http_json(http_port, "POST", "/api/jobs", SMALL)
     if status != 201:
         raise SystemExit(f"a creation answered {status}: {job}")
@@ -66,13 +67,14 @@ def _run_job(grpc_port: int, http_port: int) -> None:
         if time.monotonic() > end:
             raise SystemExit(f"job {job['id']} did not end within 30 s")
         time.sleep(0.01)
+    return str(job["id"])
 
 
 def _checkpoint(pid: int, http_port: int, work: Path, done: int, idle: float) -> str:
     time.sleep(1.0)  # the last job's end settles (its writer stops after its last write)
-    a = _proc(pid)
+    a = proc_usage(pid)
     time.sleep(idle)
-    b = _proc(pid)
+    b = proc_usage(pid)
     files = [p for p in (work / "jobs.db.d").glob("*") if p.is_file()]
     mib = sum(p.stat().st_size for p in files) / 2**20
     t = time.perf_counter()
@@ -103,7 +105,7 @@ def main() -> None:
         print(_checkpoint(pid, http_port, work, 0, args.idle), flush=True)
         t0 = time.monotonic()
         for done in range(1, args.jobs + 1):
-            _run_job(server.port, http_port)
+            run_job(server.port, http_port)
             if done in args.at:
                 rate = done / (time.monotonic() - t0)
                 print(_checkpoint(pid, http_port, work, done, args.idle),

@@ -78,6 +78,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -315,17 +316,18 @@ def http_json(port: int, method: str, path: str, body: Any = None,
 
 
 def start_service(work: Path, db: str, max_jobs: int, server_loop: str,
-                  stderr: Any = None) -> tuple[ServerProcess, int]:
+                  stderr: Any = None, prefix: Sequence[str] = (),
+                  flags: Sequence[str] = ()) -> tuple[ServerProcess, int]:
     """An ``rpsagg-server`` with no default job and its dashboard on a free port (its
-    warnings on ``stderr``, default this process's); returns it (started) and the dashboard's
-    port."""
+    warnings on ``stderr``, default this process's; run under the command ``prefix``, with
+    more ``flags``); returns it (started) and the dashboard's port."""
     http_port = free_port()
     server = ServerProcess([
         "--insecure", "--host", "127.0.0.1", "--grpc-port", "0", "--http-port", str(http_port),
         "--no-default-job", "--max-jobs", str(max_jobs), "--db", db, "--linger", "-1",
-        "--event-loop", server_loop,
+        "--event-loop", server_loop, *flags,
     ], work / "port", env=dict(os.environ, RPSAGG_LOG_LEVEL="WARNING"), stderr=stderr,
-        start_timeout=120)
+        start_timeout=120, prefix=prefix)
     try:
         server.start()
     except (ServerExited, TimeoutError) as exc:

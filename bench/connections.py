@@ -2,7 +2,8 @@
 
 A server subprocess runs with ``RLIMIT_NOFILE`` ``--limit`` (default 1,024), its dashboard
 on and the default bounds (--grpc-handshake-timeout 5 s, --grpc-idle-timeout 10 s,
---http-header-timeout 30 s). For each flood — ``--flood`` sockets (default 1,000) on the
+--http-header-timeout 30 s), ``--max-jobs`` ``--max-jobs`` (default 16; at a limit of 256
+at most 5 fit, and 2 leave gRPC 36 connections). For each flood — ``--flood`` sockets (default 1,000) on the
 gRPC port sending nothing, only the HTTP/2 preface, or the preface and SETTINGS; on the
 dashboard port with cut-off headers — held open by this process from time 0, it measures
 for ``--window`` seconds (default 10):
@@ -16,7 +17,7 @@ for ``--window`` seconds (default 10):
 * the most descriptors the server held (sampled), against its limit.
 
     python bench/connections.py                  # all four floods at 1,024
-    python bench/connections.py --limit 256 --flood 232
+    python bench/connections.py --limit 256 --flood 232 --max-jobs 2
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
-def run(name: str, limit: int, flood_n: int, window: float) -> None:
+def run(name: str, limit: int, flood_n: int, window: float, max_jobs: int) -> None:
     which, first, deadline = FLOODS[name]
     http_port = _free_port()
     with tempfile.TemporaryDirectory() as tmp:
@@ -70,7 +71,7 @@ def run(name: str, limit: int, flood_n: int, window: float) -> None:
              "--grpc-port", "0", "--http-port", str(http_port), "--http-host", "127.0.0.1",
              "--n", "2000", "--k", "8", "--d", "64", "--task", "mean", "--rounds", "1",
              "--round-timeout", "600", "--db", ":memory:", "--linger", "-1",
-             "--port-file", str(port_file)]),
+             "--port-file", str(port_file), "--max-jobs", str(max_jobs)]),
             stderr=subprocess.DEVNULL,
             preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit)))
         try:
@@ -184,11 +185,12 @@ def main() -> None:
     ap.add_argument("--flood", type=int, default=1000)
     ap.add_argument("--window", type=float, default=10.0)
     ap.add_argument("--only", choices=sorted(FLOODS), action="append")
+    ap.add_argument("--max-jobs", type=int, default=16, help="the server's --max-jobs")
     args = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, args.flood + 1000)), hard))
     for name in args.only or list(FLOODS):
-        run(name, args.limit, args.flood, args.window)
+        run(name, args.limit, args.flood, args.window, args.max_jobs)
 
 
 if __name__ == "__main__":

@@ -57,7 +57,8 @@ class Service:
     """An ``rpsagg-server`` subprocess with its dashboard on a loopback port."""
 
     def __init__(self, tmp: Path, tag: str, *flags: str, grpc_port: int = 0,
-                 http_port: int = 0, default: tuple[str, ...] | None = None) -> None:
+                 http_port: int = 0, default: tuple[str, ...] | None = None,
+                 prefix: tuple[str, ...] = ()) -> None:
         self.tmp = tmp
         self.http_port = http_port or free_port()
         port_file = tmp / f"port-{tag}"
@@ -69,7 +70,7 @@ class Service:
             "--host", "127.0.0.1", "--grpc-port", str(grpc_port),
             "--http-port", str(self.http_port), "--db", str(tmp / "jobs.db"),
             "--linger", "-1", "--port-file", str(port_file), *job, *flags,
-        ]), stderr=open(self.log, "wb"))  # noqa: SIM115
+        ], prefix), stderr=open(self.log, "wb"))  # noqa: SIM115
         self.procs: list[subprocess.Popen[bytes]] = [self.proc]
         self.port = wait_port_file(port_file, self.proc)
         self.url = f"http://127.0.0.1:{self.http_port}"

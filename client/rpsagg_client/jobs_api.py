@@ -104,6 +104,12 @@ class JobsApi:
         path = _job_path(job_id) + "/cancel"
         return _job(self.request("POST", path), f"POST {path}")
 
+    def remove(self, job_id: str) -> dict[str, Any]:
+        """``DELETE /api/jobs/ID``: remove an ended job's data (a queued or running job is
+        cancelled instead); returns the job as it was."""
+        path = _job_path(job_id)
+        return _job(self.request("DELETE", path), f"DELETE {path}")
+
     def wait(self, job_id: str, *, timeout: float | None = None, interval: float = 2.0,
              on_change: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """Poll ``GET /api/jobs/ID`` every ``interval`` seconds until the job has ended.

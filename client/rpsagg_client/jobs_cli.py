@@ -1,4 +1,5 @@
-"""``rpsagg-jobs``: create, list, show, cancel and wait for the jobs of an rpsagg server.
+"""``rpsagg-jobs``: create, list, show, cancel, remove and wait for the jobs of an rpsagg
+server.
 
 A server hosts several jobs at once; this command manages them over the server's HTTP API
 (the dashboard's port, ``http://127.0.0.1:8000`` by default)::
@@ -22,12 +23,17 @@ Commands
 ``list [--json]``
     A table of the server's jobs: id (``*`` marks the default job, the one the server's
     flags started), state, rounds done of all (``-``: until stopped), wire bytes received,
-    when it was created. ``--json``: the server's answer as it is (with ``past_jobs``, the
-    jobs of earlier starts of the server).
+    when it was created; then a line on standard error saying what the server keeps of the
+    ended jobs (how many, their bytes, its ``--keep-finished-jobs`` and
+    ``--keep-finished-for``). ``--json``: the server's answer as it is (with ``past_jobs``,
+    the jobs of earlier starts of the server, and ``retention``).
 ``show ID``
     One job as JSON.
 ``cancel ID``
     Cancel a queued or running job (``POST /api/jobs/ID/cancel``).
+``remove ID``
+    Remove an ended job: its rounds and its row (``DELETE /api/jobs/ID``); a queued or
+    running job is refused (exit 2): cancel it first.
 ``wait ID [--timeout S] [--interval S]``
     Poll the job until it has ended; a line on standard error whenever its state or its
     number of done rounds changes. Exit status 0 when it is done, 1 when it failed or was
@@ -36,7 +42,7 @@ Commands
 ``--url``, ``--token``, ``--token-file`` and ``--ca`` may come before or after the command;
 they default to the environment variables ``RPSAGG_URL``, ``RPSAGG_ADMIN_TOKEN``,
 ``RPSAGG_ADMIN_TOKEN_FILE`` and ``RPSAGG_TLS_CA`` (a flag overrides them). The token goes
-as ``Authorization: Bearer TOKEN``: creating and cancelling jobs needs one of the server's
+as ``Authorization: Bearer TOKEN``: creating, cancelling and removing jobs needs one of the server's
 ``--admin-tokens`` (unless it runs ``--insecure``); reading them may need one of its
 ``--http-tokens``. ``--ca``: the CA that signed the certificate of a server whose dashboard
 speaks HTTPS (``--url https://...``). The token is never printed.
@@ -74,6 +80,7 @@ from rpsagg_client.jobs_text import (
     fmt_time,
     jobs_table,
     progress,
+    retention_line,
     summary,
 )
 
@@ -216,6 +223,8 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("id", metavar="ID")
     cancel = sub.add_parser("cancel", help="cancel a queued or running job")
     cancel.add_argument("id", metavar="ID")
+    remove = sub.add_parser("remove", help="remove an ended job's rounds and row")
+    remove.add_argument("id", metavar="ID")
     w = sub.add_parser("wait", help="wait until a job has ended (exit 0: done, 1: failed or "
                        "cancelled, 3: --timeout)")
     w.add_argument("id", metavar="ID")
@@ -223,7 +232,7 @@ def _parser() -> argparse.ArgumentParser:
                    metavar="S", help="give up after S seconds (exit 3; default: no limit)")
     w.add_argument("--interval", type=_positive, default=2.0, metavar="S",
                    help="seconds between polls (default 2)")
-    for cmd in (c, lst, show, cancel, w):
+    for cmd in (c, lst, show, cancel, remove, w):
         _connection(cmd, top=False)
     return p
 
@@ -274,12 +283,23 @@ def run(args: argparse.Namespace) -> int:
         if isinstance(past, list) and past:
             _err(f"{len(past)} past job{'s' if len(past) != 1 else ''} of earlier starts of "
                  "the server (--json lists them)")
+        kept = answer.get("retention")
+        if isinstance(kept, dict):
+            _err(retention_line(kept))
     elif args.command == "show":
         print(json.dumps(api.get(args.id), indent=2))
     elif args.command == "cancel":
         job = api.cancel(args.id)
         _err(f"cancelled job {job['id']} ({job.get('state', '?')}, {fmt_rounds(job)} rounds "
              "done)")
+    elif args.command == "remove":
+        state = api.get(args.id).get("state")
+        if state not in ENDED:  # DELETE would cancel it: not what remove says
+            raise JobsError(f"job {args.id} is {state}: only an ended job is removed (cancel "
+                            "it first: rpsagg-jobs cancel ID)")
+        job = api.remove(args.id)
+        _err(f"removed job {job['id']} ({job.get('state', '?')}, {fmt_rounds(job)} rounds "
+             "done): its rounds and its row")
     elif args.command == "wait":
         start = time.monotonic()
         job = api.wait(args.id, timeout=args.wait_timeout, interval=args.interval,

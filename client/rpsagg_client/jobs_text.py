@@ -73,3 +73,16 @@ def progress(job: dict[str, Any]) -> str:
     if job.get("failure"):
         parts.append(str(job["failure"]))
     return f"job {job.get('id', '?')}: {', '.join(parts)}"
+
+
+def retention_line(kept: dict[str, Any]) -> str:
+    """The ``list`` line on what the server keeps of its ended jobs (``retention`` of
+    ``GET /api/jobs``): ``12 ended jobs kept (3.4 MiB), the oldest ended 2026-11-28 10:00;
+    the server keeps the last 1000 for 90 days``."""
+    n = int(kept.get("ended_jobs", 0))
+    line = f"{n} ended job{'s' if n != 1 else ''} kept ({fmt_bytes(kept.get('ended_bytes', 0))})"
+    if kept.get("oldest_finished_at"):
+        line += f", the oldest ended {fmt_time(kept['oldest_finished_at'])}"
+    days = float(kept.get("keep_finished_for") or 0) / 86400
+    age = f" for {days:g} days" if days else ""
+    return f"{line}; the server keeps the last {kept.get('keep_finished_jobs', '?')}{age}"

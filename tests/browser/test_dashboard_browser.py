@@ -451,6 +451,10 @@ def test_page_lists_the_jobs_and_links_each_to_its_page(
         assert rows[queued]["rounds"] == "0/3"
         assert is_visible(browser, "default-note") and not is_visible(browser, "nav-jobs")
         assert above(browser, "jobs-table", "config-card")
+        kept = text_of(browser, "jobs-kept")  # the cancelled job, the server's defaults
+        assert kept.startswith("1 ended job kept (0 B, the oldest ended "), kept
+        assert kept.endswith("the server keeps the last 1000 for 90 days, then removes the "
+                             "oldest (--keep-finished-jobs, --keep-finished-for)."), kept
         wait_for(browser, "the default job's rounds", lambda d: len(table_rounds(d)) >= 2)
         assert browser.execute_script(
             "return document.getElementById('dl-csv').getAttribute('href')"

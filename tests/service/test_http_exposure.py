@@ -51,6 +51,8 @@ pytestmark = pytest.mark.service
 FD_LIMIT = 256
 FLOOD = 300
 CAP = FD_LIMIT // 4  # rpsagg_server.settings.descriptors.connection_cap(0, 256)
+#: jobs running at once: few enough that the descriptor budget fits under FD_LIMIT
+MAX_JOBS = 2
 
 
 class Server:
@@ -64,7 +66,8 @@ class Server:
             *(["--insecure"] if insecure else []), "--host", "127.0.0.1", "--grpc-port", "0",
             "--http-port", str(self.http_port), "--http-host", "127.0.0.1", "--n", "20", "--k", "8",
             "--d", "64", "--task", "mean", "--rounds", "1", "--round-timeout", "60",
-            "--db", ":memory:", "--linger", "-1", "--port-file", str(port_file), *flags,
+            "--db", ":memory:", "--linger", "-1", "--port-file", str(port_file),
+            "--max-jobs", str(MAX_JOBS), *flags,
         ]), stderr=subprocess.PIPE, preexec_fn=preexec)
         try:
             self.grpc_port = wait_port_file(port_file, self.proc)

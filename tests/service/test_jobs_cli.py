@@ -274,6 +274,26 @@ def test_list_prints_a_table_or_the_json(
     assert json.loads(out) == answer
 
 
+def test_list_says_what_the_server_keeps_of_ended_jobs(
+        api: FakeApi, capsys: pytest.CaptureFixture[str]) -> None:
+    oldest = 1_750_000_000.0
+    kept = {"keep_finished_jobs": 1000, "keep_finished_for": 90 * 86400.0, "ended_jobs": 12,
+            "ended_bytes": 700_416, "oldest_finished_at": oldest}
+    api.answer = lambda s: (200, {"jobs": [job("j1", "done")], "past_jobs": [],
+                                  "retention": kept})
+    rc, out, err = cli(capsys, "--url", api.url, "list")
+    assert rc == 0 and out.splitlines()[1].split()[:2] == ["j1", "done"]
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(oldest))
+    assert one_error_line(err) == (f"rpsagg-jobs: 12 ended jobs kept (684.0 KiB), the oldest "
+                                   f"ended {when}; the server keeps the last 1000 for 90 days")
+    api.answer = lambda s: (200, {"jobs": [job("j1", "done")], "past_jobs": [], "retention": {
+        **kept, "keep_finished_for": 0, "ended_jobs": 1, "ended_bytes": 0,
+        "oldest_finished_at": None}})
+    rc, out, err = cli(capsys, "--url", api.url, "list")
+    assert one_error_line(err) == ("rpsagg-jobs: 1 ended job kept (0 B); the server keeps the "
+                                   "last 1000")
+
+
 def test_list_of_a_server_without_jobs(api: FakeApi,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     api.answer = lambda s: (200, {"jobs": [], "past_jobs": []})
@@ -314,6 +334,25 @@ def test_cancel_posts_to_the_jobs_cancel_route(
     assert (rc, out) == (2, "")
     assert one_error_line(err) == ("rpsagg-jobs: POST /api/jobs/j1/cancel: 409 Conflict: "
                                    "job j1 has already ended (done)")
+
+
+def test_remove_deletes_an_ended_job_and_refuses_a_running_one(
+        api: FakeApi, capsys: pytest.CaptureFixture[str]) -> None:
+    api.answer = lambda s: (200, job("j1", "done", rounds_done=10, rounds=10))
+    rc, out, err = cli(capsys, "--url", api.url, "--token", TOKEN, "remove", "j1")
+    assert (rc, out) == (0, "")
+    assert one_error_line(err) == ("rpsagg-jobs: removed job j1 (done, 10/10 rounds done): its "
+                                   "rounds and its row")
+    assert [(s.method, s.path, s.body) for s in api.seen] == [
+        ("GET", "/api/jobs/j1", b""), ("DELETE", "/api/jobs/j1", b"")]
+    assert api.seen[1].headers["authorization"] == f"Bearer {TOKEN}"
+    api.seen.clear()
+    api.answer = lambda s: (200, job("j2", "running"))  # a DELETE would cancel it
+    rc, out, err = cli(capsys, "--url", api.url, "--token", TOKEN, "remove", "j2")
+    assert (rc, out) == (2, "")
+    assert one_error_line(err) == ("rpsagg-jobs: job j2 is running: only an ended job is "
+                                   "removed (cancel it first: rpsagg-jobs cancel ID)")
+    assert [s.method for s in api.seen] == ["GET"]
 
 
 # -- wait ----------------------------------------------------------------------------------

@@ -31,9 +31,11 @@ from pathlib import Path
 import grpc
 import pytest
 from service_util import make_certs, server_command, wait_until
-from test_http_exposure import connect, http_get, metric, server, wait_closed
+from test_http_exposure import MAX_JOBS, connect, http_get, metric, server, wait_closed
 
 from rpsagg_client import AggregationClient
+from rpsagg_server.jobs.endedjobs import READERS
+from rpsagg_server.settings.descriptors import descriptor_budget
 
 pytestmark = pytest.mark.service
 
@@ -41,8 +43,9 @@ PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # an empty SETTINGS frame, stream 0
 FIRST = {"nothing": b"", "preface": PREFACE, "settings": PREFACE + SETTINGS}
 DEADLINE = 2.0  # --grpc-handshake-timeout and --grpc-idle-timeout here
-# what the automatic budget gives gRPC with the dashboard on (descriptors.descriptor_budget)
-GRPC_CAP = {1024: 1024 - 256 - 128, 256: 256 - 64 - 128}
+# what the automatic budget gives gRPC with the dashboard on, after the reserves and the
+# jobs' descriptors: 1024 - 256 - 128 - 28 and 256 - 64 - 128 - 28
+GRPC_CAP = {lim: descriptor_budget(0, 0, lim, (MAX_JOBS, READERS)).grpc for lim in (1024, 256)}
 
 
 def _limit(n: int) -> Callable[[], None]:

@@ -1,10 +1,11 @@
-"""An ended job lets go of what only a running job needs (``JobRuntime.release``).
+"""An ended job lets go of what only a running job needs (``JobRuntime.release``), and is
+closed (``rpsagg_server.jobs.endedjobs``).
 
 A created job that ends (done, failed, cancelled) stops its store's writer thread (and with
 it the heartbeat commit every 2 s) and closes its write connection, and its task monitor's
-thread; what it serves stays: its rounds, results and downloads, read through the store's
-second connection, the same bytes after a restart. A new client can no longer join it (a
-refusal, not a retry); a write after the stop is refused, never left waiting.
+thread; what it serves stays: its rounds, results and downloads, read from its database
+opened again on demand, the same bytes after a restart. A new client can no longer join it
+(a refusal, not a retry); a write after the stop is refused, never left waiting.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from rpsagg_client import AggregationClient
 from rpsagg_server.domain.errors import Unavailable
 from rpsagg_server.http.jobmetrics import ENDED_LABEL, KEEP_ENDED
 from rpsagg_server.jobs.catalog import CatalogError
+from rpsagg_server.jobs.endedjobs import READERS
 from rpsagg_server.store.database import Store
 from rpsagg_server.store.writer import STOPPED, WriteError
 
@@ -168,7 +170,8 @@ def test_retention_removes_the_first_ended_and_nothing_running(tmp_path: Path) -
         svc.proc.wait(30)
         again = Service(tmp_path, "b", *flags[:-1], "1")
         svc.procs.append(again.proc)
-        assert again.api(f"/api/jobs/{jobs[3]}")[0] == 404  # it ended before the keeper
+        # removed right after the start (which serves first): it ended before the keeper
+        wait_until(lambda: again.api(f"/api/jobs/{jobs[3]}")[0] == 404, 30, "removed")
         assert not Path(again.job_db(jobs[3])).exists()
         assert again.job(keeper)["state"] == "cancelled"
     finally:
@@ -196,12 +199,20 @@ def _run_one_round(port: int, job: str) -> None:
 @pytest.mark.timeout(120)
 def test_ended_jobs_hold_no_thread_of_their_own(tmp_path: Path) -> None:
     """Waves of jobs created, run to their end and read: the server's own threads after the
-    second wave are those after the first (its running jobs' only: none), for ever."""
+    second wave are those after the first (its running jobs' only: none), for ever; an
+    ended job is closed, opened again to be read, and at most READERS of them are open."""
     cfg = base_config(db=str(tmp_path / "jobs.db"), no_default_job=True, max_jobs=8,
                       eval=True)
     with in_process_server(cfg) as srv:
         host = srv.running.host
         after = []
+
+        async def read(job: str) -> tuple[int, ...]:
+            async with host.ended.app_of(job) as rt:
+                assert rt is not None and job not in host.jobs
+                rt.engine.archive.shrink(0)  # read from its store, not its cache
+                return tuple(rt.engine.archive.get(1).estimate.shape)
+
         for _wave in range(2):
             jobs = [str(srv.call(host.create(dict(JOB, eval=True)))["id"])  # type: ignore[index]
                     for _ in range(ENDED)]
@@ -209,15 +220,14 @@ def test_ended_jobs_hold_no_thread_of_their_own(tmp_path: Path) -> None:
             assert _ours()["rpsagg-store"] == ENDED  # a writer each while they run
             with ThreadPoolExecutor(ENDED) as pool:
                 list(pool.map(lambda j: _run_one_round(srv.port, j), jobs))
-            wait_until(lambda: not host.running(), 30, "every job ended")
-            wait_until(lambda: _ours()["rpsagg-store"] == 0, 30, "the ended jobs' writers")
-            for job in jobs:  # a read of the store after the end (the cache emptied first)
-                archive = host.jobs[job].engine.archive
-                archive.shrink(0)
-                assert archive.get(1).estimate.shape == (1, JOB["d"])
+            wait_until(lambda: not host.jobs, 30, "every job ended and closed")
+            for job in jobs:  # each opened again (the first ones were closed meanwhile)
+                assert srv.call(read(job)) == (1, JOB["d"])
+            assert len(host.ended.held()) == READERS
+            wait_until(lambda: _ours()["rpsagg-task"] == _ours()["rpsagg-store"] == 0, 30,
+                       "the readers' task monitors done")
             after.append(_ours())
         assert after[0] == after[1], after
-        assert after[1]["rpsagg-store"] == after[1]["rpsagg-task"] == 0
         assert after[1]["rpsagg-archive"] == 0 and after[1]["rpsagg-archive-ended"] <= 1
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from http_util import free_port
+from http_util import Service, free_port
 from service_util import Certs, kill_all, make_certs, server_command, wait_port_file
 
 from rpsagg_server.domain.errors import StartupError
@@ -45,12 +45,14 @@ def _ipv6_loopback() -> bool:
 HAS_IPV6 = _ipv6_loopback()
 
 
-def run_server(args: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
-    """Run ``rpsagg-server args`` to completion; returns (status, stderr)."""
+def run_server(args: list[str], env: dict[str, str] | None = None,
+               prefix: tuple[str, ...] = ()) -> tuple[int, str]:
+    """Run ``rpsagg-server args`` (under the command ``prefix``) to completion; returns
+    (status, stderr)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("RPSAGG_")}
     full_env.update(env or {})
-    out = subprocess.run(server_command(args), capture_output=True, text=True, timeout=120,
-                         env=full_env)
+    out = subprocess.run(server_command(args, prefix), capture_output=True, text=True,
+                         timeout=120, env=full_env)
     return out.returncode, out.stderr
 
 
@@ -277,6 +279,29 @@ def test_a_connection_cap_that_leaves_grpc_no_descriptors(tmp_path: Path) -> Non
                               "--http-max-connections", str(soft)])
     assert_one_line_error(status, err, f"--http-max-connections {soft} leaves fewer than 128",
                           f"at most {soft - 192}")
+
+
+def test_jobs_that_cannot_fit_the_descriptor_limit_stop_the_start(tmp_path: Path) -> None:
+    """The descriptor budget counts the jobs the server may hold open (--max-jobs running,
+    the ended ones read): under ``prlimit --nofile=256`` 16 running jobs do not fit beside
+    64 dashboard connections; the start says what would, in one line, exit 2, at once."""
+    db = tmp_path / "x.db"
+    args = [*JOB, "--insecure", "--db", str(db), "--grpc-port", "0",
+            "--http-port", str(free_port())]
+    status, err = run_server([*args, "--max-jobs", "16"], prefix=("prlimit", "--nofile=256"))
+    assert_one_line_error(status, err, "16 running jobs (--max-jobs) with 64 dashboard "
+                          "connections leave fewer than 16 of the process's 256 file "
+                          "descriptors (ulimit -n) to gRPC; use --max-jobs 5 or raise the limit")
+    assert not db.exists()  # refused before anything was opened
+    svc = Service(tmp_path, "fits", "--insecure", "--max-jobs", "5",
+                  prefix=("prlimit", "--nofile=256"))
+    try:
+        assert svc.api("/healthz")[0] == 200
+    finally:
+        svc.close()
+    assert ("file descriptors: limit 256; gRPC connections at most 18, dashboard connections "
+            "at most 64, 174 reserved (with 46 for 5 running jobs and 4 ended ones read at "
+            "once)") in svc.log.read_text()
 
 
 # -- the dashboard's addresses ---------------------------------------------------------------

@@ -1,17 +1,20 @@
-"""``/metrics`` of every job: the series of the running jobs and of the last ended ones, each
-labelled ``job``; the counters and histograms of the jobs that ended before those, summed
-under ``job="(ended)"`` (so that a sum over every job keeps counting while the gone jobs'
-own series drop out, as Prometheus advises for things that are gone); and
-``rpsagg_jobs{state}``.
+"""``/metrics`` of every job: the series of the open jobs (the running ones, the default
+job) and of the last ended ones, each labelled ``job``; the counters and histograms of the
+jobs that ended before those, summed under ``job="(ended)"`` (so that a sum over every job
+keeps counting while the gone jobs' own series drop out, as Prometheus advises for things
+that are gone); and ``rpsagg_jobs{state}``.
 
-An ended job's counts are summed once, when it drops out of the kept ones: a scrape costs
-the running and kept jobs, not every job ever run. What such a job counts after that (the
-cache reads of its downloads, a refused submission) is not added: the sums never go down,
-and may stay below the full count.
+An ended created job's series are taken once, as it closes
+(:attr:`~rpsagg_server.jobs.endedjobs.EndedJobs.on_retire`): they no longer change. Its
+counts are summed once, when it drops out of the kept ones: a scrape costs the open and
+kept jobs, not every job ever run. Reading a closed job later (its downloads) counts in a
+runtime that ``/metrics`` does not show. The sums start again from zero at a restart, as
+every counter of the process does.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable
 
 from prometheus_client.metrics_core import Metric
@@ -42,8 +45,10 @@ class JobsCollector(Collector):
     def __init__(self, host: JobHost, keep_ended: int = KEEP_ENDED) -> None:
         self.host = host
         self.keep_ended = keep_ended
+        host.ended.on_retire.append(self._retired)
         host.retention.on_remove.append(self._removed)
-        self._folded: set[str] = set()
+        #: the last ended jobs' series, as they closed, the first ended first
+        self._kept: OrderedDict[str, list[Metric]] = OrderedDict()
         #: (family, sample name, labels) -> the sum over the folded jobs
         self._sums: dict[tuple[str, str, tuple[tuple[str, str], ...]], float] = {}
         self._meta: dict[str, tuple[str, str, str]] = {}  # family -> doc, type, unit
@@ -53,13 +58,13 @@ class JobsCollector(Collector):
         return []
 
     def collect(self) -> Iterable[Metric]:
-        """The kept jobs' families merged by name, each sample labelled with its job; the
-        folded jobs' sums; the jobs by state."""
+        """The open and kept jobs' families merged by name, each sample labelled with its
+        job; the folded jobs' sums; the jobs by state."""
         families: dict[str, Metric] = {}
-        for job_id, rt in self._shown():
-            if rt.registry is None:
-                continue
-            for fam in rt.registry.collect():
+        shown = [(job_id, list(rt.registry.collect())) for job_id, rt
+                 in list(self.host.jobs.items()) if rt.registry is not None]
+        for job_id, fams in [*shown, *self._kept.items()]:
+            for fam in fams:
                 out = self._family(families, fam.name, fam.documentation, fam.type, fam.unit)
                 for s in fam.samples:
                     out.samples.append(s._replace(labels={**s.labels, "job": job_id}))
@@ -80,32 +85,24 @@ class JobsCollector(Collector):
             out = families[name] = Metric(name, doc, kind, unit)
         return out
 
-    def _shown(self) -> list[tuple[str, JobRuntime]]:
-        """The jobs with series of their own (the ones ended before them folded first)."""
-        shown: list[tuple[str, JobRuntime]] = []
-        ended: list[tuple[str, JobRuntime]] = []
-        for job_id, rt in list(self.host.jobs.items()):
-            if job_id in self._folded:
-                continue
-            (ended if rt.engine.job_done and not rt.default else shown).append((job_id, rt))
-        records = self.host.listing.records
-        ended.sort(key=lambda e: (getattr(records.get(e[0]), "finished_at", None) or 0.0))
-        cut = max(len(ended) - self.keep_ended, 0)
-        for job_id, rt in ended[:cut]:
-            self._fold(job_id, rt)
-        return shown + ended[cut:]
-
-    def _removed(self, job_id: str, rt: JobRuntime | None) -> None:
-        """A job about to be removed: its counts go to the sums (if not there yet)."""
-        if rt is not None and job_id not in self._folded:
-            self._fold(job_id, rt)
-
-    def _fold(self, job_id: str, rt: JobRuntime) -> None:
-        """Add an ended job's cumulative series to the sums, once."""
-        self._folded.add(job_id)
+    def _retired(self, rt: JobRuntime) -> None:
+        """An ended job closes: its series, as they are now, kept; the first ended of the
+        kept ones beyond :attr:`keep_ended` folded into the sums."""
         if rt.registry is None:
             return
-        for fam in rt.registry.collect():
+        self._kept[rt.id] = list(rt.registry.collect())
+        while len(self._kept) > self.keep_ended:
+            self._fold(*self._kept.popitem(last=False))
+
+    def _removed(self, job_id: str) -> None:
+        """A job about to be removed: its counts go to the sums (if not there yet)."""
+        fams = self._kept.pop(job_id, None)
+        if fams is not None:
+            self._fold(job_id, fams)
+
+    def _fold(self, job_id: str, fams: list[Metric]) -> None:
+        """Add an ended job's cumulative series to the sums."""
+        for fam in fams:
             if fam.type not in _CUMULATIVE:
                 continue
             self._meta.setdefault(fam.name, (fam.documentation, fam.type, fam.unit))

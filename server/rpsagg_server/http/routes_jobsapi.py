@@ -62,9 +62,12 @@ def list_jobs(request: Request) -> dict[str, Any]:
     """From the catalog: the default job first, then the created jobs oldest first;
     ``past_jobs``: the finished jobs earlier starts moved to ``<db>.jobs/``
     (``--on-finished-job new``), newest first (each is also ``/api/jobs/{id}``, id its
-    file's stem)."""
+    file's stem); ``retention``: what the server keeps of the ended created jobs (its
+    ``--keep-finished-jobs`` and ``--keep-finished-for`` in seconds, how many it keeps now,
+    their databases' bytes, when the oldest ended)."""
     host = _host(request)
-    return {"jobs": host.list(), "past_jobs": host.past_jobs()}
+    return {"jobs": host.list(), "past_jobs": host.past_jobs(),
+            "retention": host.retention.kept()}
 
 
 @router.post("/api/jobs", tags=["jobs"], status_code=201, summary="Create a job",

@@ -30,12 +30,14 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 import rpsagg
+from rpsagg_server.domain.errors import DomainError
 from rpsagg_server.http import errors, routes_jobsapi
 from rpsagg_server.http.app import add_routes, closing_lifespan, create_app, mount_page
 from rpsagg_server.http.auth import Gate, HttpTokens
+from rpsagg_server.http.errors import http_status
 from rpsagg_server.http.jobmetrics import JobsCollector
 from rpsagg_server.http.jobschemas import add_security
 from rpsagg_server.http.renders import DEFAULT_MAX_BYTES, BodyCache, BodyCacheCollector
@@ -159,10 +161,6 @@ class JobRouter:
         self.host = host
         self.gate = Gate(tokens)
 
-    def _job_app(self, job_id: str) -> ASGIApp | None:
-        rt = self.host.jobs.get(job_id)
-        return None if rt is None else rt.app
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.service(scope, receive, send)  # lifespan: the service app's
@@ -210,17 +208,21 @@ class JobRouter:
         up: an unknown job's answer says nothing to a reader without a token)."""
         if not await self.gate.admit(path, scope, send):
             return
-        app = self._job_app(job_id)
-        if app is None:
-            rec = None
-            with suppress(KeyError):
-                rec = self.host.describe(job_id)
-            detail = (f"no job {job_id!r}" if rec is None else
-                      f"job {job_id} is {rec['state']}: it has no rounds yet")
-            await _json(404, {"detail": detail}, send)
+        try:
+            async with self.host.ended.app_of(job_id) as rt:
+                if rt is not None and rt.app is not None:
+                    await rt.app({**scope, "path": path, "raw_path": path.encode(),
+                                  "root_path": ""}, receive, send)
+                    return
+        except DomainError as exc:  # an ended job's database could not be read
+            await _json(http_status(exc), {"detail": exc.message}, send)
             return
-        await app({**scope, "path": path, "raw_path": path.encode(), "root_path": ""},
-                  receive, send)
+        rec = None
+        with suppress(KeyError):
+            rec = self.host.describe(job_id)
+        detail = (f"no job {job_id!r}" if rec is None else
+                  f"job {job_id} is {rec['state']}: it has no rounds yet")
+        await _json(404, {"detail": detail}, send)
 
 
 async def _json(status: int, body: Any, send: Send) -> None:

@@ -10,7 +10,12 @@
 - :mod:`~rpsagg_server.jobs.defaultjob`: the job of the server's flags and its catalog row;
 - :mod:`~rpsagg_server.jobs.jobhost`: the jobs of one server (route, create, cancel);
 - :mod:`~rpsagg_server.jobs.scheduling`: which queued job starts when (``--max-jobs``);
-- :mod:`~rpsagg_server.jobs.jobviews`: a job as ``GET /api/jobs/{id}`` shows it.
+- :mod:`~rpsagg_server.jobs.jobviews`: a job as ``GET /api/jobs/{id}`` shows it, and the
+  summary an ended job's row keeps;
+- :mod:`~rpsagg_server.jobs.endedjobs`: an ended job closed, and opened again to be read;
+- :mod:`~rpsagg_server.jobs.restore`: what a start reopens (the running jobs only);
+- :mod:`~rpsagg_server.jobs.retention`: the ended jobs kept (``--keep-finished-jobs``,
+  ``--keep-finished-for``), the others removed.
 
 This package's own namespace holds only the past jobs' functions, so that importing it never
 imports the engine.

@@ -21,9 +21,12 @@ The crash story, per state (what a restart does with each row):
 - ``queued``: started when a slot is free (``--max-jobs``), as if just created;
 - ``running``: resumed from its database (a job that crashed before its first round was
   written starts fresh: nothing of it was acknowledged);
-- ``done`` / ``failed``: served again read-only (results stay queryable);
-- ``cancelled``: served read-only; a job whose cancel was acknowledged but not yet written to
-  its own database (a crash in between) is cancelled again at start.
+- ``done`` / ``failed`` / ``cancelled``: nothing is opened; the row's ``summary`` (written
+  when the job closed, after its end was durable in its database) describes it, and its
+  database is opened read-only when its rounds are asked for
+  (:mod:`~rpsagg_server.jobs.endedjobs`). An ended job whose row has no summary yet (a
+  crash between its end and its close; a cancel acknowledged but not yet written to its own
+  database) is opened at start, cancelled again if it was, and closed.
 
 The catalog row is written first and the job's database second, so the catalog is the
 authority on a created job's state.
@@ -102,7 +105,8 @@ class JobRecord:
     finished_at: float | None
     failure: str
     kind: str = "created"
-    #: a past job's file, rounds (done of all), clients and when its last round opened
+    #: what an ended job's rounds came to (:data:`~.jobviews.SUMMARY_KEYS`, written as it
+    #: closes); a past job's file, rounds (done of all) and clients
     summary: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -258,6 +262,12 @@ class Catalog:
         else:
             sql, args = "UPDATE jobs SET state = ? ", (state,)
         return self._write(sql + where, (*args, job_id, *only_from)) == 1
+
+    def set_summary(self, job_id: str, summary: dict[str, Any]) -> None:
+        """Record what an ended job's rounds came to (it is closed next); durable when this
+        returns."""
+        self._write("UPDATE jobs SET summary = ? WHERE id = ?",
+                    (json.dumps(summary, sort_keys=True), job_id))
 
     def delete(self, job_id: str) -> None:
         """Drop a job's row (its data removed); durable when this returns."""

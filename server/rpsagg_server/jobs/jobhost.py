@@ -6,9 +6,10 @@ workers.
 :class:`JobHost` owns them: it routes a request's ``job`` field to its runtime
 (:class:`~rpsagg_server.jobs.jobruntime.JobRuntime`), or to the default job's
 :class:`~rpsagg_server.jobs.firstjoin.FirstJoin` while a ``--d 0`` job waits for its d;
-creates, queues, starts, cancels and retires jobs (:mod:`~rpsagg_server.jobs.retention`);
-and keeps the :class:`~rpsagg_server.jobs.catalog.Catalog`, the one list of every job (its
-module docstring tells the crash story), bounded by :mod:`~rpsagg_server.jobs.scheduling`.
+creates, queues, starts, cancels, closes (:mod:`~rpsagg_server.jobs.endedjobs`) and retires
+(:mod:`~rpsagg_server.jobs.retention`) jobs; and keeps the
+:class:`~rpsagg_server.jobs.catalog.Catalog`, the one list of every job (its module
+docstring tells the crash story), bounded by :mod:`~rpsagg_server.jobs.scheduling`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
@@ -32,7 +32,7 @@ from rpsagg_server.domain.errors import (
     Unavailable,
 )
 from rpsagg_server.domain.jobstate import ENDED, OPEN_STATES, JobState
-from rpsagg_server.jobs import jobviews, scheduling
+from rpsagg_server.jobs import jobviews, restore, scheduling
 from rpsagg_server.jobs.catalog import (
     DEFAULT_JOB,
     JOB_STATES,
@@ -43,6 +43,7 @@ from rpsagg_server.jobs.catalog import (
     new_job_id,
 )
 from rpsagg_server.jobs.defaultjob import DefaultJob
+from rpsagg_server.jobs.endedjobs import EndedJobs
 from rpsagg_server.jobs.firstjoin import FirstJoin
 from rpsagg_server.jobs.jobruntime import CANNOT_OPEN, JobRuntime, open_job
 from rpsagg_server.jobs.retention import Retention
@@ -80,7 +81,10 @@ class JobHost:
         self._scheduling = asyncio.Lock()
         self._create_lock = asyncio.Lock()
         self._default = DefaultJob(self.catalog, self._records, pool, self._install, self._changed)
-        self.retention = Retention(self, self._records, cfg.keep_finished_jobs)
+        self.retention = Retention(self, self._records, cfg.keep_finished_jobs,
+                                   cfg.keep_finished_for)
+        #: the ended created jobs, closed and opened to be read (:mod:`.endedjobs`)
+        self.ended = EndedJobs(self, self._records)
         #: called with each job's runtime once it is open (the dashboard builds its app)
         self.on_open: list[Callable[[JobRuntime], None]] = []
         self.changed = asyncio.Event()  # set (and cleared) at every job state change
@@ -117,34 +121,22 @@ class JobHost:
         self._default.drop()
 
     async def restore(self) -> None:
-        """Reopen the created jobs the catalog lists (queued ones start when there is room;
-        a cancel acknowledged before a crash is applied again; one that never ran stays a
-        row). One that cannot be reopened (:data:`.jobruntime.CANNOT_OPEN`) is marked
-        failed; any other error propagates."""
-        for rec in list(self._records.values()):
-            if rec.state == JobState.QUEUED or rec.kind != "created" or (
-                    rec.state in ENDED and not os.path.exists(self.catalog.job_db(rec.id))):
-                continue
-            try:
-                rt = await self._open(rec)
-            except CANNOT_OPEN as exc:
-                log.error("[Jobs] job %s cannot be reopened: %s", rec.id, exc)
-                if rec.state not in ENDED:  # in memory only: the next start tries again
-                    self._records[rec.id] = dataclasses.replace(
-                        rec, state=JobState.FAILED, failure=f"cannot be reopened: {exc}")
-                continue
-            if rec.state == JobState.CANCELLED:
-                await rt.engine.cancel(rec.failure or "cancelled")
-        await self.retention.start()
-        await self.schedule()
+        """Reopen the running created jobs the catalog lists, close the ended ones a crash
+        left open, then start the retention and what is queued
+        (:func:`~rpsagg_server.jobs.restore.restore`)."""
+        await restore.restore(self, self._records)
 
-    async def _open(self, rec: JobRecord) -> JobRuntime:
+    async def open_record(self, rec: JobRecord, install: bool = True) -> JobRuntime:
+        """Open a created job of the catalog (:func:`~.jobruntime.open_job`), installed as
+        one of the open jobs (its app built, its end watched) unless ``install`` is False;
+        raises :data:`~.jobruntime.CANNOT_OPEN`."""
         try:
             cfg = job_config(self.cfg, rec.job_settings, self.catalog.job_db(rec.id))
         except ValueError as exc:  # recorded settings this version refuses
             raise SettingsMismatch(str(exc)) from None
         rt = await open_job(rec.id, cfg, self.pool.lane(rec.id))
-        self._install(rt)
+        if install:
+            self._install(rt)
         return rt
 
     def _install(self, rt: JobRuntime) -> None:
@@ -173,8 +165,8 @@ class JobHost:
         log.info("[Jobs] job %s ended (%s)", rt.id, why)
         self._changed()
         await self.schedule()
-        if not rt.default:  # and no thread and no writes (after the queued jobs started)
-            await rt.release()
+        if not rt.default:  # closed (after the queued jobs started)
+            await self.ended.retire(rt)
             await self.retention.apply()
 
     def _changed(self) -> None:
@@ -184,14 +176,11 @@ class JobHost:
     async def _set_state(self, job_id: str, state: JobState, failure: str = "",
                          must: bool = True, only_from: tuple[str, ...] = JOB_STATES) -> bool:
         """Record a job's new state in the catalog, then in memory, if it is in one of
-        ``only_from`` (a state another writer changed meanwhile stays: a cancel wins over
-        the scheduler's ``running``); returns whether it moved.
+        ``only_from`` (a cancel wins over the scheduler's ``running``); whether it moved.
 
-        ``must``: a failed write raises :class:`CatalogError` and changes nothing (what an
-        answer acknowledges, a cancel). Otherwise (the engine's own transitions: started,
-        ended) the state changes in memory anyway and the write failure is logged: a restart
-        derives the same state again from the job's database (a running job's end is in
-        it; a queued job that had started resumes from it)."""
+        ``must``: a failed write raises :class:`CatalogError` and changes nothing (a cancel).
+        Otherwise (the engine's transitions: started, ended) it changes in memory anyway and
+        the failure is logged: a restart derives the same state from the job's database."""
         try:
             moved = await asyncio.to_thread(self.catalog.set_state, job_id, state, failure,
                                             only_from)
@@ -231,7 +220,7 @@ class JobHost:
         """Open a queued job and record it running, unless a cancel came meanwhile (then
         it is cancelled before anything can join it)."""
         try:
-            rt = await self._open(rec)
+            rt = await self.open_record(rec)
         except CANNOT_OPEN as exc:
             log.error("[Jobs] job %s failed to start: %s", rec.id, exc)
             await self._set_state(rec.id, JobState.FAILED, f"failed to start: {exc}", must=False,
@@ -280,15 +269,12 @@ class JobHost:
             self.listing.remember(job_id, need.cfg)
             log.info("[Jobs] job %s created: %s", job_id,
                      ", ".join(f"{k}={v}" for k, v in sorted(stored.items()) if k[0] != "_"))
-        # the answer says queued: the job starts right after it (opening its database takes
-        # a few synchronous commits, which the creation's answer does not wait for)
-        self._spawn(self.schedule())
+        self._spawn(self.schedule())  # after the answer (opening a database takes commits)
         return self.describe(job_id)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
+        (task := asyncio.ensure_future(coro)).add_done_callback(self._done)
         self._watchers.add(task)
-        task.add_done_callback(self._done)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._watchers.discard(task)
@@ -375,7 +361,7 @@ class JobHost:
         return self.listing.past_jobs()
 
     def list(self) -> list[dict[str, Any]]:
-        """Every job of this server: the default first, the created ones oldest first."""
+        """Every job: the default first, the created ones oldest first."""
         return self.listing.list()
 
     def counts(self) -> dict[str, int]:
@@ -392,7 +378,9 @@ class JobHost:
         """Close every job and the catalog."""
         for t in list(self._watchers):
             t.cancel()
+        self.retention.stop()
         await self._default.close()
+        await self.ended.close()
         for rt in list(self.jobs.values()):
             with contextlib.suppress(Exception):
                 await rt.close()

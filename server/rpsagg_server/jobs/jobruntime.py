@@ -58,6 +58,9 @@ class JobRuntime:
     app: AsgiApp | None = None
     #: its metrics (``/metrics`` labels them with its id), once the dashboard built them
     registry: CollectorRegistry | None = None
+    #: requests using it now (an ended job is closed once none is: :mod:`.endedjobs`)
+    leases: int = 0
+    closed: bool = False
 
     async def release(self) -> None:
         """An ended job lets go of what only a running job needs: its task
@@ -68,6 +71,8 @@ class JobRuntime:
         the store's second connection). A failure is logged: the job keeps them."""
         try:
             await self.monitor.drain()
+            if self.closed:  # closed meanwhile (an ended job read, pushed out at once)
+                return
             self.monitor.close()
             self.engine.archive.release()
             await asyncio.to_thread(self.store.stop_writing)
@@ -75,15 +80,19 @@ class JobRuntime:
             log.exception("[Jobs] job %s could not let go of its threads", self.id)
 
     async def close(self) -> None:
-        """Stop its timers and background work, then close its monitor and store."""
+        """Stop its timers and background work, then close its monitor and store (once)."""
+        if self.closed:
+            return
+        self.closed = True
         await self.engine.close()
         self.monitor.close()
         self.store.close()
 
 
 async def open_job(job_id: str, cfg: ServerConfig, executor: Executor | None,
-                   default: bool = False) -> JobRuntime:
-    """Open (recover or start) one job on ``cfg.db``.
+                   default: bool = False, reading: bool = False) -> JobRuntime:
+    """Open (recover or start) one job on ``cfg.db``; ``reading``: an ended job, to be read
+    (its store has no writer: :class:`~rpsagg_server.store.database.Store`'s ``writing``).
 
     Raises :class:`~rpsagg_server.domain.errors.StartupError` for a database that cannot be opened
     or written, :class:`~rpsagg_server.rounds.recovery.SettingsMismatch` for a database of a job
@@ -92,7 +101,7 @@ async def open_job(job_id: str, cfg: ServerConfig, executor: Executor | None,
     try:
         # a new database's file, log mode and tables are synchronous commits: made off the
         # event loop, which serves the other jobs meanwhile
-        store = await asyncio.to_thread(Store, cfg.db)
+        store = await asyncio.to_thread(Store, cfg.db, writing=not reading)
     except sqlite3.Error as exc:
         raise StartupError(f"--db {cfg.db}: cannot open it ({exc})") from None
     monitor: TaskMonitor | None = None

@@ -15,11 +15,36 @@ from rpsagg_server.rounds.results import no_round_info
 from rpsagg_server.settings.serverconfig import JOB_KEYS, ServerConfig, job_config
 from rpsagg_wire.v1.messages import RoundInfo, RoundState
 
+#: what an ended created job's catalog row keeps of its rounds (written as it closes), so
+#: that it is described without being opened
+SUMMARY_KEYS = ("rounds", "rounds_done", "bytes_up", "payload_bytes", "last_rel_error",
+                "clients")
+
+
+def summary(rt: JobRuntime) -> dict[str, Any]:
+    """What :func:`describe` shows of a job's rounds (:data:`SUMMARY_KEYS`), from its
+    runtime."""
+    rounds = rt.state.rounds()
+    last = next((r for r in rounds if r.state == RoundState.DONE), None)
+    est = None if last is None else last.estimated_error
+    rel = None if est is None or not math.isfinite(est.relative_error) \
+        else float(est.relative_error)
+    return {"rounds": rt.cfg.rounds, "rounds_done": rt.engine.progress.steps_done,
+            "bytes_up": sum(r.wire_bytes for r in rounds),
+            "payload_bytes": sum(r.payload_bytes for r in rounds),
+            "last_rel_error": rel, "clients": len(rt.state.clients())}
+
+
+def closed(rec: JobRecord) -> bool:
+    """Whether a created job ended and was closed: its summary is in its row, its rounds
+    in its database (read on demand, :mod:`~rpsagg_server.jobs.endedjobs`)."""
+    return rec.kind == "created" and rec.state in ENDED and "rounds_done" in rec.summary
+
 
 def describe(rec: JobRecord, settings: dict[str, Any], rt: JobRuntime | None,
              default: bool) -> dict[str, Any]:
     """A job: its row's state and times, its settings, and its progress (its runtime's
-    rounds; a past job's summary; nothing yet for a queued or waiting one)."""
+    rounds; an ended or past job's summary; nothing yet for a queued or waiting one)."""
     out: dict[str, Any] = {
         "id": rec.id, "default": default, "kind": rec.kind, "state": rec.state,
         "failure": rec.failure, "created_at": rec.created_at, "started_at": rec.started_at,
@@ -27,19 +52,12 @@ def describe(rec: JobRecord, settings: dict[str, Any], rt: JobRuntime | None,
     if rt is None:
         s = rec.summary
         out.update(rounds=int(s.get("rounds", settings.get("rounds", 10))),
-                   rounds_done=int(s.get("rounds_done", 0)), bytes_up=0, payload_bytes=0,
-                   last_rel_error=None, clients=int(s.get("clients", 0)))
+                   rounds_done=int(s.get("rounds_done", 0)),
+                   bytes_up=int(s.get("bytes_up", 0)),
+                   payload_bytes=int(s.get("payload_bytes", 0)),
+                   last_rel_error=s.get("last_rel_error"), clients=int(s.get("clients", 0)))
         return out
-    rounds = rt.state.rounds()
-    last = next((r for r in rounds if r.state == RoundState.DONE), None)
-    est = None if last is None else last.estimated_error
-    rel = None if est is None or not math.isfinite(est.relative_error) \
-        else float(est.relative_error)
-    out.update(rounds=rt.cfg.rounds, rounds_done=rt.engine.progress.steps_done,
-               bytes_up=sum(r.wire_bytes for r in rounds),
-               payload_bytes=sum(r.payload_bytes for r in rounds),
-               last_rel_error=rel, clients=len(rt.state.clients()),
-               memory_estimate=rt.memory)
+    out.update(summary(rt), memory_estimate=rt.memory)
     return out
 
 
@@ -103,7 +121,7 @@ class JobListing:
         other job."""
         rec = self.records.get(job_id)
         if rec is None or rec.kind != "created" or rec.state not in ENDED \
-                or job_id in self.jobs:
+                or job_id in self.jobs or closed(rec):
             return None
         info = self._ended_info.get(job_id)
         if info is None:  # made once: a row that ended never changes

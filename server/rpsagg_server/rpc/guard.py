@@ -42,6 +42,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from rpsagg_server.domain.errors import StartupError
+from rpsagg_server.jobs.endedjobs import READERS
 from rpsagg_server.rpc.refusals import stream_items
 from rpsagg_server.settings.descriptors import DescriptorBudget, descriptor_budget, descriptor_limit
 from rpsagg_server.settings.serverconfig import ServerConfig
@@ -90,11 +91,13 @@ def grpc_connection_options(cfg: ServerConfig, cap: int) -> list[tuple[str, int]
 
 
 def server_budget(cfg: ServerConfig) -> DescriptorBudget:
-    """The descriptor budget of ``cfg``'s two ports (:class:`StartupError` if the explicit
-    caps leave too few descriptors)."""
+    """The descriptor budget of ``cfg``'s two ports and of the jobs open at once at most
+    (``--max-jobs`` and the ended ones open to be read; :class:`StartupError` if they do
+    not fit in the limit)."""
     try:
         return descriptor_budget(cfg.http_max_connections if cfg.http_port else None,
-                                 cfg.grpc_max_connections, descriptor_limit())
+                                 cfg.grpc_max_connections, descriptor_limit(),
+                                 (cfg.max_jobs, READERS))
     except ValueError as exc:
         raise StartupError(str(exc)) from None
 

@@ -27,6 +27,7 @@ routing (UNAVAILABLE, retried).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -69,11 +70,13 @@ class AggregationServicer:
         })
 
     # -- helpers ---------------------------------------------------------------------------
-    def _job(self, job: str) -> JobRuntime:
-        """The job a request names, if the token may act in it."""
-        rt = self.host.route(job)
-        authorize_job(rt.id)
-        return rt
+    @contextlib.asynccontextmanager
+    async def _job(self, job: str) -> AsyncIterator[JobRuntime]:
+        """The job a request names, if the token may act in it (an ended job's opened to be
+        read: :mod:`~rpsagg_server.jobs.endedjobs`), leased while the block runs."""
+        async with self.host.ended.serving(job) as rt:
+            authorize_job(rt.id)
+            yield rt
 
     def _check_reader(self, client_id: str) -> None:
         """The optional ``client_id`` of a read: well formed, and the token's own."""
@@ -101,7 +104,8 @@ class AggregationServicer:
         if ended is not None:  # it never ran: refused as a job that ended
             authorize_job(req.job)
             raise ended_refusal(req.client_id, ended.job_failure)
-        return await self._job(req.job).engine.membership.join(req.client_id, req.d)
+        async with self._job(req.job) as rt:
+            return await rt.engine.membership.join(req.client_id, req.d)
 
     async def GetRound(self, raw: bytes, context: Any) -> serde.RoundInfo:
         """The current round."""
@@ -115,20 +119,21 @@ class AggregationServicer:
         if ended is not None:  # it never ran: its row says how it ended
             authorize_job(req.job)
             return ended
-        return self._job(req.job).engine.results.round_info(req.client_id)
+        async with self._job(req.job) as rt:
+            return rt.engine.results.round_info(req.client_id)
 
     async def Submit(self, raw: bytes, context: Any) -> serde.SubmitReply:
         """Validate and durably commit a submission; the reply is the ack."""
         arrived = time.time()  # first thing: the deadline is judged by arrival
-        rt: JobRuntime | None = None
+        job: JobRuntime | None = None
         try:
-            rt = self._job(serde.peek_job(raw))
-            if len(raw) > rt.limit:
-                raise LimitExceeded(f"a submission of {len(raw)} bytes is above job {rt.id}'s "
-                                    f"limit of {rt.limit} bytes")
-            return await rt.engine.intake.admit(raw, arrived, bound_client())
+            async with self._job(serde.peek_job(raw)) as job:
+                if len(raw) > job.limit:
+                    raise LimitExceeded(f"a submission of {len(raw)} bytes is above job "
+                                        f"{job.id}'s limit of {job.limit} bytes")
+                return await job.engine.intake.admit(raw, arrived, bound_client())
         except DomainError as exc:
-            counted = rt or self.host.default()
+            counted = job or self.host.default()
             if counted is not None:
                 counted.engine.publish(SubmissionRefused(status_of(exc).name, exc.message))
             raise
@@ -139,13 +144,14 @@ class AggregationServicer:
         self._check_reader(req.client_id)
         remaining = context.time_remaining()
         timeout = None if remaining is None else max(0.0, remaining - 0.2)
-        return await self._job(req.job).engine.results.result(
-            req.round_id, req.wait, timeout, req.client_id)
+        async with self._job(req.job) as rt:
+            return await rt.engine.results.result(req.round_id, req.wait, timeout,
+                                                  req.client_id)
 
     async def WatchRounds(self, raw: bytes, context: Any) -> AsyncIterator[serde.RoundEvent]:
         """Stream round events until the job is done."""
         req = self._parse("WatchRounds", raw)
         self._check_reader(req.client_id)
-        rt = self._job(req.job)
-        async for ev in rt.engine.results.watch(req.client_id):
-            yield ev
+        async with self._job(req.job) as rt:
+            async for ev in rt.engine.results.watch(req.client_id):
+                yield ev

@@ -1,10 +1,11 @@
 """The process's file descriptors, split between the dashboard's connections, gRPC's and a
-reserve (the database, logs, gRPC's own pipes, the listening sockets).
+reserve (the open jobs' databases, logs, gRPC's own pipes, the listening sockets).
 
 The dashboard and gRPC share one process, so one descriptor limit (``RLIMIT_NOFILE``):
 :func:`descriptor_budget` gives each port its cap (``--http-max-connections``,
 ``--grpc-max-connections``, automatic by default) and the start-up log states the split
-(:meth:`DescriptorBudget.describe`). The dashboard's protocol
+(:meth:`DescriptorBudget.describe`), the jobs it may hold open at once included; a limit
+they do not fit in stops the start with one line. The dashboard's protocol
 (:mod:`rpsagg_server.http.connections`) and gRPC's guard (:mod:`rpsagg_server.rpc.guard`)
 enforce the caps.
 """
@@ -26,6 +27,13 @@ AUTO_MAX = 1024
 #: descriptors kept for the health probes' reserve, the database, logs, gRPC's own pipes
 #: and the listening sockets
 OTHER_RESERVE = 64
+#: descriptors a running job holds: its database's two connections, each with its
+#: write-ahead log, and their shared memory (5, counted in ``/proc/PID/fd``), and one more
+#: for its task's data file
+JOB_DESCRIPTORS = 6
+#: descriptors an ended job open to be read holds: one connection, its log, the shared
+#: memory (3 counted), and one more
+READER_DESCRIPTORS = 4
 #: the automatic gRPC cap: what the dashboard's cap and the reserves leave, at most this
 GRPC_AUTO_MAX = 4096
 #: the gRPC cap is at least this (a tiny descriptor limit is then the operator's to raise)
@@ -76,49 +84,73 @@ class DescriptorBudget:
     grpc : int
         gRPC connections at most.
     reserve : int
-        The rest: the dashboard's accept burst and everything else.
+        The rest: the dashboard's accept burst, the open jobs' and everything else.
+    jobs : tuple of int
+        The running jobs and the ended ones open to be read, at most at once (their
+        descriptors are in :attr:`reserve`).
     """
 
     limit: int | None
     http: int
     grpc: int
     reserve: int
+    jobs: tuple[int, int] = (0, 0)
 
     def describe(self) -> str:
         """One line for the start-up log."""
         lim = "unlimited" if self.limit is None else str(self.limit)
         return (f"file descriptors: limit {lim}; gRPC connections at most {self.grpc}, "
-                f"dashboard connections at most {self.http}, {self.reserve} reserved")
+                f"dashboard connections at most {self.http}, {self.reserve} reserved (with "
+                f"{jobs_descriptors(*self.jobs)} for {self.jobs[0]} running jobs and "
+                f"{self.jobs[1]} ended ones read at once)")
+
+
+def jobs_descriptors(running: int, readers: int) -> int:
+    """Descriptors of ``running`` jobs and ``readers`` ended ones open to be read."""
+    return running * JOB_DESCRIPTORS + readers * READER_DESCRIPTORS
 
 
 def descriptor_budget(http_requested: int | None, grpc_requested: int,
-                      limit: int | None) -> DescriptorBudget:
+                      limit: int | None, jobs: tuple[int, int] = (0, 0)) -> DescriptorBudget:
     """Split ``limit`` descriptors between the dashboard (``--http-max-connections``; None:
-    no dashboard) and gRPC (``--grpc-max-connections``); 0 is automatic for either.
+    no dashboard), gRPC (``--grpc-max-connections``; 0 is automatic for either) and the
+    jobs open at once at most (``jobs``: running, ended ones read; :func:`jobs_descriptors`).
 
     Automatic: the dashboard gets :func:`connection_cap`'s share, gRPC what is left after
-    the dashboard's accept burst (:data:`ACCEPT_BACKLOG`) and :data:`OTHER_RESERVE`, at
-    most :data:`GRPC_AUTO_MAX` (at 1024: 256 and 640; at 256: 64 and 64).
+    the dashboard's accept burst (:data:`ACCEPT_BACKLOG`), :data:`OTHER_RESERVE` and the
+    jobs', at most :data:`GRPC_AUTO_MAX` (at 1024 with 16 running jobs and 4 read: 256 and
+    528).
 
     Raises
     ------
     ValueError
-        If a cap is negative, or the explicit caps leave fewer than the reserves.
+        If a cap is negative, or the caps (automatic gRPC at least :data:`GRPC_MIN`) leave
+        fewer than the reserves: one line naming what to change.
     """
     http = 0 if http_requested is None else connection_cap(http_requested, limit)
     if grpc_requested < 0:
         raise ValueError(f"--grpc-max-connections must be >= 0 (0: automatic); "
                          f"got {grpc_requested}")
-    reserve = OTHER_RESERVE + (ACCEPT_BACKLOG if http_requested is not None else 0)
+    reserve = (OTHER_RESERVE + (ACCEPT_BACKLOG if http_requested is not None else 0)
+               + jobs_descriptors(*jobs))
     if grpc_requested == 0:
         left = GRPC_AUTO_MAX if limit is None else limit - http - reserve
-        grpc = max(GRPC_MIN, min(GRPC_AUTO_MAX, left))
+        if left < GRPC_MIN:
+            fewer = -(-(GRPC_MIN - left) // JOB_DESCRIPTORS)
+            raise ValueError(
+                f"{jobs[0]} running jobs (--max-jobs) with {http} dashboard connections leave "
+                f"fewer than {GRPC_MIN} of the process's {limit} file descriptors (ulimit -n) "
+                f"to gRPC; use --max-jobs {jobs[0] - fewer} or raise the limit"
+                if fewer < jobs[0] else
+                f"a limit of {limit} file descriptors (ulimit -n) is too low for a server "
+                f"with {http} dashboard connections; raise it")
+        grpc = min(GRPC_AUTO_MAX, left)
     else:
         grpc = grpc_requested
         if limit is not None and http + grpc + reserve > limit:
             raise ValueError(
                 f"--grpc-max-connections {grpc} with {http} dashboard connections leaves "
                 f"fewer than {reserve} of the process's {limit} file descriptors (ulimit -n) "
-                f"to the database and the rest; use at most {max(0, limit - http - reserve)} "
-                f"or raise the limit")
-    return DescriptorBudget(limit, http, grpc, reserve)
+                f"to the jobs' databases and the rest; use at most "
+                f"{max(0, limit - http - reserve)} or raise the limit")
+    return DescriptorBudget(limit, http, grpc, reserve, jobs)

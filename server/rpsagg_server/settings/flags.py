@@ -35,7 +35,7 @@ from pydantic_settings import (
 )
 
 from rpsagg_server.settings.jobspec import JobSpec, parse_block_size, parse_value_bits
-from rpsagg_server.settings.process import ServerSettings
+from rpsagg_server.settings.process import ServerSettings, format_duration, parse_duration
 from rpsagg_server.settings.rules import field_infos
 from rpsagg_server.settings.serverconfig import ServerConfig, first_error
 
@@ -43,7 +43,9 @@ from rpsagg_server.settings.serverconfig import ServerConfig, first_error
 _FLAG_FIELDS: dict[str, FieldInfo] = {**field_infos(JobSpec),
                                       **field_infos(ServerSettings)}
 _SWITCHES = {name for name, info in _FLAG_FIELDS.items() if info.annotation is bool}
-_PARSERS = {"value_bits": parse_value_bits, "block_size": parse_block_size}
+_PARSERS = {"value_bits": parse_value_bits, "block_size": parse_block_size,
+            "keep_finished_for": parse_duration}
+_DURATIONS = {"keep_finished_for"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -66,7 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     for name, info in _FLAG_FIELDS.items():
         group = groups["job" if name in field_infos(JobSpec) else "server"]
         flag = "--" + name.replace("_", "-")
-        helptext = f"{info.description} (default: {_shown(info.default)})"
+        shown = format_duration(info.default) if name in _DURATIONS else _shown(info.default)
+        helptext = f"{info.description} (default: {shown})"
         if name in _SWITCHES:
             group.add_argument(flag, action="store_true", default=None, help=helptext)
         else:
@@ -108,7 +111,8 @@ class _SettingsBase(BaseSettings):
     @field_validator(*_PARSERS, mode="before", check_fields=False)
     @classmethod
     def _auto(cls, value: Any, info: Any) -> Any:
-        """``auto`` (any case) or a number, from the environment or a config file."""
+        """``auto`` (any case), a duration or a number, from the environment or a config
+        file."""
         return _PARSERS[info.field_name](value)
 
     @field_validator(*sorted(_SWITCHES), mode="before", check_fields=False)

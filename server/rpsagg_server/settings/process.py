@@ -18,6 +18,33 @@ from rpsagg_server.settings.jobspec import BYTES_PER_COORDINATE
 from rpsagg_server.settings.rules import Rule, at_least, finite, one_of, validate_field
 
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+#: a duration's units (``--keep-finished-for 90d``), in seconds
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+#: ``--keep-finished-for``'s default: 90 days
+DEFAULT_KEEP_FOR = 90.0 * DURATION_UNITS["d"]
+
+
+def parse_duration(value: object) -> float:
+    """A duration as given: seconds (a number), or a number followed by one of
+    :data:`DURATION_UNITS` (``90d``, ``12h``, ``1.5w``); ``ValueError`` otherwise."""
+    text = str(value).strip().lower()
+    scale = DURATION_UNITS.get(text[-1:], 0) if text else 0
+    try:
+        seconds = float(text[:-1] if scale else text) * (scale or 1)
+    except ValueError:
+        seconds = math.nan
+    if isinstance(value, bool) or not math.isfinite(seconds) or seconds < 0:
+        raise ValueError("--keep-finished-for must be a duration >= 0 such as 90d, 12h, 30m "
+                         f"or seconds; got {value!r}")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """A duration in its largest whole unit (``7776000`` -> ``90d``; ``0`` -> ``0``)."""
+    for unit, size in sorted(DURATION_UNITS.items(), key=lambda u: -u[1]):
+        if seconds and seconds % size == 0:
+            return f"{seconds // size:g}{unit}"
+    return f"{seconds:g}"
 _PORT = Rule(lambda v: 0 <= v <= 65535, "must be in [0, 65535]")
 
 #: each field's own rule (what involves another field is ServerConfig's)
@@ -41,6 +68,8 @@ SERVER_RULES: dict[str, Rule] = {
     "on_finished_job": one_of(("keep", "new")),
     "max_jobs": at_least(1),
     "keep_finished_jobs": at_least(0, "0: none kept"),
+    "keep_finished_for": finite(0, note="seconds, or a number with s, m, h, d or w; 0: no "
+                                "age limit"),
     "jobs_memory_bytes": at_least(0, "0: automatic"),
     "max_request_bytes": at_least(0, "0: automatic"),
 }
@@ -131,6 +160,10 @@ class ServerSettings:
         1000, description="created jobs that ended (done, failed, cancelled) whose data the "
         "server keeps, the most recently ended; beyond it the job that ended first is removed "
         "(its database deleted, its row dropped), with a line in the log")
+    keep_finished_for: float = Field(
+        DEFAULT_KEEP_FOR, description="how long the server keeps an ended created job's data "
+        "after its end: a duration such as 90d, 12h, 30m or seconds (0: no age limit); an "
+        "older one is removed as by --keep-finished-jobs")
     jobs_memory_bytes: int = Field(
         0, description="memory the jobs may take together, by each job's estimate "
         "(docs/architecture.md); a job that would not fit is refused at creation (0: "

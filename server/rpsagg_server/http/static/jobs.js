@@ -154,6 +154,22 @@ function renderJobHead(job) {
   $("job-head-note").hidden = note === "";
 }
 
+// What the server keeps of its ended jobs (GET /api/jobs' "retention"; absent on an
+// older server): how many, their bytes, and its rules.
+function renderKept(kept) {
+  const p = $("jobs-kept");
+  p.hidden = !kept;
+  if (!kept) return;
+  const n = kept.ended_jobs;
+  const f = kept.keep_finished_for;
+  const age = !(f > 0) ? "" : f >= 86400 ? ` for ${Number((f / 86400).toPrecision(3))} days`
+    : ` for ${fmtDuration(f)}`;
+  p.textContent = `${n} ended job${n === 1 ? "" : "s"} kept (${fmtBytes(kept.ended_bytes)}` +
+    (kept.oldest_finished_at ? `, the oldest ended ${fmtDateTime(kept.oldest_finished_at)}` : "") +
+    `); the server keeps the last ${kept.keep_finished_jobs}${age}, then removes the ` +
+    "oldest (--keep-finished-jobs, --keep-finished-for).";
+}
+
 // Draws the list (on "/") or the job's head (on "/jobs/ID/") from /api/jobs' answer (null:
 // a server of one job); returns whether the page goes on to show a job's views.
 function renderJobs(listing) {
@@ -170,6 +186,7 @@ function renderJobs(listing) {
   if (root) {
     renderJobTable(listing.jobs);
     renderPastJobs(Array.isArray(listing.past_jobs) ? listing.past_jobs : []);
+    renderKept(listing.retention);
     const dflt = listing.jobs.find((j) => j.default);
     show = dflt !== undefined;
     if (show) listedState = dflt.state;
