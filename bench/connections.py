@@ -2,9 +2,9 @@
 
 A server subprocess runs with ``RLIMIT_NOFILE`` ``--limit`` (default 1,024), its dashboard
 on and the default bounds (--grpc-handshake-timeout 5 s, --grpc-idle-timeout 10 s,
---http-header-timeout 30 s), ``--max-jobs`` ``--max-jobs`` (default 16; at a limit of 256
-at most 5 fit, and 2 leave gRPC 36 connections). For each flood — ``--flood`` sockets (default 1,000) on the
-gRPC port sending nothing, only the HTTP/2 preface, or the preface and SETTINGS; on the
+--http-header-timeout 30 s) and ``--max-jobs`` (default 16; under a limit of 256 at most 5
+fit, and 2 leave gRPC 36 connections). For each flood — ``--flood`` sockets (default 1,000)
+on the gRPC port sending nothing, only the HTTP/2 preface, or the preface and SETTINGS; on the
 dashboard port with cut-off headers — held open by this process from time 0, it measures
 for ``--window`` seconds (default 10):
 

@@ -34,6 +34,8 @@ log = logging.getLogger("rpsagg.server")
 
 #: the age timer looks again at least this often (seconds; a clock that jumped)
 MAX_WAIT_S = 3600.0
+#: seconds before the timer tries again to remove a job past its age whose removal failed
+RETRY_S = 60.0
 
 
 def _delete_files(db: str) -> None:
@@ -105,10 +107,11 @@ class Retention:
         while self.keep_for > 0:
             ended = self.ended()
             due = (ended[0].finished_at or 0.0) + self.keep_for if ended else math.inf
+            left = due - time.time()  # <= 0: its removal failed (logged)
             self._applied.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._applied.wait(),
-                                       min(max(due - time.time(), 0.0) + 0.5, MAX_WAIT_S))
+                                       min(left + 0.5 if left > 0 else RETRY_S, MAX_WAIT_S))
             if not self._applied.is_set():
                 await self.apply()
 
