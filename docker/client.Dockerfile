@@ -22,6 +22,8 @@ RUN apt-get update \
 RUN python -m venv "$VIRTUAL_ENV"
 ENV PATH="/opt/venv/bin:$PATH"
 WORKDIR /src
+# every distribution's version and license (common/VERSION and the others link to them)
+COPY VERSION LICENSE ./
 COPY common/ common/
 COPY wire/ wire/
 COPY client/ client/

@@ -46,7 +46,7 @@ if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
   "$python" -m venv --clear .venv
 fi
 
-inputs=(common/pyproject.toml common/setup.py common/rpsagg/_fast.c common/rpsagg/fastc/*.c
+inputs=(VERSION common/pyproject.toml common/setup.py common/rpsagg/_fast.c common/rpsagg/fastc/*.c
         wire/pyproject.toml server/pyproject.toml client/pyproject.toml experiments/pyproject.toml)
 [ "$role" = test ] && inputs+=(requirements-dev.txt)
 stamp_file=.venv/.setup-stamp-$role
@@ -77,7 +77,7 @@ if [ "$role" = test ]; then
     "$python" -m venv --clear .venv-flower
     echo '*' > .venv-flower/.gitignore  # a virtual environment is never committed
   fi
-  fl_inputs=(common/pyproject.toml common/setup.py common/rpsagg/_fast.c common/rpsagg/fastc/*.c
+  fl_inputs=(VERSION common/pyproject.toml common/setup.py common/rpsagg/_fast.c common/rpsagg/fastc/*.c
              flower/pyproject.toml
              flower/requirements-test.txt)
   fl_stamp_file=.venv-flower/.setup-stamp

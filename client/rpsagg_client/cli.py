@@ -38,10 +38,12 @@ from pathlib import Path
 
 import grpc
 
+from rpsagg import add_version_flag
 from rpsagg.tasks import DATA_SOURCES
 from rpsagg_client.commands import BAD_INPUT, fetch_result, log, of_job, run, vectors_path
 from rpsagg_client.identity import default_client_id
 from rpsagg_client.report import estimated_error_text, fmt_bytes, round_line, wire_bytes
+from rpsagg_wire.v1 import serde
 
 #: exit statuses (the module docstring): refusals that no restart can change
 EXIT_REFUSED = 3
@@ -79,6 +81,7 @@ def _connection(p: argparse.ArgumentParser) -> None:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rpsagg-client", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version_flag(p, f"protocol {serde.PROTOCOL}")
     env = os.environ.get
     _connection(p)
     p.add_argument("--vectors", default=env("RPSAGG_VECTORS") or None, metavar="PATH",

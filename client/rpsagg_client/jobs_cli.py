@@ -65,6 +65,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rpsagg import add_version_flag
 from rpsagg_client.jobs_api import (
     ENDED,
     PROG,
@@ -209,6 +210,7 @@ def _positive(text: str) -> float:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version_flag(p)
     _connection(p, top=True)
     p.add_argument("--timeout", dest="http_timeout", type=_positive, default=10.0,
                    metavar="S", help="seconds each request may take (default 10)")

@@ -55,9 +55,8 @@ from rpsagg._planning import BudgetPlan, plan_budget, value_bytes
 from rpsagg._projection import PROJECTIONS
 from rpsagg._spatial import RandKSpatial, RandProjSpatial
 from rpsagg._srht import srht_matrix
+from rpsagg._version import __version__, add_version_flag, version_line
 from rpsagg.spec import SPEC_VERSION, SPEC_VERSIONS, check_spec_version, padded_dim
-
-__version__ = "0.1.0"
 
 __all__ = [
     "ESTIMATOR_NAMES",
@@ -85,6 +84,7 @@ __all__ = [
     "SolveInfo",
     "VectorCorrelationTracker",
     "__version__",
+    "add_version_flag",
     "cache_dir",
     "check_spec_version",
     "correlation_terms",
@@ -98,5 +98,6 @@ __all__ = [
     "spatial_beta",
     "srht_matrix",
     "value_bytes",
+    "version_line",
     "wangni_probabilities",
 ]

@@ -14,6 +14,7 @@ import numpy as np
 from rpsagg._coordinates import Induced, RandK, RandKWangni
 from rpsagg._estimators import make_estimator
 from rpsagg._spatial import RandKSpatial, RandProjSpatial
+from rpsagg._version import add_version_flag
 from rpsagg.spec import GAMMA, MASK64
 from rpsagg.synthetic import correlated_vectors
 
@@ -51,7 +52,8 @@ def simulate(
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(prog="rpsagg-simulate", description=__doc__)
+    add_version_flag(parser)
     parser.add_argument("--n", type=int, default=10, help="clients (default 10)")
     parser.add_argument("--k", type=int, default=32, help="floats per client (default 32)")
     parser.add_argument("--d", type=int, default=1024, help="dimension (default 1024)")

@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from rpsagg import add_version_flag
+
 EXPERIMENTS = (
     "full-correlation",
     "varying-correlation",
@@ -34,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command-line parser."""
     p = argparse.ArgumentParser(prog="rpsagg-experiments", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version_flag(p)
     p.add_argument("name", choices=(*EXPERIMENTS, "all"), help="experiment to run")
     p.add_argument("--out", type=Path, default=None,
                    help="results directory (default results/<name>/; all: results/)")

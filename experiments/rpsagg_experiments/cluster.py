@@ -25,15 +25,18 @@ from pathlib import Path
 
 import grpc
 
+from rpsagg import add_version_flag
 from rpsagg.schemes import DEFAULT_ESTIMATOR
 from rpsagg.tasks.data import FASHION_DIR, FASHION_IMAGES
 from rpsagg_experiments.launch import LocalJob, ServerExited, ServerProcess
+from rpsagg_wire.v1 import serde
 from rpsagg_wire.v1.messages import FINISHED, RoundState
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rpsagg-cluster", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version_flag(p, f"protocol {serde.PROTOCOL}")
     p.add_argument("--n", type=int, default=10, help="client processes")
     p.add_argument("--k", type=int, default=102)
     p.add_argument("--d", type=int, default=1024)

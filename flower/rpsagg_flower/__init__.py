@@ -15,6 +15,7 @@ Examples
 >>> strategy = RandProjSpatialFedAvg("rand-proj-spatial", k=256, transform="avg")
 """
 
+import rpsagg
 from rpsagg_flower.mod import make_rpsagg_mod, rpsagg_mod
 from rpsagg_flower.optim import (
     ServerAdagrad,
@@ -28,7 +29,8 @@ from rpsagg_flower.payload import Layout, apply_update, flatten
 from rpsagg_flower.settings import RoundEncoding
 from rpsagg_flower.strategy import RandProjSpatialFedAvg
 
-__version__ = "0.1.0"
+#: every rpsagg distribution carries one version (rpsagg._version)
+__version__ = rpsagg.__version__
 
 __all__ = [
     "Layout",

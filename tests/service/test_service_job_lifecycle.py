@@ -25,6 +25,7 @@ from http_util import Service
 from prometheus_client.parser import text_string_to_metric_families
 from service_util import base_config, in_process_server, wait_until
 
+import rpsagg
 from rpsagg_client import AggregationClient
 from rpsagg_server.domain.errors import Unavailable
 from rpsagg_server.http.jobmetrics import ENDED_LABEL, KEEP_ENDED
@@ -247,12 +248,17 @@ def test_metrics_keep_the_last_ended_jobs_series_and_every_total(tmp_path: Path)
         assert status == 200
         rounds: dict[str, float] = {}
         received = 0.0
+        build = []
         for fam in text_string_to_metric_families(text.decode()):
             for sample in fam.samples:
+                if sample.name == "rpsagg_build_info":  # the server's, once
+                    build.append((sample.labels, sample.value))
                 if sample.name == "rpsagg_rounds_total" and sample.labels["state"] == "done":
                     rounds[sample.labels["job"]] = sample.value
                 if sample.name == "rpsagg_bytes_received_total":
                     received += sample.value
+        assert build == [({"version": rpsagg.__version__, "seed_spec": rpsagg.SPEC_VERSION,
+                            "protocol": "rpsagg.v1"}, 1.0)]
         assert rounds.pop(ENDED_LABEL) == 4
         assert rounds == {"default": 0, **{job: 1 for job in jobs[4:]}}
         listed = svc.api("/api/jobs")[1]["jobs"]

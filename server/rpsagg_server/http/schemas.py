@@ -23,8 +23,6 @@ from rpsagg_server.readmodel.state import (
 from rpsagg_server.readmodel.views import EstimatedError
 from rpsagg_wire.v1 import serde
 
-PROTOCOL = serde.SERVICE.rsplit(".", 1)[0]  # "rpsagg.v1"
-
 
 class Timestamps(BaseModel):
     """When a round changed state (unix seconds; null until it happens)."""
@@ -376,4 +374,5 @@ def from_beta(beta: BetaView, now: float) -> Beta:
 
 def versions() -> Versions:
     """The spec versions this build implements."""
-    return Versions(seed_spec=rpsagg.SPEC_VERSION, protocol=PROTOCOL, rpsagg=rpsagg.__version__)
+    return Versions(seed_spec=rpsagg.SPEC_VERSION, protocol=serde.PROTOCOL,
+                    rpsagg=rpsagg.__version__)

@@ -29,7 +29,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Info
 from starlette.types import Receive, Scope, Send
 
 import rpsagg
@@ -42,6 +42,7 @@ from rpsagg_server.http.jobmetrics import JobsCollector
 from rpsagg_server.http.jobschemas import add_security
 from rpsagg_server.http.renders import DEFAULT_MAX_BYTES, BodyCache, BodyCacheCollector
 from rpsagg_server.http.routes_jobsapi import AdminGuard
+from rpsagg_server.http.schemas import versions
 from rpsagg_server.jobs.jobhost import JobHost
 from rpsagg_server.jobs.jobruntime import JobRuntime
 from rpsagg_server.readmodel.state import ServerState
@@ -82,6 +83,7 @@ def create_service_app(host: JobHost, registry: CollectorRegistry | None = None,
                       is not None else DEFAULT_MAX_BYTES)
     registry.register(BodyCacheCollector(cache))
     registry.register(JobsCollector(host))
+    build_info(registry)
     for rt in host.jobs.values():
         _job_app(rt, cache)
     host.on_open.append(lambda rt: _job_app(rt, cache))
@@ -111,6 +113,14 @@ def create_service_app(host: JobHost, registry: CollectorRegistry | None = None,
         return JSONResponse({"ready": True, "checks": {}})
 
     return app
+
+
+def build_info(registry: CollectorRegistry) -> None:
+    """``rpsagg_build_info{version, seed_spec, protocol} 1`` on ``registry``: the release and
+    the specs it speaks (what ``/api/status`` says under ``versions``)."""
+    v = versions()
+    Info("rpsagg_build", "The rpsagg release and the specs it speaks", registry=registry).info(
+        {"version": v.rpsagg, "seed_spec": v.seed_spec, "protocol": v.protocol})
 
 
 def merged_openapi(app: FastAPI, template: FastAPI) -> Callable[[], dict[str, Any]]:

@@ -34,10 +34,12 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from rpsagg import add_version_flag
 from rpsagg_server.settings.jobspec import JobSpec, parse_block_size, parse_value_bits
 from rpsagg_server.settings.process import ServerSettings, format_duration, parse_duration
 from rpsagg_server.settings.rules import field_infos
 from rpsagg_server.settings.serverconfig import ServerConfig, first_error
+from rpsagg_wire.v1 import serde
 
 #: the fields that are flags: every job setting and server setting
 _FLAG_FIELDS: dict[str, FieldInfo] = {**field_infos(JobSpec),
@@ -61,6 +63,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Rand-Proj-Spatial aggregation server (gRPC). Every flag can also be set "
         "with RPSAGG_<FLAG>, in a .env file or in a TOML --config file.",
     )
+    add_version_flag(p, f"protocol {serde.PROTOCOL}")
     p.add_argument("--config", help="TOML file with any of the options below")
     groups = {"job": p.add_argument_group(
                   "the default job", "its settings; also the settings of POST /api/jobs"),

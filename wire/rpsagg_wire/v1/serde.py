@@ -40,6 +40,8 @@ from rpsagg_wire.v1.peek import JOB_FIELD as JOB_FIELD
 from rpsagg_wire.v1.peek import peek_job as peek_job
 
 SERVICE = "rpsagg.v1.Aggregation"
+#: the protocol's package, what ``--version`` and ``/api/status`` name (``rpsagg.v1``)
+PROTOCOL = SERVICE.rsplit(".", 1)[0]
 #: the wire's ``RoundState`` numbers: each state's position in :class:`RoundState`
 STATES = tuple(RoundState)
 
