@@ -27,6 +27,15 @@ def test_readme_opens_with_the_two_commands() -> None:
     assert "./test.sh" in ci
 
 
+def test_run_sh_answers_help_and_version_without_setting_up() -> None:
+    # with .venv in place: the cluster's own help, and no set-up line before it
+    for flag, first in (("--help", "usage: rpsagg-cluster"), ("--version", "rpsagg-cluster ")):
+        out = subprocess.run([str(ROOT / "run.sh"), "--n", "3", flag], capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout.startswith(first), out
+        assert "[setup]" not in out.stdout + out.stderr
+
+
 def test_readme_quick_start_runs() -> None:
     text = (ROOT / "README.md").read_text()
     section = text[text.index("## Library quick start") :]
