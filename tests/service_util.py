@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from rpsagg import make_estimator
+from rpsagg_client import AggregationClient
 from rpsagg_experiments.launch import (
     PY,
     LocalJob,
@@ -381,3 +382,18 @@ def encode_round(clients: Sequence[Any], d: int, seed: int) -> tuple[int, dict[s
     rnd = clients[0].current_round()
     xs = correlated_vectors(len(clients), d, 1.0, seed=seed)
     return rnd.round_id, {c.client_id: c.encode(rnd, xs[c.index]) for c in clients}
+
+
+def run_round_alone(target: str, job: str, d: int, value: float = 1.0) -> np.ndarray:
+    """Run job ``job``'s current round with its one client (``c0``, a vector of ``value``
+    in every coordinate); the estimate GetResult gives once it is done."""
+    client = AggregationClient(target, "c0", insecure=True, job=job)
+    try:
+        client.join()
+        rnd = client.current_round()
+        client.submit(rnd, np.full(d, value))
+        res = client.result(rnd.round_id, wait=True, timeout=60)
+        assert res.state == "done"
+        return np.asarray(res.estimate)
+    finally:
+        client.close()

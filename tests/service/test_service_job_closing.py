@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from http_util import Service
 from repo_paths import ROOT
-from service_util import base_config, in_process_server, wait_until
+from service_util import base_config, in_process_server, run_round_alone, wait_until
 
 from rpsagg_client import AggregationClient
 from rpsagg_server.jobs.catalog import CatalogError
@@ -36,16 +36,7 @@ JOB = {"n": 1, "k": 8, "d": 64, "task": "mean", "rounds": 1, "round_timeout": 60
 
 def _run(target: str, job: str, value: float = 1.0) -> np.ndarray:
     """Run the job's one round with its one client; the estimate GetResult gives."""
-    client = AggregationClient(target, "c0", insecure=True, job=job)
-    try:
-        client.join()
-        rnd = client.current_round()
-        client.submit(rnd, np.full(JOB["d"], value))
-        res = client.result(rnd.round_id, wait=True, timeout=60)
-        assert res.state == "done"
-        return np.asarray(res.estimate)
-    finally:
-        client.close()
+    return run_round_alone(target, job, JOB["d"], value)
 
 
 def _result(target: str, job: str) -> np.ndarray:

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from http_util import Service
 from prometheus_client.parser import text_string_to_metric_families
-from service_util import base_config, in_process_server, wait_until
+from service_util import base_config, in_process_server, run_round_alone, wait_until
 
 import rpsagg
 from rpsagg_client import AggregationClient
@@ -187,14 +187,7 @@ def _ours() -> Counter[str]:
 
 
 def _run_one_round(port: int, job: str) -> None:
-    client = AggregationClient(f"127.0.0.1:{port}", "c0", insecure=True, job=job)
-    try:
-        client.join()
-        rnd = client.current_round()
-        client.submit(rnd, np.ones(JOB["d"]))
-        assert client.result(rnd.round_id, wait=True, timeout=60).state == "done"
-    finally:
-        client.close()
+    run_round_alone(f"127.0.0.1:{port}", job, JOB["d"])
 
 
 @pytest.mark.timeout(120)

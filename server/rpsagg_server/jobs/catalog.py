@@ -105,7 +105,7 @@ class JobRecord:
     finished_at: float | None
     failure: str
     kind: str = "created"
-    #: what an ended job's rounds came to (:data:`~.jobviews.SUMMARY_KEYS`, written as it
+    #: what an ended job's rounds came to (:func:`~.jobviews.summary`, written as it
     #: closes); a past job's file, rounds (done of all) and clients
     summary: dict[str, Any] = field(default_factory=dict)
 

@@ -41,10 +41,7 @@ from typing import TYPE_CHECKING
 from rpsagg_server.domain.errors import PreconditionFailed, Unavailable
 from rpsagg_server.jobs import jobviews
 from rpsagg_server.jobs.catalog import CatalogError, JobRecord
-from rpsagg_server.jobs.jobruntime import CANNOT_OPEN, JobRuntime, open_job
-from rpsagg_server.jobs.sizing import ended_memory
-from rpsagg_server.rounds.recovery import SettingsMismatch
-from rpsagg_server.settings.serverconfig import job_config
+from rpsagg_server.jobs.jobruntime import CANNOT_OPEN, JobRuntime
 
 if TYPE_CHECKING:
     from rpsagg_server.jobs.jobhost import JobHost
@@ -174,19 +171,13 @@ class EndedJobs:
             self._keep(task.result())
 
     async def _read(self, job_id: str) -> JobRuntime:
-        rec = self._records[job_id]
         try:
-            try:
-                cfg = job_config(self.host.cfg, rec.job_settings,
-                                 self.host.catalog.job_db(job_id))
-            except ValueError as exc:
-                raise SettingsMismatch(str(exc)) from None
-            rt = await open_job(job_id, cfg, self.host.pool.lane(job_id), reading=True)
+            rt = await self.host.open_record(self._records[job_id], install=False,
+                                             reading=True)
         except CANNOT_OPEN as exc:
             log.error("[Jobs] job %s cannot be opened to be read: %s", job_id, exc)
             raise Unavailable(f"job {job_id}'s rounds cannot be read: {exc}") from None
-        rt.memory = ended_memory(rt.cfg, rt.engine.m)  # one round cached, as at its end
-        rt.engine.archive.shrink(rt.memory)
+        rt.keep_little()
         for hook in self.host.on_open:
             hook(rt)
         # its task measured again (its dashboard's curve), then its threads let go

@@ -47,7 +47,7 @@ from rpsagg_server.jobs.endedjobs import EndedJobs
 from rpsagg_server.jobs.firstjoin import FirstJoin
 from rpsagg_server.jobs.jobruntime import CANNOT_OPEN, JobRuntime, open_job
 from rpsagg_server.jobs.retention import Retention
-from rpsagg_server.jobs.sizing import AUTO_REQUEST_BYTES, ended_memory, server_request_limit, vet
+from rpsagg_server.jobs.sizing import AUTO_REQUEST_BYTES, server_request_limit, vet
 from rpsagg_server.rounds.recovery import SettingsMismatch
 from rpsagg_server.settings.serverconfig import JOB_KEYS, ServerConfig, job_config, memory_limit
 
@@ -126,15 +126,16 @@ class JobHost:
         (:func:`~rpsagg_server.jobs.restore.restore`)."""
         await restore.restore(self, self._records)
 
-    async def open_record(self, rec: JobRecord, install: bool = True) -> JobRuntime:
-        """Open a created job of the catalog (:func:`~.jobruntime.open_job`), installed as
-        one of the open jobs (its app built, its end watched) unless ``install`` is False;
-        raises :data:`~.jobruntime.CANNOT_OPEN`."""
+    async def open_record(self, rec: JobRecord, install: bool = True,
+                          reading: bool = False) -> JobRuntime:
+        """Open a created job of the catalog (:func:`~.jobruntime.open_job`; ``reading``: an
+        ended one, to be read), installed as one of the open jobs (its app built, its end
+        watched) unless ``install`` is False; raises :data:`~.jobruntime.CANNOT_OPEN`."""
         try:
             cfg = job_config(self.cfg, rec.job_settings, self.catalog.job_db(rec.id))
         except ValueError as exc:  # recorded settings this version refuses
             raise SettingsMismatch(str(exc)) from None
-        rt = await open_job(rec.id, cfg, self.pool.lane(rec.id))
+        rt = await open_job(rec.id, cfg, self.pool.lane(rec.id), reading=reading)
         if install:
             self._install(rt)
         return rt
@@ -160,8 +161,7 @@ class JobHost:
                                   must=False, only_from=OPEN_STATES)
         why = "failed: " + p.job_failure if p.job_failure else "done"
         if not rt.default:  # an ended created job keeps one round's arrays cached
-            rt.memory = ended_memory(rt.cfg, rt.engine.m)
-            rt.engine.archive.shrink(rt.memory)
+            rt.keep_little()
         log.info("[Jobs] job %s ended (%s)", rt.id, why)
         self._changed()
         await self.schedule()

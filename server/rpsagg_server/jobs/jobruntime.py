@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from rpsagg_server.domain.errors import StartupError
-from rpsagg_server.jobs.sizing import job_memory, wire_limit
+from rpsagg_server.jobs.sizing import ended_memory, job_memory, wire_limit
 from rpsagg_server.readmodel.events import EventBus
 from rpsagg_server.readmodel.state import ServerState
 from rpsagg_server.rounds.engine import RoundEngine
@@ -61,6 +61,12 @@ class JobRuntime:
     #: requests using it now (an ended job is closed once none is: :mod:`.endedjobs`)
     leases: int = 0
     closed: bool = False
+
+    def keep_little(self) -> None:
+        """An ended job keeps one round's arrays cached (:func:`~.sizing.ended_memory`;
+        older rounds are read back from its database)."""
+        self.memory = ended_memory(self.cfg, self.engine.m)
+        self.engine.archive.shrink(self.memory)
 
     async def release(self) -> None:
         """An ended job lets go of what only a running job needs: its task

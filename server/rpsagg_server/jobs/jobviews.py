@@ -15,15 +15,11 @@ from rpsagg_server.rounds.results import no_round_info
 from rpsagg_server.settings.serverconfig import JOB_KEYS, ServerConfig, job_config
 from rpsagg_wire.v1.messages import RoundInfo, RoundState
 
-#: what an ended created job's catalog row keeps of its rounds (written as it closes), so
-#: that it is described without being opened
-SUMMARY_KEYS = ("rounds", "rounds_done", "bytes_up", "payload_bytes", "last_rel_error",
-                "clients")
-
 
 def summary(rt: JobRuntime) -> dict[str, Any]:
-    """What :func:`describe` shows of a job's rounds (:data:`SUMMARY_KEYS`), from its
-    runtime."""
+    """What :func:`describe` shows of a job's rounds, from its runtime: what an ended
+    created job's catalog row keeps (written as it closes), so that it is described without
+    being opened."""
     rounds = rt.state.rounds()
     last = next((r for r in rounds if r.state == RoundState.DONE), None)
     est = None if last is None else last.estimated_error

@@ -47,7 +47,7 @@ _FLAG_FIELDS: dict[str, FieldInfo] = {**field_infos(JobSpec),
 _SWITCHES = {name for name, info in _FLAG_FIELDS.items() if info.annotation is bool}
 _PARSERS = {"value_bits": parse_value_bits, "block_size": parse_block_size,
             "keep_finished_for": parse_duration}
-_DURATIONS = {"keep_finished_for"}
+_DURATIONS = {name for name, parse in _PARSERS.items() if parse is parse_duration}
 
 
 class _Parser(argparse.ArgumentParser):
