@@ -2,8 +2,8 @@
 
 Model. Split the vectors into their mean and the rest, ``x_i = m + delta_i`` with
 ``sum_i delta_i = 0``; with ``E = sum_i ||x_i||^2`` the share of the mean is
-``s = n ||m||^2 / E = (R + 1) / n`` (R the correlation of ``MATH.md``). Treat ``m`` and the
-``delta_i`` as isotropic and independent of the projections. With ``P_i = G_i^T G_i``,
+``s = n ||m||^2 / E = (R + 1) / n`` (R the correlation of ``docs/math.md``, "Setup"). Treat
+``m`` and the ``delta_i`` as isotropic and independent of the projections. With ``P_i = G_i^T G_i``,
 ``T = T(S)`` and ``beta = d' / E[tr(S/T)]`` the estimate is
 ``beta T^-1 (S m + sum_i P_i delta_i)``, and since ``P_i^2 = P_i`` and the ``P_i`` are
 exchangeable (``E tr(T^-2 P_i) = E tr(T^-2 S) / n``)::
@@ -37,7 +37,8 @@ prior of 0.95 or more). So auto takes the c of least worst-case regret over
 accepted): the cap near nk = d' is that worst case, never c = 1 unless the prior is exact
 (delta = 0).
 
-Checks (``tests/unit/test_auto.py``): the model reproduces MATH.md's closed forms for max and one,
+Checks (``tests/unit/test_auto.py``): the model reproduces the closed forms for max and one of
+``docs/math.md`` ("Sanity values"),
 and the search finds c = s with delta = 0.
 
 ``auto_c`` is a pure function of ``(n, k, d', R)`` evaluated with the same floating-point

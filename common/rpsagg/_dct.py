@@ -16,7 +16,8 @@ XOR-shifts of the coordinates (which make the diagonal constant). The DCT has no
 coordinate symmetry, so each client adds a uniform cyclic shift: a common shift of all
 clients' inputs maps the joint law of ``(G_1, ..., G_n)`` to itself, the expectation commutes
 with every signed cyclic shift, and a diagonal matrix that commutes with all cyclic shifts is
-``alpha I``. The sum ``MATH.md`` gives for beta then holds with ``d`` in place of ``d'``.
+``alpha I``. The sum ``docs/math.md`` gives for beta ("The unbiasing scalar beta") then holds
+with ``d`` in place of ``d'``.
 (Measured without the shift, at (n, k, d) = (5, 6, 30) and (7, 9, 300), the diagonal was
 already flat within Monte Carlo error; the shift turns that observation into a guarantee
 for every d at the cost of one copy of the vector.)

@@ -417,7 +417,7 @@ def error_stop_scale(c: float, nk: int, d_pad: int) -> float:
 
     The estimator's error: ``x_hat = beta A^T z*`` lies in the row space of A, so
     ``||x_hat - x_bar|| >= ||(I - P) x_bar||`` with P the projection on it; by the SRHT's
-    symmetry (MATH.md, "The unbiasing scalar beta") ``E[P] = (E rank / d') I`` with rank
+    symmetry (``docs/math.md``, "The unbiasing scalar beta") ``E[P] = (E rank / d') I`` with rank
     <= nk, so ``MSE >= (1 - rho) ||x_bar||^2``, ``rho = nk / d'``. With unbiasedness,
     ``E||x_hat||^2 = ||x_bar||^2 + MSE <= MSE (2 - rho) / (1 - rho)``, i.e.
     ``MSE >= E||x_hat||^2 (1 - rho) / (2 - rho)``; the decode's own ``||x_hat|| =

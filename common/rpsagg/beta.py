@@ -5,7 +5,8 @@ is Rand-Proj-Spatial's, by the path :func:`beta_path` names: exact for ``c = 0``
 closed-form free-probability limit (:func:`free_spectral_sum`, with its stated error
 :func:`free_error_bound`) for large problems, and otherwise a Monte Carlo estimate
 (samples from :func:`spectral_sample` over the client seeds :func:`mc_seeds`) kept in
-memory and cached on disk under :func:`cache_dir`. ``../shared/design/MATH.md`` derives them.
+memory and cached on disk under :func:`cache_dir`. ``docs/math.md`` ("The unbiasing scalar
+beta") derives them.
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ lower correlation. corr(R) with the vectors' true R = n-1 (max) inverts S on its
 eigenvalues and amplifies the rounding noise when nk is close to d.
 
 Rand-Proj-Spatial is run only where ``nk <= d`` (k <= 102 at n = 10): beyond that every
-member of the family tends to Rand-k (``MATH.md``) and its decode gets slow. The Pareto
+member of the family tends to Rand-k (``docs/math.md``, "Where correlation stops helping") and
+its decode gets slow. The Pareto
 frontier of a setting is the set of points that no cheaper point beats in squared error.
 """
 

@@ -9,7 +9,8 @@ Rand-k
 
 Rand-k-Spatial(max)
     ``T(m) = m``, so ``x_hat(j) = beta_s / M_j * M_j x(j) = beta_s 1{M_j > 0} x(j)``.
-    MATH.md's ``beta_s = d / (n k E[1/(1 + B)])`` with ``B ~ Bin(n - 1, p)``, ``p = k/d``;
+    The ``beta_s = d / (n k E[1/(1 + B)])`` of ``docs/math.md`` ("Baselines") with
+    ``B ~ Bin(n - 1, p)``, ``p = k/d``;
     ``E[1/(1 + B)] = (1 - (1 - p)^n) / (n p)``, so ``beta_s = 1 / q`` with
     ``q = P(M_j > 0) = 1 - (1 - p)^n``. Then
     ``MSE = sum_j x(j)^2 E[(beta_s 1{M_j > 0} - 1)^2] = (beta_s^2 q - 2 beta_s q + 1) ||x||^2

@@ -8,7 +8,7 @@ Checks against the library and against the exact mean
   this process on the messages rebuilt from the committed submissions (client seed, values,
   round nonce; :func:`service_util.round_messages`).
 * Statistically: the job runs ``--transform one``, whose MSE has a closed form
-  (``docs``: MATH.md, "Sanity values"): with d a power of two and G_i G_i^T = I_k,
+  (``docs/math.md``, "Sanity values"): with d a power of two and G_i G_i^T = I_k,
   client i's term ``(d/k) G_i^T G_i x_i - x_i`` is unbiased with
   ``E||.||^2 = (d/k)^2 (k/d) ||x_i||^2 - ||x_i||^2 = (d/k - 1) ||x_i||^2``, and the n terms
   are independent, so ``E||x_hat - x_bar||^2 = (1/n^2) (d/k - 1) sum_i ||x_i||^2 =: E_t``.

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.unit
 def test_model_matches_the_closed_forms(n: int, k: int, d_pad: int) -> None:
     p = k / d_pad
     # identical unit vectors (R = n - 1, s = 1, E = n): MSE = (E/n) F = F.
-    # max with nk < d': d'/(nk) - 1 (MATH.md); one: Rand-k's (1/n)(d'/k - 1)
+    # max with nk < d': d'/(nk) - 1 (docs/math.md, "Sanity values"); one: Rand-k's (1/n)(d'/k - 1)
     if n * k < d_pad:
         assert mse_model(n, k, d_pad, n - 1, 1.0) == pytest.approx(d_pad / (n * k) - 1, rel=1e-9)
     assert mse_model(n, k, d_pad, n - 1, 0.0) == pytest.approx((1 - p) / (n * p), rel=1e-12)

@@ -129,8 +129,9 @@ def test_per_vector_priors_beat_a_shared_prior_when_the_slots_differ() -> None:
     4 standard errors (a false failure needs a 4-sigma fluctuation, p ~ 3e-5, if the effect
     were only just there). The effect is large: for identical unit vectors the spectral
     model of ``rpsagg._auto`` gives n MSE / E = 0.60 at c near 1 against 1.50 at c = 1/n
-    (d'/(nk) - 1 against d'/k - 1 over n, MATH.md), so the test has ample power: with
-    these seeds the differences are -1.54 (slot 0, z = -23) and -0.66 (slot 1, z = -31).
+    (d'/(nk) - 1 against d'/k - 1 over n, docs/math.md, "Sanity values"), so the test has
+    ample power: with these seeds the differences are -1.54 (slot 0, z = -23) and -0.66
+    (slot 1, z = -31).
     """
     n, k, d, trials = 10, 16, 256, 40
     base = rpsagg.make_estimator("rand-proj-spatial", n=n, k=k, d=d, transform="auto")

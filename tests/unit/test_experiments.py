@@ -29,7 +29,7 @@ FASHION = Path("/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz")
 
 
 def test_spatial_max_beta_is_one_over_coverage() -> None:
-    # MATH.md's beta_s with T(m) = m equals 1 / P(M_j > 0), M_j ~ Bin(n, k/d).
+    # beta_s of docs/math.md ("Baselines") with T(m) = m equals 1 / P(M_j > 0), M_j ~ Bin(n, k/d).
     for n, k, d in [(10, 8, 256), (50, 20, 1024), (3, 1, 7)]:
         q = 1.0 - (1.0 - k / d) ** n
         assert spatial_beta(n, k, d, 1.0) == pytest.approx(1.0 / q, rel=1e-12)

@@ -54,7 +54,7 @@ def unit_vector(d: int, seed: int) -> np.ndarray:
     return v / np.linalg.norm(v)
 
 
-# n = 10, k = 8, d = 256 (MATH.md's sanity values)
+# n = 10, k = 8, d = 256 (docs/math.md, "Sanity values")
 N, K, D = 10, 8, 256
 
 
