@@ -24,8 +24,8 @@ _ON = ("1", "true", "yes", "on")
 def _tls_context() -> ssl.SSLContext:
     """TLS to the server's own dashboard on 127.0.0.1: the name in its certificate is the
     server's public one, and the CA is not in the container, so no chain or name check;
-    the certificate presented must be the server's own (``RPSAGG_TLS_CERT``), where that
-    file is readable here."""
+    the certificate presented must be the server's own (``RPSAGG_SERVER_TLS_CERT``, or its
+    older name ``RPSAGG_TLS_CERT``), where that file is readable here."""
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
@@ -33,8 +33,9 @@ def _tls_context() -> ssl.SSLContext:
 
 
 def _own_certificate() -> bytes | None:
-    """The DER bytes of the first certificate in ``RPSAGG_TLS_CERT`` (None: not readable)."""
-    path = os.environ.get("RPSAGG_TLS_CERT")
+    """The DER bytes of the first certificate of the server's own certificate file (None:
+    not readable)."""
+    path = os.environ.get("RPSAGG_SERVER_TLS_CERT") or os.environ.get("RPSAGG_TLS_CERT")
     if not path:
         return None
     try:
@@ -59,7 +60,8 @@ def _readyz(scheme: str, port: int) -> str:
         if not isinstance(sock, ssl.SSLSocket):  # pragma: no cover - connect() made it
             raise OSError("no TLS connection")
         if own is not None and sock.getpeercert(binary_form=True) != own:
-            raise OSError("the dashboard's certificate is not the server's RPSAGG_TLS_CERT")
+            raise OSError("the dashboard's certificate is not the server's own "
+                          "(RPSAGG_SERVER_TLS_CERT)")
         conn.request("GET", "/readyz")
         resp = conn.getresponse()
         resp.read()

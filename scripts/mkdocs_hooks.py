@@ -8,6 +8,10 @@
 - A line ``<!-- argparse: package.module:function -->`` becomes the ``--help`` of the parser
   that function returns, and of each of its subcommands: the command-line reference is
   generated from the parsers the commands run, never copied.
+- A line ``<!-- environment -->`` becomes the tables of the environment variables that the
+  commands read: each command's from its parser (the server's from its settings models),
+  the library's from ``rpsagg.commandline.PROCESS_VARIABLES``; ``<!-- exit-statuses -->``
+  the table of exit statuses every command keeps (``rpsagg.commandline.MEANINGS``).
 - A line ``<!-- openapi -->`` becomes the HTTP API's reference, rendered from the OpenAPI
   schema of the server's app (built in memory, nothing served, on an in-memory database);
   the schema itself is a file of the site, ``reference/openapi.json``.
@@ -53,6 +57,8 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     markdown = _LINK.sub(repo_file, markdown)
     markdown = _link_mentions(markdown, docs, page.file.src_path)
     markdown = _ARGPARSE.sub(lambda m: _parser_help(m.group(1), page.file.src_path), markdown)
+    markdown = _ENVIRONMENT.sub(lambda _m: render_environment(), markdown)
+    markdown = _EXIT_STATUSES.sub(lambda _m: _render_exit_statuses(), markdown)
     if _OPENAPI.search(markdown):
         if _SCHEMA:
             markdown = _OPENAPI.sub(lambda _m: _render_openapi(_SCHEMA), markdown)
@@ -181,3 +187,36 @@ def _parser_help(target: str, page: str) -> str:
         del os.environ["COLUMNS"]
         os.environ.update(saved)
     return "\n".join(blocks)
+
+
+_ENVIRONMENT = re.compile(r"^<!-- environment -->$", re.M)
+_EXIT_STATUSES = re.compile(r"^<!-- exit-statuses -->$", re.M)
+#: the commands whose flags read variables: (title, parser)
+_ENV_COMMANDS = (("rpsagg-server", "rpsagg_server.settings.flags:_parser"),
+                 ("rpsagg-client", "rpsagg_client.cli:_parser"),
+                 ("rpsagg-jobs", "rpsagg_client.jobs_cli:_parser"))
+
+
+def render_environment() -> str:
+    """The environment reference's tables (Markdown), from the parsers and the library."""
+    from rpsagg.commandline import PROCESS_VARIABLES, environment_variables
+
+    out = []
+    for title, target in _ENV_COMMANDS:
+        module, function = target.split(":")
+        parser = getattr(importlib.import_module(module), function)()
+        out += [f"### {title}", "", "| variable | flag | what |", "| --- | --- | --- |"]
+        out += [f"| `{name}` | `{flag}` | {_cell(what).replace('%%', '%')} |"
+                for name, flag, what in environment_variables(parser)]
+        out.append("")
+    out += ["### The library and every command", "", "| variable | what |", "| --- | --- |"]
+    out += [f"| `{name}` | {_cell(what)} |" for name, what in PROCESS_VARIABLES.items()]
+    return "\n".join(out) + "\n"
+
+
+def _render_exit_statuses() -> str:
+    from rpsagg.commandline import MEANINGS
+
+    rows = [f"| {int(status)} | `{status.name}` | {_cell(what)} |"
+            for status, what in MEANINGS.items()]
+    return "\n".join(["| status | name | meaning |", "| --- | --- | --- |", *rows]) + "\n"

@@ -15,15 +15,16 @@ create`` prints a new job's id); without it the client takes part in the server'
 job (the one its flags started), or its only open job. The lines then name the job.
 
 ``--server``, ``--client-id``, ``--job``, ``--token``, ``--token-file``, ``--tls-*``,
-``--vectors`` and ``--quiet`` also read an environment variable ``RPSAGG_<FLAG>``
-(``--vectors`` -> ``RPSAGG_VECTORS``); a flag overrides it.
+``--vectors`` and ``--quiet`` also read an environment variable (``RPSAGG_SERVER``...,
+``RPSAGG_CLIENT_TLS_CERT`` for the client's certificate; ``docs/reference/environment.md``);
+a flag overrides it.
 
-Exit status: 0 when the job is over (done, or failed on the server: a restart cannot help);
-2 for bad input (a vector file that does not fit the job; one line naming it); 3 when the
-server refuses this client for good (every client slot of the job is taken by other ids, or
-the request is invalid); 4 when it refuses the credentials (a wrong or missing token, a
-token for another client id); 1 for anything else (e.g. the server stayed unreachable for
-the whole retry budget), which a restart may mend; 130 on Ctrl-C or SIGTERM.
+Exit statuses: :class:`rpsagg.commandline.ExitStatus`, as every rpsagg command: 0 when the
+job is over (done, or failed on the server: a restart cannot help); 2 for bad input (a
+vector file that does not fit the job; one line naming it); 3 when the server refuses this
+client for good (every client slot of the job is taken by other ids, or the request is
+invalid); 4 when it refuses the credentials; 1 for anything else (e.g. the server stayed
+unreachable for the whole retry budget), which a restart may mend; 130 on Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from pathlib import Path
 import grpc
 
 from rpsagg import add_version_flag
+from rpsagg.commandline import ExitStatus, Parser, add_flag, exit_statuses
 from rpsagg.tasks import DATA_SOURCES
 from rpsagg_client.commands import BAD_INPUT, fetch_result, log, of_job, run, vectors_path
 from rpsagg_client.identity import default_client_id
@@ -46,69 +48,116 @@ from rpsagg_client.report import estimated_error_text, fmt_bytes, round_line, wi
 from rpsagg_wire.v1 import serde
 
 #: exit statuses (the module docstring): refusals that no restart can change
-EXIT_REFUSED = 3
-EXIT_CREDENTIALS = 4
+EXIT_REFUSED = ExitStatus.REFUSED
+EXIT_CREDENTIALS = ExitStatus.CREDENTIALS
 _REFUSED = {grpc.StatusCode.RESOURCE_EXHAUSTED: EXIT_REFUSED,
             grpc.StatusCode.INVALID_ARGUMENT: EXIT_REFUSED,
             grpc.StatusCode.UNAUTHENTICATED: EXIT_CREDENTIALS,
             grpc.StatusCode.PERMISSION_DENIED: EXIT_CREDENTIALS}
 
+USAGE = """rpsagg-client [options]                  take part in the job until it is done
+       rpsagg-client result --out FILE.npy [--round N] [--wait] [options]
+                                                save a done round's estimate"""
+DESCRIPTION = """\
+Take part in a job of an rpsagg server until it is done: each round, compute this client's
+vector (its shard of the built-in data, or your own with --vectors), encode it to k floats
+and a seed, submit it, and print one line (bytes sent, whether it was acknowledged, how the
+round ended, and the error the server estimated from the messages). Without --job the client
+takes part in the server's default job, or its only open job.
+
+  rpsagg-client --server HOST:50051 --client-id c0 --token "$TOKEN" --tls-ca ca.pem
+  rpsagg-client --server 127.0.0.1:50051 --insecure --vectors x0.npy
+  rpsagg-client result --server 127.0.0.1:50051 --insecure --round 0 --out mean.npy
+"""
+_NOTES = {ExitStatus.DONE: "the job is over: done, or failed on the server, which a restart "
+          "of this client cannot mend",
+          ExitStatus.FAILURE: "e.g. the server unreachable for the whole --retry-budget",
+          ExitStatus.USAGE: "also vectors that do not fit the job, with nothing sent",
+          ExitStatus.CREDENTIALS: "also a token of another client id"}
+
 
 def _connection(p: argparse.ArgumentParser) -> None:
-    """The flags of every command: where the server is and how to reach it."""
-    env = os.environ.get
-    p.add_argument("--server", default=env("RPSAGG_SERVER", "127.0.0.1:50051"), help="HOST:PORT")
-    p.add_argument("--client-id", default=None,
-                   help="default: $RPSAGG_CLIENT_ID; in a compose replica its container name "
-                   "(project-service-N, stable when the container is re-created); else the "
-                   "host name")
-    p.add_argument("--job", default=env("RPSAGG_JOB", ""), metavar="ID",
-                   help="the job to take part in, on a server that hosts several (the id "
-                   "'rpsagg-jobs create' printed; also RPSAGG_JOB); default: the server's "
-                   "default job, or its only open job")
-    p.add_argument("--token", default=env("RPSAGG_TOKEN"))
-    p.add_argument("--token-file", default=env("RPSAGG_TOKEN_FILE"),
-                   help="read the token from this file (e.g. a mounted secret)")
-    p.add_argument("--tls-ca", default=env("RPSAGG_TLS_CA"), help="CA of the server cert")
-    p.add_argument("--tls-cert", default=env("RPSAGG_TLS_CERT"), help="client cert (mTLS)")
-    p.add_argument("--tls-key", default=env("RPSAGG_TLS_KEY"), help="client key (mTLS)")
-    p.add_argument("--insecure", action="store_true", help="plain-text channel")
-    p.add_argument("--timeout", type=float, default=10.0, help="per-call deadline (s)")
-    p.add_argument("--retry-budget", type=float, default=60.0,
-                   help="seconds to keep retrying an unavailable server")
+    """The flags of both commands: where the server is, who this client is, how to call."""
+    where = p.add_argument_group(
+        "the server and this client",
+        "e.g. --server a.example.org:50051 --client-id c0 --token-file c0.token --tls-ca "
+        "ca.pem")
+    add_flag(where, "--server", env="RPSAGG_SERVER", default="127.0.0.1:50051",
+             metavar="HOST:PORT", help="the server's gRPC address")
+    add_flag(where, "--client-id", env="RPSAGG_CLIENT_ID", metavar="ID",
+             help="this client's id; default: in a compose replica its container name "
+             "(project-service-N, stable when the container is re-created), else the host "
+             "name")
+    add_flag(where, "--job", env="RPSAGG_JOB", default="", metavar="ID",
+             help="the job to take part in, on a server that hosts several (the id "
+             "'rpsagg-jobs create' printed); default: the server's default job, or its "
+             "only open job")
+    security = p.add_argument_group(
+        "credentials and TLS",
+        "e.g. --token-file c0.token --tls-ca ca.pem (mTLS: add --tls-cert c0.pem --tls-key "
+        "c0.key); --insecure for a server started with --insecure")
+    add_flag(security, "--token", env="RPSAGG_TOKEN", metavar="TOKEN",
+             help="this client's token, one of the server's --tokens (sent as gRPC "
+             "metadata; never printed)")
+    add_flag(security, "--token-file", env="RPSAGG_TOKEN_FILE", metavar="FILE",
+             help="read the token from this file (e.g. a mounted secret)")
+    add_flag(security, "--tls-ca", env="RPSAGG_TLS_CA", metavar="FILE",
+             help="PEM CA that signed the server's certificate")
+    add_flag(security, "--tls-cert", env="RPSAGG_CLIENT_TLS_CERT",
+             deprecated=("RPSAGG_TLS_CERT",), metavar="FILE",
+             help="this client's PEM certificate, for a server that requires client "
+             "certificates (mTLS)")
+    add_flag(security, "--tls-key", env="RPSAGG_CLIENT_TLS_KEY",
+             deprecated=("RPSAGG_TLS_KEY",), metavar="FILE",
+             help="the key of --tls-cert")
+    security.add_argument("--insecure", action="store_true",
+                          help="a plain-text channel, without TLS")
+    calls = p.add_argument_group("calls and retries", "e.g. --timeout 30 --retry-budget 600")
+    calls.add_argument("--timeout", type=float, default=10.0, metavar="S",
+                       help="seconds each gRPC call may take")
+    calls.add_argument("--retry-budget", type=float, default=60.0, metavar="S",
+                       help="seconds to keep retrying a server that is unavailable")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rpsagg-client", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="rpsagg-client", usage=USAGE, description=DESCRIPTION,
+               epilog=exit_statuses(ExitStatus.REFUSED, ExitStatus.CREDENTIALS,
+                                    ExitStatus.INTERRUPTED, notes=_NOTES))
     add_version_flag(p, f"protocol {serde.PROTOCOL}")
-    env = os.environ.get
     _connection(p)
-    p.add_argument("--vectors", default=env("RPSAGG_VECTORS") or None, metavar="PATH",
-                   help="your own vectors for --task mean: .npy of shape (d,), (rounds, d) or "
-                   "(rounds, m, d); .npz; CSV, one vector per line; '-': one vector per line "
-                   "on standard input, one per round (also RPSAGG_VECTORS). {client_id} and "
-                   "{replica} (N of a compose replica <project>-client-N) are filled in")
-    p.add_argument("--data", choices=DATA_SOURCES, default=None,
-                   help="data source (default: what the server suggests at join)")
-    p.add_argument("--data-path", default=None, help="data file or directory")
-    p.add_argument("--quiet", action="store_true",
-                   default=env("RPSAGG_QUIET", "") not in ("", "0"),
-                   help="no line per round (also RPSAGG_QUIET=1)")
+    data = p.add_argument_group(
+        "the data", "e.g. --vectors x0.npy (your own), --vectors /vectors/{replica}.npy (one "
+        "file per compose replica), --data fashion-mnist --data-path ./fmnist")
+    add_flag(data, "--vectors", env="RPSAGG_VECTORS", metavar="PATH",
+             help="your own vectors for --task mean: .npy of shape (d,), (rounds, d) or "
+             "(rounds, m, d); .npz; CSV, one vector per line; '-': one vector per line on "
+             "standard input, one per round. {client_id} and {replica} (N of a compose "
+             "replica <project>-client-N) are filled in")
+    data.add_argument("--data", choices=DATA_SOURCES, default=None,
+                      help="built-in data source; default: what the server suggests at join")
+    data.add_argument("--data-path", default=None, metavar="PATH",
+                      help="the data source's file or directory; default: its usual place")
+    out = p.add_argument_group("output", "e.g. --quiet, or RPSAGG_LOG_LEVEL=INFO for a log")
+    add_flag(out, "--quiet", env="RPSAGG_QUIET", action="store_true",
+             help="no line per round")
     return p
 
 
 def _result_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="rpsagg-client result",
         description="Save a done round's estimate (the decoded mean) as a .npy file: shape "
-        "(d,), or (m, d) for m vectors per round.")
+        "(d,), or (m, d) for m vectors per round; print what it is, with its estimated "
+        "error.\n\n  rpsagg-client result --insecure --round 0 --out mean.npy\n",
+        epilog=exit_statuses(ExitStatus.REFUSED, ExitStatus.CREDENTIALS,
+                             ExitStatus.INTERRUPTED))
     _connection(p)
-    p.add_argument("--round", type=int, default=0,
-                   help="round id (default 0: the latest done round)")
-    p.add_argument("--out", required=True, help="where to write it (FILE.npy)")
-    p.add_argument("--wait", action="store_true",
-                   help="wait for the round to finish if it is still running")
+    which = p.add_argument_group("the round", "e.g. --round 3 --out round3.npy --wait")
+    which.add_argument("--round", type=int, default=0, metavar="N",
+                       help="round id (0: the latest done round)")
+    which.add_argument("--out", required=True, metavar="FILE.npy", help="where to write it")
+    which.add_argument("--wait", action="store_true",
+                       help="wait for the round to finish if it is still running")
     return p
 
 
@@ -130,17 +179,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Ctrl-C (or SIGTERM) ends the client at once: everything acked is durable on the server,
     # and nothing else is worth finishing.
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: os._exit(130))
+        signal.signal(sig, lambda *_: os._exit(ExitStatus.INTERRUPTED))
     try:
         return command(args)
     except grpc.RpcError as exc:
-        code = _REFUSED.get(exc.code(), 1)
-        why = " (refused for good: not retrying)" if code != 1 else ""
+        code = _REFUSED.get(exc.code(), ExitStatus.FAILURE)
+        why = " (refused for good: not retrying)" if code != ExitStatus.FAILURE else ""
         print(f"rpsagg-client: {args.client_id}{of_job(args)}: {exc.code().name}: "
               f"{exc.details()}{why}", file=sys.stderr)
         return code
     except KeyboardInterrupt:
-        return 130
+        return ExitStatus.INTERRUPTED
 
 
 # re-exported: the commands (commands) and the lines (report) are importable here too

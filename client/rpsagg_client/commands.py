@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
+from rpsagg.commandline import ExitStatus
 from rpsagg.tasks import EXTERNAL_DATA, DataUnavailable, Shard, Task, load_shard, make_task
 from rpsagg_client.client import AggregationClient
 from rpsagg_client.report import estimated_error_text, fmt_bytes, round_line
@@ -33,7 +34,8 @@ from rpsagg_wire.v1.messages import RoundState
 from rpsagg_wire.v1.serde import JoinReply, RoundInfo, RoundResult, Submission
 
 log = logging.getLogger("rpsagg.client")
-BAD_INPUT = 2  # exit status of bad input vectors (argparse's for bad flags)
+#: exit status of bad input vectors, as of bad flags (rpsagg.commandline)
+BAD_INPUT = ExitStatus.USAGE
 #: a submitted round whose line is not printed yet: round id, what was sent, how it went
 Pending = tuple[int, Submission | None, str]
 

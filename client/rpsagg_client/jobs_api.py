@@ -18,6 +18,8 @@ import urllib.request
 from collections.abc import Callable
 from typing import IO, Any
 
+from rpsagg.commandline import ExitStatus
+
 #: the command's name, also the requests' ``User-Agent``
 PROG = "rpsagg-jobs"
 #: the states in which a job has ended
@@ -25,7 +27,21 @@ ENDED = ("done", "failed", "cancelled")
 
 
 class JobsError(Exception):
-    """A failure that ``rpsagg-jobs`` reports as one line and exit status 2."""
+    """A failure that ``rpsagg-jobs`` reports as one line, and its exit status: usage (a bad
+    argument, file or setting, the server's 4xx answer to one) unless it says otherwise.
+
+    Parameters
+    ----------
+    message : str
+        The line (never a token).
+    status : rpsagg.commandline.ExitStatus
+        ``FAILURE`` for a server that cannot be reached or answers 5xx, ``CREDENTIALS`` for
+        its 401 and 403.
+    """
+
+    def __init__(self, message: str, status: ExitStatus = ExitStatus.USAGE) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -91,7 +107,8 @@ class JobsApi:
         answer = self.request("GET", "/api/jobs")
         if not isinstance(answer, dict) or not isinstance(answer.get("jobs"), list):
             raise JobsError("GET /api/jobs: the answer has no list of jobs; this server does "
-                            "not host several jobs (an rpsagg-server from before them?)")
+                            "not host several jobs (an rpsagg-server from before them?)",
+                            ExitStatus.FAILURE)
         return answer
 
     def get(self, job_id: str) -> dict[str, Any]:
@@ -176,17 +193,18 @@ class JobsApi:
             with self._opener.open(req, timeout=self.timeout) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
-            raise JobsError(self._http_error(what, exc)) from None
+            raise JobsError(self._http_error(what, exc), _status_of(exc.code)) from None
         except urllib.error.URLError as exc:
             raise JobsError(f"{what}: cannot reach {self.url}: "
-                            f"{self._reason(exc.reason)}") from None
+                            f"{self._reason(exc.reason)}", ExitStatus.FAILURE) from None
         except (OSError, http.client.HTTPException) as exc:
-            raise JobsError(f"{what}: {self.url}: {self._reason(exc)}") from None
+            raise JobsError(f"{what}: {self.url}: {self._reason(exc)}",
+                            ExitStatus.FAILURE) from None
         try:
             return json.loads(raw)
         except ValueError:
             raise JobsError(f"{what}: the answer is not JSON; is {self.url} the server's "
-                            "HTTP (dashboard) port?") from None
+                            "HTTP (dashboard) port?", ExitStatus.FAILURE) from None
 
     def _reason(self, exc: BaseException | str) -> str:
         """Why a connection failed, in words."""
@@ -195,7 +213,7 @@ class JobsApi:
         if isinstance(exc, ConnectionRefusedError):
             return "connection refused (is the server running, and --url its HTTP port?)"
         if isinstance(exc, TimeoutError):
-            return f"no answer within {self.timeout:g} s (--timeout)"
+            return f"no answer within {self.timeout:g} s (--request-timeout)"
         if isinstance(exc, socket.gaierror):
             return f"unknown host ({exc.strerror})"
         if isinstance(exc, ssl.SSLCertVerificationError):
@@ -247,6 +265,14 @@ class JobsApi:
         return f"{head} {exc.reason}: {detail}"
 
 
+def _status_of(http_status: int) -> ExitStatus:
+    """The exit status of an HTTP error status: the request as given is wrong (4xx, a
+    redirect: usage), the credentials (401, 403), or the server failed (5xx)."""
+    if http_status in (401, 403):
+        return ExitStatus.CREDENTIALS
+    return ExitStatus.FAILURE if http_status >= 500 else ExitStatus.USAGE
+
+
 def normalize_url(url: str) -> str:
     """``url`` without a trailing ``/``; ``HOST:PORT`` becomes ``http://HOST:PORT``.
 
@@ -290,7 +316,7 @@ def check_token(token: str, source: str) -> None:
 
 def _job(answer: Any, what: str) -> dict[str, Any]:
     if not isinstance(answer, dict) or not isinstance(answer.get("id"), str):
-        raise JobsError(f"{what}: the answer is not a job")
+        raise JobsError(f"{what}: the answer is not a job", ExitStatus.FAILURE)
     return answer
 
 

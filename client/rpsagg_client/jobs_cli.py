@@ -37,9 +37,10 @@ Commands
 ``wait ID [--timeout S] [--interval S]``
     Poll the job until it has ended; a line on standard error whenever its state or its
     number of done rounds changes. Exit status 0 when it is done, 1 when it failed or was
-    cancelled, 3 when ``--timeout`` seconds passed first.
+    cancelled, 5 when ``--timeout`` seconds passed first.
 
-``--url``, ``--token``, ``--token-file`` and ``--ca`` may come before or after the command;
+``--url``, ``--token``, ``--token-file``, ``--ca`` and ``--request-timeout`` (the seconds each
+HTTP request may take) may come before or after the command;
 they default to the environment variables ``RPSAGG_URL``, ``RPSAGG_ADMIN_TOKEN``,
 ``RPSAGG_ADMIN_TOKEN_FILE`` and ``RPSAGG_TLS_CA`` (a flag overrides them). The token goes
 as ``Authorization: Bearer TOKEN``: creating, cancelling and removing jobs needs one of the server's
@@ -47,9 +48,11 @@ as ``Authorization: Bearer TOKEN``: creating, cancelling and removing jobs needs
 ``--http-tokens``. ``--ca``: the CA that signed the certificate of a server whose dashboard
 speaks HTTPS (``--url https://...``). The token is never printed.
 
-Exit status: 0 on success; 2 for any error (the server unreachable, an HTTP error, a bad
-``KEY=VALUE``, an unreadable file), with one line ``rpsagg-jobs: ...`` on standard error
-that carries the server's reason; ``wait``: 1 and 3 as above; 130 on Ctrl-C.
+Exit statuses (:class:`rpsagg.commandline.ExitStatus`, as every rpsagg command), each with one
+line ``rpsagg-jobs: ...`` on standard error that carries the server's reason: 0 on success;
+1 when the server cannot be reached or fails (5xx); 2 for a bad argument, ``KEY=VALUE``,
+file or setting (the server's 4xx answer to it included); 4 when the server refuses the
+token (401, 403); ``wait``: 1 and 5 as above; 130 on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from rpsagg import add_version_flag
+from rpsagg.commandline import ExitStatus, Parser, add_flag, exit_statuses
 from rpsagg_client.jobs_api import (
     ENDED,
     PROG,
@@ -86,10 +90,10 @@ from rpsagg_client.jobs_text import (
 )
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-#: exit statuses (the module docstring)
-EXIT_ENDED_BADLY = 1
-EXIT_ERROR = 2
-EXIT_TIMEOUT = 3
+#: exit statuses (the module docstring); an error's own is :attr:`JobsError.status`
+EXIT_ENDED_BADLY = ExitStatus.FAILURE
+EXIT_ERROR = ExitStatus.USAGE
+EXIT_TIMEOUT = ExitStatus.TIMEOUT
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*\Z")
 
 
@@ -177,24 +181,63 @@ def read_settings_file(path: str) -> dict[str, Any]:
 
 
 # -- the command ---------------------------------------------------------------------------
+DESCRIPTION = """\
+Create, list, show, cancel, remove and wait for the jobs of an rpsagg server, over its HTTP
+API (the dashboard's port). The connection flags may come before or after the command.
+
+  JOB=$(rpsagg-jobs create estimator=rand-k n=10 k=102 d=1024 rounds=50 eval=true)
+  rpsagg-client --job "$JOB" ...          # on each of the 10 clients
+  rpsagg-jobs wait "$JOB" && rpsagg-jobs show "$JOB"
+"""
+_NOTES = {ExitStatus.FAILURE: "also: wait's job failed or was cancelled",
+          ExitStatus.USAGE: "the server's 4xx answer included: an unknown job, a refused "
+          "setting",
+          ExitStatus.CREDENTIALS: "401, 403: --token is not one of the server's "
+          "--admin-tokens or --http-tokens",
+          ExitStatus.TIMEOUT: "wait --timeout"}
+#: each command: its one-line help, and the example its own --help shows
+_COMMANDS = {
+    "create": ("create a job; prints its id (only the id, on standard output)",
+               "rpsagg-jobs create estimator=rand-k n=10 k=102 d=1024 rounds=50 eval=true\n"
+               "  rpsagg-jobs create --file job.json rounds=5"),
+    "list": ("a table of the server's jobs, then what it keeps of the ended ones",
+             "rpsagg-jobs list --url https://a.example.org:8000 --ca ca.pem"),
+    "show": ("one job as JSON", "rpsagg-jobs show j3"),
+    "cancel": ("cancel a queued or running job", "rpsagg-jobs cancel j3"),
+    "remove": ("remove an ended job's rounds and row (a running job: cancel it first)",
+               "rpsagg-jobs remove j3"),
+    "wait": ("wait until a job has ended (exit 0: done, 1: failed or cancelled, 5: "
+             "--timeout)", "rpsagg-jobs wait j3 --timeout 3600 --interval 5"),
+}
+
+
 def _connection(p: argparse.ArgumentParser, top: bool) -> None:
     """The connection flags, at the top (their defaults) and after a command (SUPPRESS:
     given there, they override the top's)."""
     def default(value: Any) -> Any:
         return value if top else argparse.SUPPRESS
 
-    env = os.environ.get
-    p.add_argument("--url", default=default(env("RPSAGG_URL") or DEFAULT_URL),
-                   help="the server's HTTP (dashboard) URL (also RPSAGG_URL; default "
-                   f"{DEFAULT_URL})")
-    p.add_argument("--token", default=default(None),
-                   help="bearer token: an admin token to create or cancel (default "
-                   "$RPSAGG_ADMIN_TOKEN)")
-    p.add_argument("--token-file", default=default(None), metavar="FILE",
-                   help="read the token from FILE (default $RPSAGG_ADMIN_TOKEN_FILE)")
-    p.add_argument("--ca", default=default(env("RPSAGG_TLS_CA") or None), metavar="FILE",
-                   help="CA of the server's certificate for an https:// URL (also "
-                   "RPSAGG_TLS_CA)")
+    g = p.add_argument_group(
+        "the server", "e.g. --url https://a.example.org:8000 --ca ca.pem --token-file "
+        "admin.token")
+    def env(name: str) -> str | None:  # read once, at the top
+        return name if top else None
+
+    add_flag(g, "--url", env=env("RPSAGG_URL"), default=default(DEFAULT_URL),
+             help="the server's HTTP (dashboard) URL")
+    add_flag(g, "--token", default=default(None), metavar="TOKEN",
+             help="bearer token: one of the server's --admin-tokens to create, cancel or "
+             "remove; one of its --http-tokens may do to read (default: $RPSAGG_ADMIN_TOKEN, "
+             "else the file $RPSAGG_ADMIN_TOKEN_FILE names)")
+    add_flag(g, "--token-file", default=default(None), metavar="FILE",
+             help="read the token from FILE")
+    add_flag(g, "--ca", env=env("RPSAGG_TLS_CA"), default=default(None),
+             metavar="FILE", help="PEM CA of the server's certificate, for an https:// URL")
+    add_flag(g, "--request-timeout", dest="http_timeout", type=_positive,
+             default=default(10.0), metavar="S", help="seconds each HTTP request may take")
+    if top:  # its older name: the same flag, as wait's --timeout is another
+        g.add_argument("--timeout", dest="old_http_timeout", type=_positive, default=None,
+                       help=argparse.SUPPRESS)
 
 
 def _positive(text: str) -> float:
@@ -208,33 +251,37 @@ def _positive(text: str) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    statuses = exit_statuses(ExitStatus.CREDENTIALS, ExitStatus.TIMEOUT,
+                             ExitStatus.INTERRUPTED, notes=_NOTES)
+    p = Parser(prog=PROG, description=DESCRIPTION, epilog=statuses)
     add_version_flag(p)
     _connection(p, top=True)
-    p.add_argument("--timeout", dest="http_timeout", type=_positive, default=10.0,
-                   metavar="S", help="seconds each request may take (default 10)")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    c = sub.add_parser("create", help="create a job; prints its id")
-    c.add_argument("--file", metavar="JSON", help="a JSON object of settings ('-': stdin)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                           title="commands", description="e.g. rpsagg-jobs wait j3 (each "
+                           "command's --help shows its own example)")
+    cmds = {name: sub.add_parser(name, help=short, description=f"{short}\n\n  {example}\n",
+                                 epilog=statuses)
+            for name, (short, example) in _COMMANDS.items()}
+    c = cmds["create"].add_argument_group(
+        "the job's settings", "the server flags' names in snake case (estimator, n, k, d, "
+        "transform, task, data, rounds, round_timeout, value_bits, eval, seed, ...); "
+        "e.g. n=10 eval=true estimator=rand-k")
+    c.add_argument("--file", metavar="JSON", help="a JSON object of settings ('-': standard "
+                   "input); each KEY=VALUE sets one on top of it")
     c.add_argument("settings", nargs="*", metavar="KEY=VALUE",
-                   help="a setting (VALUE parsed as JSON when it is, else a string)")
-    lst = sub.add_parser("list", help="a table of the server's jobs")
-    lst.add_argument("--json", action="store_true", help="the server's answer as JSON")
-    show = sub.add_parser("show", help="one job as JSON")
-    show.add_argument("id", metavar="ID")
-    cancel = sub.add_parser("cancel", help="cancel a queued or running job")
-    cancel.add_argument("id", metavar="ID")
-    remove = sub.add_parser("remove", help="remove an ended job's rounds and row")
-    remove.add_argument("id", metavar="ID")
-    w = sub.add_parser("wait", help="wait until a job has ended (exit 0: done, 1: failed or "
-                       "cancelled, 3: --timeout)")
-    w.add_argument("id", metavar="ID")
+                   help="a setting: VALUE parsed as JSON when it is (n=10, eval=true, "
+                   "seed=null), else a string (estimator=rand-k)")
+    shown = cmds["list"].add_argument_group("output", "e.g. --json | jq -r '.jobs[].id'")
+    shown.add_argument("--json", action="store_true",
+                       help="the server's answer as JSON (with past_jobs and retention)")
+    for name in ("show", "cancel", "remove", "wait"):
+        cmds[name].add_argument("id", metavar="ID", help="the job's id")
+    w = cmds["wait"].add_argument_group("waiting", "e.g. --timeout 3600 --interval 5")
     w.add_argument("--timeout", dest="wait_timeout", type=_positive, default=None,
-                   metavar="S", help="give up after S seconds (exit 3; default: no limit)")
+                   metavar="S", help="give up after S seconds (exit 5; default: no limit)")
     w.add_argument("--interval", type=_positive, default=2.0, metavar="S",
-                   help="seconds between polls (default 2)")
-    for cmd in (c, lst, show, cancel, remove, w):
+                   help="seconds between polls")
+    for cmd in cmds.values():
         _connection(cmd, top=False)
     return p
 
@@ -262,7 +309,13 @@ def _err(message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the parsed command; raises :class:`JobsError` for the errors of exit status 2."""
+    """Run the parsed command; raises :class:`JobsError` for its errors (with their exit
+    status)."""
+    if getattr(args, "old_http_timeout", None) is not None:
+        _err("--timeout before the command is deprecated; use --request-timeout (wait's own "
+             "--timeout is how long to wait)")
+        if args.http_timeout == 10.0:
+            args.http_timeout = args.old_http_timeout
     api = JobsApi(args.url, token=_token(args), ca=args.ca, timeout=args.http_timeout)
     if args.command == "create":
         base = read_settings_file(args.file) if args.file else None
@@ -324,9 +377,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args)
     except JobsError as exc:
         _err(str(exc))
-        return EXIT_ERROR
+        return exc.status
     except KeyboardInterrupt:
-        return 130
+        return ExitStatus.INTERRUPTED
     except BrokenPipeError:  # e.g. `rpsagg-jobs list | head -1`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

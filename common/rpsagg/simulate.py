@@ -1,6 +1,6 @@
-"""In-process simulation: MSE of every estimator on correlated synthetic vectors.
-
-Run ``python -m rpsagg.simulate --help``.
+"""``rpsagg-simulate``: the squared error of every estimator on correlated synthetic vectors,
+in this process (no server): a first look at how R, k and the transform move the error
+(``docs/library.md``, "rpsagg-simulate").
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from rpsagg._coordinates import Induced, RandK, RandKWangni
 from rpsagg._estimators import make_estimator
 from rpsagg._spatial import RandKSpatial, RandProjSpatial
 from rpsagg._version import add_version_flag
+from rpsagg.commandline import ExitStatus, Parser, exit_statuses
 from rpsagg.spec import GAMMA, MASK64
 from rpsagg.synthetic import correlated_vectors
 
@@ -50,18 +51,35 @@ def simulate(
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command-line entry point."""
-    parser = argparse.ArgumentParser(prog="rpsagg-simulate", description=__doc__)
+DESCRIPTION = """\
+The squared error ||x_hat - x_bar||^2 of Rand-k, Rand-k-Spatial, Rand-Proj-Spatial (avg and
+max), Rand-k-Wangni and Induced on n synthetic vectors of correlation R, each the mean and
+standard error over --trials encodings with fresh seeds; one line per estimator and R, in
+this process (no server).
+
+  rpsagg-simulate
+  rpsagg-simulate --n 10 --k 32 --d 1024 --r 0 4.5 9 --trials 200
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="rpsagg-simulate", description=DESCRIPTION,
+                    epilog=exit_statuses(notes={ExitStatus.USAGE: "also a k or d the "
+                                                "estimators refuse"}))
     add_version_flag(parser)
-    parser.add_argument("--n", type=int, default=10, help="clients (default 10)")
-    parser.add_argument("--k", type=int, default=32, help="floats per client (default 32)")
-    parser.add_argument("--d", type=int, default=1024, help="dimension (default 1024)")
-    parser.add_argument("--trials", type=int, default=100, help="trials per point (default 100)")
-    parser.add_argument(
-        "--r", type=float, nargs="*", default=None, help="correlations R (default 0, (n-1)/2, n-1)"
-    )
-    args = parser.parse_args(argv)
+    g = parser.add_argument_group("the setting", "e.g. --n 20 --k 64 --d 4096 --r 0 19")
+    g.add_argument("--n", type=int, default=10, help="clients")
+    g.add_argument("--k", type=int, default=32, help="floats per client")
+    g.add_argument("--d", type=int, default=1024, help="dimension")
+    g.add_argument("--r", type=float, nargs="*", default=None, metavar="R",
+                   help="correlations R, each in [-1, n-1] (default: 0, (n-1)/2 and n-1)")
+    g.add_argument("--trials", type=int, default=100, help="encodings per point")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point (``rpsagg-simulate``)."""
+    args = _parser().parse_args(argv)
     r_values = args.r if args.r else [0.0, (args.n - 1) / 2, float(args.n - 1)]
     print(
         f"rpsagg simulation: n={args.n} clients, k={args.k} floats each, d={args.d}, "
@@ -72,10 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         simulate(args.n, args.k, args.d, r_values, args.trials)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        print(f"rpsagg-simulate: {exc}", file=sys.stderr)
+        return ExitStatus.USAGE
     print(f"done in {time.perf_counter() - start:.1f} s", flush=True)
-    return 0
+    return ExitStatus.DONE
 
 
 if __name__ == "__main__":

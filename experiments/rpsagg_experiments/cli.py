@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from rpsagg import add_version_flag
+from rpsagg.commandline import Parser, exit_statuses, plain
 
 EXPERIMENTS = (
     "full-correlation",
@@ -34,30 +35,39 @@ EXPERIMENTS = (
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line parser."""
-    p = argparse.ArgumentParser(prog="rpsagg-experiments", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="rpsagg-experiments", description=plain(__doc__),
+               epilog=exit_statuses())
     add_version_flag(p)
-    p.add_argument("name", choices=(*EXPERIMENTS, "all"), help="experiment to run")
-    p.add_argument("--out", type=Path, default=None,
-                   help="results directory (default results/<name>/; all: results/)")
-    p.add_argument("--quick", action="store_true", help="reduced grids and trials")
-    p.add_argument("--workers", type=int, default=2, help="processes (default 2)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--data-path", default=None,
-                   help="UJIIndoorLoc zip (default $RPSAGG_UJI_ZIP)")
-    p.add_argument("--grid", choices=("main", "appendix", "all"), default=None,
-                   help="task settings: the paper's main figure, the appendix, or both")
-    p.add_argument("--runs", type=int, default=None, help="task runs (default 10; quick 2)")
-    p.add_argument("--via-service", action="store_true",
-                   help="tasks only: run through a real server and client processes (gRPC)")
-    p.add_argument("--iterations", type=int, default=None, help="--via-service: iterations")
-    p.add_argument("--estimator", default="rand-proj-spatial(avg)",
-                   help="--via-service: estimator label")
-    p.add_argument("--n", type=int, default=None, help="--via-service: clients")
-    p.add_argument("--k", type=int, default=None, help="--via-service: budget")
-    p.add_argument("--kmeans-updates", type=int, choices=(0, 1), default=None,
-                   help="kmeans: 1 (default) clients send centroid updates, 0 whole centroids "
-                        "(the paper's wording; diverges under its budgets)")
+    what = p.add_argument_group("what to run", "e.g. rank --quick --out /tmp/r")
+    what.add_argument("name", choices=(*EXPERIMENTS, "all"), help="experiment to run")
+    what.add_argument("--out", type=Path, default=None,
+                      help="results directory (default results/<name>/; all: results/)")
+    what.add_argument("--quick", action="store_true", help="reduced grids and trials")
+    what.add_argument("--workers", type=int, default=2, help="processes")
+    what.add_argument("--no-progress", action="store_true", help="no progress bars")
+    tasks = p.add_argument_group(
+        "the tasks (power-iteration, kmeans, linreg)",
+        "e.g. linreg --data-path ../shared/data/ujiindoorloc.zip --grid main --runs 3")
+    tasks.add_argument("--data-path", default=None,
+                       help="UJIIndoorLoc zip (default $RPSAGG_UJI_ZIP)")
+    tasks.add_argument("--grid", choices=("main", "appendix", "all"), default=None,
+                       help="task settings: the paper's main figure, the appendix, or both")
+    tasks.add_argument("--runs", type=int, default=None,
+                       help="task runs (default 10; quick 2)")
+    tasks.add_argument("--kmeans-updates", type=int, choices=(0, 1), default=None,
+                       help="kmeans: 1 (default) clients send centroid updates, 0 whole "
+                       "centroids (the paper's wording; diverges under its budgets)")
+    service = p.add_argument_group(
+        "through the service", "e.g. power-iteration --via-service --runs 1 --iterations 3 "
+        "--n 10 --k 102")
+    service.add_argument("--via-service", action="store_true",
+                         help="tasks only: run through a real server and client processes "
+                         "(gRPC)")
+    service.add_argument("--iterations", type=int, default=None, help="iterations")
+    service.add_argument("--estimator", default="rand-proj-spatial(avg)",
+                         help="estimator label")
+    service.add_argument("--n", type=int, default=None, help="clients")
+    service.add_argument("--k", type=int, default=None, help="budget")
     return p
 
 

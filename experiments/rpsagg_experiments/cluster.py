@@ -26,6 +26,7 @@ from pathlib import Path
 import grpc
 
 from rpsagg import add_version_flag
+from rpsagg.commandline import ExitStatus, Parser, exit_statuses, plain
 from rpsagg.schemes import DEFAULT_ESTIMATOR
 from rpsagg.tasks.data import FASHION_DIR, FASHION_IMAGES
 from rpsagg_experiments.launch import LocalJob, ServerExited, ServerProcess
@@ -34,29 +35,41 @@ from rpsagg_wire.v1.messages import FINISHED, RoundState
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rpsagg-cluster", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="rpsagg-cluster", description=plain(__doc__),
+               epilog=exit_statuses(ExitStatus.INTERRUPTED))
     add_version_flag(p, f"protocol {serde.PROTOCOL}")
-    p.add_argument("--n", type=int, default=10, help="client processes")
-    p.add_argument("--k", type=int, default=102)
-    p.add_argument("--d", type=int, default=1024)
-    p.add_argument("--task", default="power-iteration")
-    p.add_argument("--data", default="fashion-mnist",
-                   choices=("synthetic", "fashion-mnist", "ujiindoorloc"))
-    p.add_argument("--data-path", default=None)
-    p.add_argument("--data-r", type=float, default=0.0, help="synthetic data correlation R")
-    p.add_argument("--estimator", default=DEFAULT_ESTIMATOR)
-    p.add_argument("--transform", default="avg")
-    p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--round-timeout", type=float, default=60.0)
-    p.add_argument("--no-eval", dest="eval", action="store_false",
-                   help="turn evaluation mode off (no reference vectors, no errors)")
-    p.add_argument("--grpc-port", type=int, default=0, help="0 = any free port")
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--db", default=None, help="SQLite path (default: a fresh temporary file)")
-    p.add_argument("--exit", action="store_true",
-                   help="stop the server and the dashboard when the job is done (default: "
-                   "they stay up until Ctrl-C)")
+    job = p.add_argument_group(
+        "the job", "e.g. --estimator rand-k --k 64 --rounds 20 --no-eval")
+    job.add_argument("--n", type=int, default=10, help="client processes")
+    job.add_argument("--k", type=int, default=102, help="floats per client per vector")
+    job.add_argument("--d", type=int, default=1024, help="vector length")
+    job.add_argument("--estimator", default=DEFAULT_ESTIMATOR, help="the estimator")
+    job.add_argument("--transform", default="avg", help="Rand-Proj-Spatial's transform")
+    job.add_argument("--rounds", type=int, default=10, help="rounds to run")
+    job.add_argument("--round-timeout", type=float, default=60.0, metavar="S",
+                     help="seconds from a round's first submission to its deadline")
+    job.add_argument("--no-eval", dest="eval", action="store_false",
+                     help="turn evaluation mode off (no reference vectors, no errors)")
+    data = p.add_argument_group("the task and its data",
+                                "e.g. --task mean --data synthetic --data-r 9")
+    data.add_argument("--task", default="power-iteration", help="the clients' task")
+    data.add_argument("--data", default="fashion-mnist",
+                      choices=("synthetic", "fashion-mnist", "ujiindoorloc"),
+                      help="the built-in data the clients use")
+    data.add_argument("--data-path", default=None, metavar="PATH",
+                      help="the data's file or directory (default: its usual place)")
+    data.add_argument("--data-r", type=float, default=0.0, metavar="R",
+                      help="synthetic data correlation R")
+    server = p.add_argument_group("the server", "e.g. --http-port 8080 --db run.db --exit")
+    server.add_argument("--grpc-port", type=int, default=0, metavar="PORT",
+                        help="0 = any free port")
+    server.add_argument("--http-port", type=int, default=8000, metavar="PORT",
+                        help="the dashboard's port")
+    server.add_argument("--db", default=None, help="SQLite path (default: a fresh temporary "
+                        "file)")
+    server.add_argument("--exit", action="store_true",
+                        help="stop the server and the dashboard when the job is done "
+                        "(default: they stay up until Ctrl-C)")
     return p
 
 

@@ -200,7 +200,8 @@ def test_a_refused_create_is_one_line_with_the_servers_reason(
         line: str) -> None:
     api.answer = lambda s: (status, detail)
     rc, out, err = cli(capsys, "--url", api.url, "create", "n=0")
-    assert (rc, out) == (2, "")
+    # a refused setting is usage (2); a failing server, or not the server, a failure (1)
+    assert (rc, out) == (2 if 400 <= status < 500 else 1, "")
     assert one_error_line(err) == line.format(url=api.url)
 
 
@@ -300,7 +301,7 @@ def test_list_of_a_server_without_jobs(api: FakeApi,
     assert cli(capsys, "--url", api.url, "list") == (0, "", "rpsagg-jobs: no jobs\n")
     api.answer = lambda s: (200, {"past_jobs": []})  # a server from before jobs
     rc, out, err = cli(capsys, "--url", api.url, "list")
-    assert (rc, out) == (2, "")
+    assert (rc, out) == (1, "")
     assert "does not host several jobs" in one_error_line(err)
 
 
@@ -396,14 +397,14 @@ def test_wait_exits_1_when_the_job_failed_or_was_cancelled(
     assert last.endswith(failure)
 
 
-def test_wait_exits_3_at_its_timeout(api: FakeApi,
+def test_wait_exits_5_at_its_timeout(api: FakeApi,
                                      capsys: pytest.CaptureFixture[str]) -> None:
     api.answer = _script(job(rounds_done=2))
     start = time.monotonic()
     rc, out, err = cli(capsys, "--url", api.url, "wait", "j1", "--timeout", "0.3",
                        "--interval", "0.05")
     assert time.monotonic() - start < 5
-    assert (rc, out) == (3, "")
+    assert (rc, out) == (5, "")
     lines = err.splitlines()
     assert lines[0] == "rpsagg-jobs: job j1: running, 2/3 rounds done, 0 B up"
     assert lines[-1].startswith("rpsagg-jobs: job j1 is still running after ")
@@ -427,7 +428,7 @@ def test_tokens_from_the_environment_and_refusals_name_the_problem(
         for answer in answers:
             api.answer = lambda s, a=answer: a  # type: ignore[misc]
             rc, out, err = cli(capsys, "--url", api.url, *argv)
-            assert (rc, out) == (2, "")
+            assert (rc, out) == (4, "")  # the credentials refused
             lines.append(one_error_line(err).removeprefix("rpsagg-jobs: "))
         return lines
 
@@ -483,7 +484,7 @@ def test_an_unreachable_server_is_one_line(capsys: pytest.CaptureFixture[str]) -
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     rc, out, err = cli(capsys, "--url", f"http://127.0.0.1:{port}", "--token", TOKEN, "list")
-    assert (rc, out) == (2, "")
+    assert (rc, out) == (1, "")
     assert one_error_line(err) == (
         f"rpsagg-jobs: GET /api/jobs: cannot reach http://127.0.0.1:{port}: connection "
         "refused (is the server running, and --url its HTTP port?)")
@@ -545,16 +546,16 @@ def test_https_with_the_servers_ca(capsys: pytest.CaptureFixture[str], tmp_path:
         assert cli(capsys, "--url", tls.url, "show", "j1")[0] == 0
         monkeypatch.delenv("RPSAGG_TLS_CA")
         rc, out, err = cli(capsys, "--url", tls.url, "show", "j1")  # the system's roots
-        assert (rc, out) == (2, "")
+        assert (rc, out) == (1, "")
         assert "TLS: the server's certificate is not trusted" in one_error_line(err)
         assert "--ca FILE names the CA that signed it" in err
         rc, _, err = cli(capsys, "--url", tls.url.replace("https:", "http:"), "show", "j1")
-        assert rc == 2 and "does it speak HTTPS?" in one_error_line(err)
+        assert rc == 1 and "does it speak HTTPS?" in one_error_line(err)
         assert len(tls.seen) == 2
     for plain in _serve(FakeApi()):  # https:// to a port that speaks HTTP
         rc, _, err = cli(capsys, "--url", plain.url.replace("http:", "https:"), "--ca", str(ca),
                          "show", "j1")
-        assert rc == 2 and "does the port speak HTTPS? if not: --url http://" in err
+        assert rc == 1 and "does the port speak HTTPS? if not: --url http://" in err
         assert plain.seen == []
 
 
@@ -573,7 +574,14 @@ def test_a_server_that_does_not_answer_is_one_line(capsys: pytest.CaptureFixture
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        rc, out, err = cli(capsys, "--url", url, "--request-timeout", "0.2", "show", "j1")
+        assert (rc, out) == (1, "")
+        assert one_error_line(err) == (f"rpsagg-jobs: GET /api/jobs/j1: {url}: no answer "
+                                       "within 0.2 s (--request-timeout)")
+        # its older name, before the command, still works, with a line saying so
         rc, out, err = cli(capsys, "--url", url, "--timeout", "0.2", "show", "j1")
-    assert (rc, out) == (2, "")
-    assert one_error_line(err) == (f"rpsagg-jobs: GET /api/jobs/j1: {url}: no answer within "
-                                   "0.2 s (--timeout)")
+    assert (rc, out) == (1, "")
+    assert err.splitlines() == [
+        "rpsagg-jobs: --timeout before the command is deprecated; use --request-timeout "
+        "(wait's own --timeout is how long to wait)",
+        f"rpsagg-jobs: GET /api/jobs/j1: {url}: no answer within 0.2 s (--request-timeout)"]

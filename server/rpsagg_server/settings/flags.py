@@ -3,7 +3,10 @@
 
 Precedence: command-line flag > environment variable (``--round-timeout`` ->
 ``RPSAGG_ROUND_TIMEOUT``) > ``.env`` in the working directory (the same names) > ``--config
-FILE`` (TOML, keys spelled like the flags with ``-`` or ``_``) > default.
+FILE`` (TOML, keys spelled like the flags with ``-`` or ``_``) > default. The server's own
+certificate and key are named by their role, ``RPSAGG_SERVER_TLS_CERT`` and
+``RPSAGG_SERVER_TLS_KEY`` (:data:`ROLE_NAMES`; a client's are ``RPSAGG_CLIENT_TLS_CERT``...); their
+older names ``RPSAGG_TLS_CERT`` and ``RPSAGG_TLS_KEY`` are still read, with a line saying so.
 
 Every flag is a field of :class:`~rpsagg_server.settings.jobspec.JobSpec` (the job flags) or
 :class:`~rpsagg_server.settings.process.ServerSettings` (the server's): its name, type, default and
@@ -35,6 +38,7 @@ from pydantic_settings import (
 )
 
 from rpsagg import add_version_flag
+from rpsagg.commandline import EnvironmentVariable, ExitStatus, HelpFormatter, exit_statuses
 from rpsagg_server.settings.jobspec import JobSpec, parse_block_size, parse_value_bits
 from rpsagg_server.settings.process import ServerSettings, format_duration, parse_duration
 from rpsagg_server.settings.rules import field_infos
@@ -48,6 +52,60 @@ _SWITCHES = {name for name, info in _FLAG_FIELDS.items() if info.annotation is b
 _PARSERS = {"value_bits": parse_value_bits, "block_size": parse_block_size,
             "keep_finished_for": parse_duration}
 _DURATIONS = {name for name, parse in _PARSERS.items() if parse is parse_duration}
+PROG = "rpsagg-server"
+#: the variables named by their role instead of RPSAGG_<FLAG>, and their older names
+ROLE_NAMES: dict[str, EnvironmentVariable] = {
+    "tls_cert": EnvironmentVariable("RPSAGG_SERVER_TLS_CERT", deprecated=("RPSAGG_TLS_CERT",)),
+    "tls_key": EnvironmentVariable("RPSAGG_SERVER_TLS_KEY", deprecated=("RPSAGG_TLS_KEY",)),
+}
+_OLD_NAMES = {old for var in ROLE_NAMES.values() for old in var.deprecated}
+
+
+def env_name(field: str) -> str:
+    """The environment variable of a server setting: ``RPSAGG_<FIELD>``, or its role's name."""
+    var = ROLE_NAMES.get(field)
+    return var.name if var is not None else f"RPSAGG_{field.upper()}"
+
+
+#: the flags' groups in --help: each starts at its first field (in the models' order) and
+#: shows an example; a job group's title starts with :data:`JOB_GROUP`
+JOB_GROUP = "the default job"
+_GROUP_STARTS: dict[str, tuple[str, str]] = {
+    "estimator": (f"{JOB_GROUP}: the scheme",
+                  "e.g. --estimator rand-proj-spatial --transform avg --n 10 --k 102 --d 1024"),
+    "task": (f"{JOB_GROUP}: the task and its data",
+             "e.g. --task mean --data external --d 0 (each client's own vectors)"),
+    "rounds": (f"{JOB_GROUP}: the rounds", "e.g. --rounds 0 --round-timeout 30 --min-clients 8"),
+    "value_bits": (f"{JOB_GROUP}: the values on the wire",
+                   "e.g. --value-bits 4 --block-size auto"),
+    "eval": (f"{JOB_GROUP}: evaluation and the tasks' parameters", "e.g. --eval --seed 7"),
+    "target_rel_error": (f"{JOB_GROUP}: target mode",
+                         "e.g. --target-rel-error 0.05 --k-max 4096"),
+    "grpc_port": ("gRPC", "e.g. --grpc-port 50051 --host 0.0.0.0 --grpc-idle-timeout 30"),
+    "tls_cert": ("security",
+                 "e.g. --tls-cert server.pem --tls-key server.key --tokens tokens.txt "
+                 "--admin-tokens admin-tokens.txt (or --insecure on a trusted network)"),
+    "http_port": ("the dashboard and its API",
+                  "e.g. --http-port 8000 --http-host 0.0.0.0 --http-tokens http-tokens.txt "
+                  "--http-tls"),
+    "db": ("storage and the job's life", "e.g. --db /data/rpsagg.db --linger -1"),
+    "no_default_job": ("jobs", "e.g. --no-default-job --max-jobs 4 --keep-finished-for 30d"),
+    "decode_device": ("decoding and the event loop",
+                      "e.g. --decode-threads 8, or --decode-backend ray --ray-address "
+                      "10.0.0.5:6379"),
+}
+DESCRIPTION = f"""\
+The Rand-Proj-Spatial aggregation server: gRPC for the clients, the dashboard, its JSON API
+and /metrics on the HTTP port. Every flag can also be set with an environment variable,
+RPSAGG_<FLAG> (the certificate and key: {ROLE_NAMES["tls_cert"].name} and
+{ROLE_NAMES["tls_key"].name}), in a .env file or in a TOML --config file; a flag overrides the
+variable, which overrides .env, which overrides the file.
+
+  rpsagg-server --insecure --n 10 --k 102 --d 1024 --rounds 10 --eval
+  rpsagg-server --tls-cert server.pem --tls-key server.key --tokens tokens.txt \\
+      --task mean --data external --n 3 --d 1000 --k 400
+  rpsagg-server --insecure --no-default-job --http-host 0.0.0.0 --admin-tokens admin.txt
+"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -58,27 +116,49 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog="rpsagg-server",
-        description="Rand-Proj-Spatial aggregation server (gRPC). Every flag can also be set "
-        "with RPSAGG_<FLAG>, in a .env file or in a TOML --config file.",
-    )
+    p = _Parser(prog=PROG, usage=f"{PROG} [options]", description=DESCRIPTION,
+                formatter_class=HelpFormatter,
+                epilog=exit_statuses(ExitStatus.INTERRUPTED, notes={
+                    ExitStatus.DONE: "the job done, or a signal (SIGTERM, Ctrl-C) served "
+                    "after the drain",
+                    ExitStatus.USAGE: "also a start-up check: a port taken, a database of "
+                    "another job, a descriptor limit its jobs do not fit"}))
     add_version_flag(p, f"protocol {serde.PROTOCOL}")
-    p.add_argument("--config", help="TOML file with any of the options below")
-    groups = {"job": p.add_argument_group(
-                  "the default job", "its settings; also the settings of POST /api/jobs"),
-              "server": p.add_argument_group("the server", "shared by all its jobs")}
+    config = p.add_argument("--config", metavar="FILE", help="TOML file with any of the "
+                            "options below (keys spelled like the flags)")
+    config.environment = EnvironmentVariable("RPSAGG_CONFIG")  # type: ignore[attr-defined]
+    group: argparse._ArgumentGroup | None = None
     for name, info in _FLAG_FIELDS.items():
-        group = groups["job" if name in field_infos(JobSpec) else "server"]
+        if name in _GROUP_STARTS:
+            group = p.add_argument_group(*_GROUP_STARTS[name])
+        if group is None:
+            raise ValueError(f"{name}: before the first group of --help")
         flag = "--" + name.replace("_", "-")
         shown = format_duration(info.default) if name in _DURATIONS else _shown(info.default)
         helptext = f"{info.description} (default: {shown})"
         if name in _SWITCHES:
-            group.add_argument(flag, action="store_true", default=None, help=helptext)
+            action = group.add_argument(flag, action="store_true", default=None,
+                                        help=helptext)
         else:
-            group.add_argument(flag, type=_flag_type(name, info), default=None,
-                               help=helptext.replace("%", "%%"))
+            action = group.add_argument(flag, type=_flag_type(name, info), default=None,
+                                        metavar=_metavar(name, info),
+                                        help=helptext.replace("%", "%%"))
+        # shown in --help; the value is the sources' to read (load_config)
+        action.environment = (  # type: ignore[attr-defined]
+            ROLE_NAMES.get(name) or EnvironmentVariable(env_name(name)))
     return p
+
+
+def _metavar(name: str, info: FieldInfo) -> str:
+    """A flag's placeholder: what its value is."""
+    if name in _DURATIONS:
+        return "DURATION"
+    if name.endswith(("_bytes", "_connections", "_jobs")) or name in ("n", "k", "d"):
+        return "N"
+    kind = _flag_type(name, info)
+    if name.endswith(("timeout", "drain", "linger")):
+        return "S"
+    return "N" if kind is int else "NUMBER" if kind is float else "VALUE"
 
 
 def _shown(default: Any) -> str:
@@ -140,6 +220,20 @@ def _settings_model() -> type[_SettingsBase]:
 _Settings = _settings_model()
 
 
+def _by_field(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``env`` keyed ``rpsagg_<field>``, as pydantic-settings matches them:
+    ``RPSAGG_<FIELD IN CAPITALS>``, a role's name (:data:`ROLE_NAMES`) for its field, or its
+    older name with a line on standard error."""
+    out = {k.lower(): v for k, v in env.items()
+           if k.startswith("RPSAGG_") and k == k.upper() and k not in _OLD_NAMES}
+    for field, var in ROLE_NAMES.items():
+        out.pop(var.name.lower(), None)
+        value = var.read(env, PROG)
+        if value is not None:
+            out[f"rpsagg_{field}"] = value
+    return out
+
+
 class _Environment(EnvSettingsSource):
     """``RPSAGG_<FLAG>`` variables of a given mapping (``os.environ`` by default)."""
 
@@ -148,10 +242,8 @@ class _Environment(EnvSettingsSource):
         super().__init__(settings_cls)
 
     def _load_env_vars(self) -> Mapping[str, str | None]:
-        # the hook pydantic-settings' own dotenv source overrides to read another mapping;
-        # the names are exactly RPSAGG_<FIELD IN CAPITALS> (the source matches lower case)
-        return {k.lower(): v for k, v in self._env.items()
-                if k.startswith("RPSAGG_") and k == k.upper()}
+        # the hook pydantic-settings' own dotenv source overrides to read another mapping
+        return dict(self._env)
 
 
 class _ConfigFile(TomlConfigSettingsSource):
@@ -177,9 +269,9 @@ class _DotEnv(DotEnvSettingsSource):
         super().__init__(settings_cls, env_file=path)
 
     def _load_env_vars(self) -> Mapping[str, str | None]:
-        values = super()._load_env_vars()
-        return {k: v for k, v in values.items()
-                if k.startswith("rpsagg_") and k[len("rpsagg_"):] in _FLAG_FIELDS}
+        values = super()._load_env_vars()  # keys in lower case
+        named = _by_field({k.upper(): v for k, v in values.items() if v is not None})
+        return {k: v for k, v in named.items() if k[len("rpsagg_"):] in _FLAG_FIELDS}
 
 
 class _Checked(PydanticBaseSettingsSource):
@@ -224,6 +316,7 @@ def load_config(
              if getattr(args, name) is not None}
     config_path = args.config or environ.get("RPSAGG_CONFIG")
     dotenv = Path(".env")
+    variables = _by_field(environ)
     if config_path:
         Path(config_path).open("rb").close()  # an unreadable file is an error, not empty
 
@@ -238,7 +331,7 @@ def load_config(
             file_secret_settings: PydanticBaseSettingsSource,
         ) -> tuple[PydanticBaseSettingsSource, ...]:
             sources: list[PydanticBaseSettingsSource] = [
-                init_settings, _Checked(_Environment(settings_cls, environ))]
+                init_settings, _Checked(_Environment(settings_cls, variables))]
             if dotenv.is_file():
                 sources.append(_Checked(_DotEnv(settings_cls, dotenv)))
             if config_path:
