@@ -39,7 +39,7 @@ echo "[test] mypy, mypy of the Flower integration (.venv-flower) and the docs si
 run mypy .venv/bin/mypy
 # MYPYPATH: rpsagg's source, as .venv's mypy sees it; its own cache (two mypys at once)
 run "mypy flower" env MYPYPATH=common .venv-flower/bin/mypy --cache-dir .mypy_cache/flower \
-  flower/rpsagg_flower examples/flower-fashion-mnist
+  flower/rpsagg_flower examples/flower-fashion-mnist examples/flower-quickstart
 run "docs site (mkdocs build --strict -> build/site)" \
   env NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
 failed=0
