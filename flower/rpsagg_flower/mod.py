@@ -118,7 +118,8 @@ def make_rpsagg_mod(
     *,
     context_seeds: Callable[[Message, Context], int] | None = None,
 ) -> Mod:
-    """A mod that compresses training replies.
+    """A mod that compresses training replies, as ``rpsagg_mod`` does, with its own client
+    seeds.
 
     Parameters
     ----------
@@ -133,6 +134,12 @@ def make_rpsagg_mod(
     -------
     Mod
         ``(msg, context, call_next) -> Message``, for ``ClientApp(mods=[...])``.
+
+    Examples
+    --------
+    >>> import secrets
+    >>> from rpsagg_flower import make_rpsagg_mod
+    >>> mod = make_rpsagg_mod(lambda: secrets.randbits(64))  # as rpsagg_mod
     """
     draw = client_seeds or (lambda: secrets.randbits(64))
 
@@ -264,7 +271,24 @@ def make_rpsagg_mod(
     return rpsagg_mod
 
 
-#: The mod with fresh ``secrets.randbits(64)`` client seeds.
 rpsagg_mod: Mod = make_rpsagg_mod()
+"""The client mod, with fresh ``secrets.randbits(64)`` client seeds:
+``ClientApp(mods=[rpsagg_mod])``.
+
+In a training round that ``RandProjSpatialFedAvg`` configured (its config has
+``rpsagg.scheme``), it runs the ClientApp, takes the difference between the
+floating-point arrays the ClientApp returned and those it received, flattened across the
+``ArrayRecord``, and replies with the estimator's message of it (``k`` values or their
+codes, a 64-bit client seed) packed into one record under the ``ArrayRecord``'s name.
+Integer and boolean arrays, and those the strategy names ``uncompressed``, travel as they
+are beside the sketch; arrays the strategy names ``frozen`` are not sent. Every other
+message passes through unchanged.
+
+A reply the mod cannot compress (two ``ArrayRecord``s, arrays of another shape, no
+weight metric, ``num-examples`` by default; a clipping mod listed before it) becomes an error
+reply (``MOD_FAILED_PRECONDITION``, reason starting ``rpsagg_mod:``). With Flower's
+client-side clipping, list it first: ``ClientApp(mods=[rpsagg_mod, fixedclipping_mod])``.
+``make_rpsagg_mod`` builds one with other client seeds.
+"""
 
 __all__ = ["MEMORY_KEY", "make_rpsagg_mod", "rpsagg_mod"]

@@ -76,8 +76,21 @@ class Layout:
     Floating-point arrays are compressed (flattened into the update vector) unless named in
     ``uncompressed``; every other array (integer counters such as BatchNorm's
     ``num_batches_tracked``, boolean masks) and the named ones travel uncompressed beside
-    the sketch (:data:`PLAIN_PREFIX`) and are averaged by the server (:func:`mean_plain`).
-    ``frozen`` arrays are neither: they never travel up and the server keeps them.
+    the sketch and are averaged by the server. ``frozen`` arrays are neither: they never
+    travel up and the server keeps them. Build one with ``Layout.of``.
+
+    Attributes
+    ----------
+    keys : tuple of str
+        The arrays' keys, in record order.
+    shapes : tuple of tuple of int
+        Their shapes.
+    dtypes : tuple of numpy.dtype
+        Their dtypes.
+    compressed : tuple of bool
+        Per array: part of the flattened update (every array when empty).
+    frozen : tuple of bool
+        Per array: frozen, never sent (none when empty).
     """
 
     keys: tuple[str, ...]
@@ -118,9 +131,19 @@ class Layout:
 
     def plain_arrays(self, absent: Sequence[bool] | None = None
                      ) -> list[tuple[str, tuple[int, ...], np.dtype]]:
-        """``(key, shape, dtype)`` of each array that travels uncompressed, in record
-        order, less those flagged in ``absent`` (one flag per array, as in a reply's
-        bitmap; None: none absent)."""
+        """The arrays that travel uncompressed.
+
+        Parameters
+        ----------
+        absent : sequence of bool, optional
+            One flag per array, as in a reply's bitmap: those flagged are left out (None:
+            none absent).
+
+        Returns
+        -------
+        list of tuple
+            ``(key, shape, dtype)`` of each, in record order.
+        """
         gone = [False] * len(self.keys) if absent is None else absent
         return [(key, shape, dtype) for key, shape, dtype, c, f, no
                 in zip(self.keys, self.shapes, self.dtypes, self.compressed, self.frozen,
@@ -132,9 +155,23 @@ class Layout:
         return tuple(k for k, f in zip(self.keys, self.frozen, strict=True) if f)
 
     def coordinate_mask(self, included: Sequence[bool]) -> NDArray[np.bool_]:
-        """The coordinates of the flattened update (``d`` of them) that belong to the
-        compressed arrays flagged in ``included`` (one flag per compressed array, in record
-        order)."""
+        """The coordinates of the flattened update that belong to some compressed arrays.
+
+        Parameters
+        ----------
+        included : sequence of bool
+            One flag per compressed array, in record order.
+
+        Returns
+        -------
+        ndarray of bool
+            ``d`` flags, true on the coordinates of the flagged arrays.
+
+        Raises
+        ------
+        ValueError
+            When ``included`` has not one flag per compressed array.
+        """
         sizes = self.compressed_sizes
         if len(included) != len(sizes):
             raise ValueError(f"{len(included)} flags for {len(sizes)} compressed arrays")
@@ -151,9 +188,29 @@ class Layout:
     @classmethod
     def of(cls, record: ArrayRecord, uncompressed: Iterable[str] = (),
            frozen: Iterable[str] = ()) -> Layout:
-        """The layout of ``record``: its floating-point arrays not named in ``uncompressed``
-        or ``frozen`` are compressed. ``ValueError`` when ``uncompressed`` or ``frozen``
-        names an array the record lacks or when no array is left to compress."""
+        """The layout of a model.
+
+        Parameters
+        ----------
+        record : ArrayRecord
+            The model's arrays.
+        uncompressed : iterable of str
+            Floating-point arrays to send as they are.
+        frozen : iterable of str
+            Arrays never sent.
+
+        Returns
+        -------
+        Layout
+            The floating-point arrays of ``record`` not named in ``uncompressed`` or
+            ``frozen`` are compressed.
+
+        Raises
+        ------
+        ValueError
+            When ``record`` has no arrays, ``uncompressed`` or ``frozen`` names an array
+            the record lacks, or no array is left to compress.
+        """
         arrays = record.to_numpy_ndarrays()
         if not arrays:
             raise ValueError("the model's ArrayRecord has no arrays")
@@ -195,8 +252,26 @@ def _checked_arrays(record: ArrayRecord, layout: Layout) -> list[NDArray[np.gene
 
 
 def flatten(record: ArrayRecord, layout: Layout) -> FloatArray:
-    """The compressed arrays of ``record`` (which must have ``layout``) as one float64
-    vector."""
+    """The compressed arrays of a model as one vector.
+
+    Parameters
+    ----------
+    record : ArrayRecord
+        The model's arrays.
+    layout : Layout
+        ``record``'s layout.
+
+    Returns
+    -------
+    ndarray of float64
+        The compressed arrays, flattened and concatenated in record order (``layout.d``
+        coordinates).
+
+    Raises
+    ------
+    ValueError
+        When ``record``'s keys or shapes are not ``layout``'s.
+    """
     arrays = _checked_arrays(record, layout)
     parts = [np.asarray(arr, dtype=np.float64).reshape(-1)
              for arr, c in zip(arrays, layout.compressed, strict=True) if c]
@@ -265,10 +340,33 @@ def marks_from_bytes(raw: object, count: int, what: str) -> tuple[bool, ...]:
 def apply_update(record: ArrayRecord, layout: Layout, update: FloatArray,
                  plain: Mapping[str, NDArray[np.generic]] | None = None,
                  keep: Iterable[str] = ()) -> ArrayRecord:
-    """``record + update`` for the compressed arrays, each in its own shape and dtype (sums
-    in float64); the uncompressed arrays are replaced by ``plain``'s (kept when None or
-    when ``plain`` lacks them). Frozen arrays and those named in ``keep`` are kept as they
-    are, bit for bit."""
+    """A model plus a flattened update.
+
+    Parameters
+    ----------
+    record : ArrayRecord
+        The model's arrays.
+    layout : Layout
+        ``record``'s layout.
+    update : ndarray of float64
+        ``layout.d`` coordinates, as ``flatten`` orders them.
+    plain : mapping of str to ndarray, optional
+        New values of the uncompressed arrays (kept when None or when ``plain`` lacks
+        them).
+    keep : iterable of str
+        Arrays to keep as they are.
+
+    Returns
+    -------
+    ArrayRecord
+        ``record + update`` for the compressed arrays, each in its own shape and dtype
+        (sums in float64); frozen arrays and those named in ``keep`` bit for bit.
+
+    Raises
+    ------
+    ValueError
+        When ``update`` or ``record`` does not fit ``layout``.
+    """
     base = flatten(record, layout)
     if update.shape != base.shape:
         raise ValueError(f"an update of {update.size} coordinates for a model of {base.size}")

@@ -66,7 +66,7 @@ class RoundEncoding:
     Attributes
     ----------
     scheme : str
-        An estimator name of :func:`rpsagg.make_estimator` (``rpsagg.ESTIMATOR_NAMES`` or
+        An estimator name of ``rpsagg.make_estimator`` (``rpsagg.ESTIMATOR_NAMES`` or
         ``rpsagg.QUANTIZER_NAMES``).
     k : int or None
         Values per client (None for ``"eden"`` and ``"qsgd"``, which send every coordinate).
@@ -90,7 +90,7 @@ class RoundEncoding:
     error_feedback : float
         0: no client memory. Otherwise the step ``gamma`` the server applies to the decoded
         mean: each client keeps ``e`` in its context state, encodes ``v = update + e`` and
-        keeps ``e = v - gamma * decode(own message)`` (:mod:`rpsagg_flower.mod`).
+        keeps ``e = v - gamma * decode(own message)`` (``rpsagg_flower.mod``).
     layer_k : tuple of int
         Per-layer compression: one estimator message per compressed array, with these
         ``k`` (0 for ``"eden"`` and ``"qsgd"``); empty: one message of the flattened update.
@@ -126,12 +126,32 @@ class RoundEncoding:
         self, n: int, transform: str | float = "avg", prior_r: float | None = None,
         method: str = "auto", error_tol: float | str | None = None,
     ) -> Estimator:
-        """The estimator for ``n`` clients (the clients' choice of ``n`` does not matter:
-        an encode depends on neither ``n`` nor the transform, nor the decoder's joint
-        solver ``method`` and ``error_tol``). ``error_tol`` goes to the decoders it
-        applies to (Rand-Proj-Spatial with the SRHT, blockwise included); the others
-        decode with ``rtol`` alone. ``"auto"``: :data:`AUTO_ERROR_TOL` for a blockwise
-        decode, None for any other."""
+        """The estimator of the round for ``n`` clients.
+
+        The clients' choice of ``n`` does not matter: an encode depends on neither ``n``
+        nor the transform, nor the decoder's joint solver ``method`` and ``error_tol``.
+
+        Parameters
+        ----------
+        n : int
+            The replies to decode jointly.
+        transform : str or float
+            The spatial estimators' transform (``"avg"``, ``"max"``, ``"one"``, ``"auto"``
+            or a number); the others ignore it.
+        prior_r : float, optional
+            The correlation R that ``transform="auto"`` uses.
+        method : {"auto", "exact", "cg"}
+            The spatial decoders' joint solver.
+        error_tol : float, "auto" or None
+            Goes to the decoders it applies to (Rand-Proj-Spatial with the SRHT, blockwise
+            included); the others decode with ``rtol`` alone. ``"auto"``:
+            ``AUTO_ERROR_TOL`` (1e-2) for a blockwise decode, None for any other.
+
+        Returns
+        -------
+        rpsagg.Estimator
+            From ``rpsagg.make_estimator``.
+        """
         spatial = scheme_traits(self.scheme).takes_transform
         srht = scheme_traits(self.scheme).takes_projection and (
             self.block_size is not None or self.projection == "srht"
@@ -157,10 +177,28 @@ class RoundEncoding:
         )
 
     def reduced(self, d: int) -> RoundEncoding:
-        """The encoding of a sketch of ``d`` of the round's coordinates (a reply whose
-        other compressed arrays are zero or absent): ``k`` capped at ``d``, the rest as
-        the round's. Client and server both build it from the round's encoding and the
-        reply's bitmaps, so they agree without another message."""
+        """The encoding of a sketch of ``d`` of the round's coordinates.
+
+        A reply whose other compressed arrays are zero or absent sends such a sketch. Client
+        and server both build it from the round's encoding and the reply's bitmaps, so they
+        agree without another message.
+
+        Parameters
+        ----------
+        d : int
+            The coordinates of the sketch, ``1 <= d <=`` the round's ``d``.
+
+        Returns
+        -------
+        RoundEncoding
+            ``k`` capped at ``d``, one message (no per-layer split), the rest as the
+            round's.
+
+        Raises
+        ------
+        ValueError
+            When ``d`` is out of range.
+        """
         if not 1 <= d <= self.d:
             raise ValueError(f"a reduced sketch needs 1 <= d <= {self.d}; got {d}")
         k = None if self.k is None else min(self.k, d)
@@ -171,8 +209,25 @@ class RoundEncoding:
         prior_r: float | None = None, method: str = "auto",
         error_tol: float | str | None = None,
     ) -> list[Estimator]:
-        """Per-layer compression: one estimator per compressed array of ``sizes``
-        coordinates (``ValueError`` when ``sizes`` does not match ``layer_k``)."""
+        """Per-layer compression: one estimator per compressed array.
+
+        Parameters
+        ----------
+        sizes : tuple of int
+            The coordinates of each compressed array, in record order.
+        n, transform, prior_r, method, error_tol
+            As for ``estimator``.
+
+        Returns
+        -------
+        list of rpsagg.Estimator
+            One per array, with its ``layer_k`` and ``layer_block``.
+
+        Raises
+        ------
+        ValueError
+            When ``sizes`` does not match ``layer_k`` or the round's ``d``.
+        """
         if len(sizes) != len(self.layer_k) or len(self.layer_block) != len(self.layer_k):
             raise ValueError(f"the round has {len(self.layer_k)} layers; the model "
                              f"{len(sizes)}")
@@ -186,7 +241,13 @@ class RoundEncoding:
         return out
 
     def to_config(self, config: ConfigRecord) -> None:
-        """Write the keys into ``config`` (in place)."""
+        """Write the keys into ``config`` (in place).
+
+        Parameters
+        ----------
+        config : ConfigRecord
+            The round's train config; the keys all start with ``rpsagg.``.
+        """
         config[KEY_SCHEME] = self.scheme
         config[KEY_K] = 0 if self.k is None else int(self.k)
         config[KEY_D] = int(self.d)
@@ -204,8 +265,22 @@ class RoundEncoding:
 
     @classmethod
     def from_config(cls, config: ConfigRecord) -> RoundEncoding | None:
-        """The encoding the strategy asked for, or None when ``config`` has no
-        ``rpsagg.scheme`` (the round is not compressed). ``ValueError`` for a malformed one.
+        """The encoding the strategy asked for in a round's config.
+
+        Parameters
+        ----------
+        config : ConfigRecord
+            A training instruction's config.
+
+        Returns
+        -------
+        RoundEncoding or None
+            None when ``config`` has no ``rpsagg.scheme`` (the round is not compressed).
+
+        Raises
+        ------
+        ValueError
+            For malformed or missing ``rpsagg.`` keys.
         """
         if KEY_SCHEME not in config:
             return None

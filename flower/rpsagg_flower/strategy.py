@@ -103,7 +103,7 @@ def _server_side_dp_caller() -> str | None:
 
 
 class RandProjSpatialFedAvg(FedAvg):
-    """FedAvg with compressed model updates (clients use :data:`rpsagg_flower.rpsagg_mod`).
+    """FedAvg with compressed model updates (clients use ``rpsagg_flower.rpsagg_mod``).
 
     Each training round the strategy sends the estimator's settings and a fresh 64-bit
     nonce in the round's config. Clients reply with the estimator's message of their update
@@ -114,7 +114,7 @@ class RandProjSpatialFedAvg(FedAvg):
     clients' aggregated metrics:
 
     ``rpsagg.n-prime``, ``rpsagg.bytes-up`` (those replies as Flower sends them:
-    :func:`rpsagg_flower.wire.wire_bytes` of each ``Message``, its metadata and every
+    ``rpsagg_flower.wire.wire_bytes`` of each ``Message``, its metadata and every
     object of its content), ``rpsagg.payload-bytes-up`` (their compressed records' data and
     keys alone, as Flower's ``count_bytes`` counts them), ``rpsagg.bytes-up-uncompressed``
     (the same replies' wire bytes with the model's arrays, as FedAvg's replies would
@@ -157,12 +157,12 @@ class RandProjSpatialFedAvg(FedAvg):
         statistics); arrays that are not floating point always are. The server averages
         them as FedAvg does (integers rounded, booleans by weighted majority).
     missing_payload : {"raise", "drop"}
-        A reply without the rpsagg payload (a ClientApp without :data:`rpsagg_mod`):
+        A reply without the rpsagg payload (a ClientApp without ``rpsagg_mod``):
         ``"raise"`` fails the run with a ``RuntimeError``; ``"drop"`` leaves it out of the
         round with a warning.
     server_optimizer : ServerOptimizer, optional
         Applies the decoded mean update as a pseudo-gradient
-        (:mod:`rpsagg_flower.optim`: ``ServerSGD(lr, momentum)`` for a server learning rate
+        (``rpsagg_flower.optim``: ``ServerSGD(lr, momentum)`` for a server learning rate
         and FedAvgM, ``ServerAdam``, ``ServerYogi``, ``ServerAdagrad``). Default: a step of
         1, as FedAvg.
     per_layer : bool or mapping of str to int
@@ -190,6 +190,15 @@ class RandProjSpatialFedAvg(FedAvg):
         Clients keep the part of their update the server did not apply in their context
         state and add it to the next round's update (error feedback); the server applies
         ``lr`` times the decoded mean. Needs a ``ServerSGD`` without momentum (or none).
+    target_rel_error : float, optional
+        Choose each round's k: the smallest k in ``[k_min, k]`` whose predicted relative
+        error, for the last round's number of replies at the least of the smoothed and the
+        newest R̂ (0 while none is known), is at most this
+        (``rpsagg.planning.BudgetPolicy``, the server's rule); ``k`` when none is, and in
+        round 1. Needs ``k``, an estimator that takes k (not ``"eden"`` or ``"qsgd"``) and
+        ``per_layer=False``. The k a round used is its metric ``rpsagg.k``.
+    k_min : int
+        The smallest k ``target_rel_error`` may choose (``1 <= k_min <= k``).
     frozen : iterable of str
         Arrays known not to be trained (a frozen backbone, an embedding not being tuned):
         clients never send them and the server keeps them bit for bit. Arrays that a
@@ -203,6 +212,22 @@ class RandProjSpatialFedAvg(FedAvg):
     **kwargs
         FedAvg's parameters (``fraction_train``, ``min_train_nodes``, ``weighted_by_key``,
         ``arrayrecord_key``, ...).
+
+    Raises
+    ------
+    ValueError
+        Settings that do not fit: an unknown ``estimator``, ``partial``,
+        ``missing_payload``, ``solver``, ``error_tol`` or ``block_size``;
+        ``error_feedback`` with a server optimizer other than a ``ServerSGD`` without
+        momentum; ``target_rel_error`` that is not positive, or without ``k >= k_min >= 1``,
+        an estimator that takes k and ``per_layer=False``.
+
+    Examples
+    --------
+    >>> from rpsagg_flower import RandProjSpatialFedAvg, ServerSGD
+    >>> strategy = RandProjSpatialFedAvg(
+    ...     "rand-proj-spatial", k=250, server_optimizer=ServerSGD(lr=0.5),
+    ...     min_train_nodes=10, min_available_nodes=10)
     """
 
     def __init__(
@@ -291,9 +316,11 @@ class RandProjSpatialFedAvg(FedAvg):
         self._plan: _RoundPlan | None = None
 
     def summary(self) -> None:
-        """Log the configuration (FedAvg's, then the compression) as constructed: ``k`` is
-        the constructor's (the upper bound under ``target_rel_error``); each round's k is
-        its metric ``rpsagg.k``."""
+        """Log the configuration (FedAvg's, then the compression) as constructed.
+
+        ``k`` there is the constructor's (the upper bound under ``target_rel_error``); each
+        round's k is its metric ``rpsagg.k``. ``Strategy.start`` calls it before round 1.
+        """
         super().summary()
         log.info(
             "\t└──> rpsagg: %s, k=%s (each round's: metric rpsagg.k), transform=%s, "
@@ -314,8 +341,27 @@ class RandProjSpatialFedAvg(FedAvg):
         return AUTO_BLOCK_SIZE if big and blockwise else None
 
     def round_encoding(self, arrays: ArrayRecord, nonce: int) -> RoundEncoding:
-        """The encoding of a round that sends ``arrays`` (``ValueError`` when the settings
-        do not fit the model, e.g. ``k > d`` or no floating-point array)."""
+        """The encoding of a round that sends ``arrays``.
+
+        Parameters
+        ----------
+        arrays : ArrayRecord
+            The global model the round sends.
+        nonce : int
+            The round's 64-bit nonce.
+
+        Returns
+        -------
+        RoundEncoding
+            What the clients must build; its ``k`` is the round's (chosen by
+            ``target_rel_error`` when given).
+
+        Raises
+        ------
+        ValueError
+            When the settings do not fit the model, e.g. ``k > d``, no floating-point array
+            to compress, or a ``per_layer`` mapping without some compressed array's k.
+        """
         layout = Layout.of(arrays, self.uncompressed, self.frozen)
         layer_k: tuple[int, ...] = ()
         layer_block: tuple[int, ...] = ()
@@ -379,10 +425,32 @@ class RandProjSpatialFedAvg(FedAvg):
     ) -> Iterable[Message]:
         """FedAvg's messages, with the round's encoding and nonce in their config.
 
-        Raises ``TypeError`` under Flower's server-side clipping wrappers: they clip each
-        reply's uncompressed arrays, which a compressed reply does not have (use
-        ``DifferentialPrivacyClientSideFixedClipping`` or ``...AdaptiveClipping`` with
-        ``ClientApp(mods=[rpsagg_mod, fixedclipping_mod])``)."""
+        Parameters
+        ----------
+        server_round : int
+            The round, from 1.
+        arrays : ArrayRecord
+            The global model to send.
+        config : ConfigRecord
+            The round's train config; the rpsagg keys are added to a copy.
+        grid : Grid
+            Flower's grid, to sample the nodes as FedAvg does.
+
+        Returns
+        -------
+        iterable of Message
+            One training instruction per sampled node.
+
+        Raises
+        ------
+        TypeError
+            Under Flower's server-side clipping wrappers: they clip each reply's
+            uncompressed arrays, which a compressed reply does not have (use
+            ``DifferentialPrivacyClientSideFixedClipping`` or ``...AdaptiveClipping`` with
+            ``ClientApp(mods=[rpsagg_mod, fixedclipping_mod])``).
+        ValueError
+            When the settings do not fit the model (``round_encoding``).
+        """
         wrapper = _server_side_dp_caller()
         if wrapper is not None:
             raise TypeError(
@@ -414,7 +482,31 @@ class RandProjSpatialFedAvg(FedAvg):
         server_round: int,
         replies: Iterable[Message],
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Decode the compressed replies jointly and apply the mean update."""
+        """Decode the compressed replies jointly and apply the mean update.
+
+        Parameters
+        ----------
+        server_round : int
+            The round, which this strategy's ``configure_train`` configured.
+        replies : iterable of Message
+            The replies that arrived. Error replies count as failures; replies that do not
+            fit the round (another round's nonce, a second reply of a node, a malformed
+            packed reply) are left out with a warning.
+
+        Returns
+        -------
+        arrays : ArrayRecord or None
+            The new global model; None when no reply could be used (the model stays).
+        metrics : MetricRecord or None
+            The clients' metrics aggregated as FedAvg does, and the ``rpsagg.*`` metrics
+            of the round (the class's description).
+
+        Raises
+        ------
+        RuntimeError
+            A reply without the rpsagg payload under ``missing_payload="raise"``, or one
+            that carries only some of the model's arrays under ``partial="refuse"``.
+        """
         plan = self._plan
         valid, _ = self._check_and_log_replies(replies, is_train=True, validate=False)
         if plan is None or plan.server_round != server_round:
