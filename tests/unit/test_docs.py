@@ -36,17 +36,23 @@ def test_run_sh_answers_help_and_version_without_setting_up() -> None:
         assert "[setup]" not in out.stdout + out.stderr
 
 
-def test_readme_quick_start_runs() -> None:
+def test_readme_quick_start_prints_what_the_readme_shows() -> None:
+    """The quick start's output is the block beside it, to the printed digit (fixed seeds),
+    and it shows the gain it claims: Rand-Proj-Spatial below Rand-k at each k."""
     text = (ROOT / "README.md").read_text()
     section = text[text.index("## Library quick start") :]
-    code = re.search(r"```python\n(.*?)```", section, re.S)
+    code = re.search(r"```python\n(.*?)```\n\n```text\n(.*?)```", section, re.S)
     assert code is not None
     out = subprocess.run(
         [sys.executable, "-c", code.group(1)], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr
-    rel_err = float(out.stdout.strip().splitlines()[-1])
-    assert np.isfinite(rel_err) and rel_err > 0.0
+    assert out.stdout == code.group(2)
+    errors = {(k, name): float(err) for k, name, err in
+              re.findall(r"k = +(\d+) +(\S+) +relative error (\S+)", out.stdout)}
+    for k in ("32", "128"):
+        assert errors[(k, "rand-proj-spatial")] < errors[(k, "rand-k-spatial")] \
+            < errors[(k, "rand-k")]
 
 
 def test_simulation_command_prints_every_estimator() -> None:
@@ -80,6 +86,27 @@ def test_simulation_command_prints_every_estimator() -> None:
         timeout=60,
     )
     assert bad.returncode == 2 and "k must be in [1, d]" in bad.stderr
+
+
+def test_the_libraries_simulate_example_runs_as_written() -> None:
+    """docs/library.md's rpsagg-simulate line, and the ratios its text quotes from it."""
+    text = (ROOT / "docs" / "library.md").read_text()
+    block = re.search(r"```bash\n(rpsagg-simulate .*?)\n```", text)
+    assert block is not None
+    argv = block.group(1).split()
+    out = subprocess.run([str(Path(sys.executable).parent / argv[0]), *argv[1:]],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    mse = {(r, name, t): float(v) for r, name, t, v in
+           re.findall(r"R=(\S+) +(\S+) +(\S+) +MSE +(\S+)", out.stdout)}
+    rand_k = mse[("9", "rand-k", "-")]
+    quoted = re.search(r"Rand-Proj-Spatial\(max\) has (\S+)x\nRand-k's error \((\S+) against "
+                       r"(\S+) with `--trials 50`.*?\(avg\) (\S+)x", text, re.S)
+    assert quoted is not None
+    ratio_max, max_mse, k_mse, ratio_avg = (float(g) for g in quoted.groups())
+    assert (round(mse[("9", "rand-proj-spatial", "max")], 2), round(rand_k, 2)) == (max_mse, k_mse)
+    assert round(mse[("9", "rand-proj-spatial", "max")] / rand_k, 2) == ratio_max
+    assert round(mse[("9", "rand-proj-spatial", "avg")] / rand_k, 2) == ratio_avg
 
 
 # files of the site that the build generates (scripts/mkdocs_hooks.py), not in the repository
@@ -124,7 +151,7 @@ def test_every_docs_page_is_in_the_site_navigation() -> None:
 # first line. Every other Python block of those pages runs as it is written.
 PLACEHOLDER_EXAMPLES = {
     ("README.md", "from rpsagg_client import AggregationClient"),  # HOST, TOKEN, my_vector
-    ("README.md", "from flwr.clientapp import ClientApp"),  # grid, arrays; flwr in .venv-flower
+    ("README.md", "from flwr.clientapp import ClientApp"),  # flwr: in .venv-flower
     ("docs/vectors.md", "from rpsagg_client import AggregationClient"),
     ("docs/vectors.md", "import numpy as np"),  # the walk-through's x*.npy and mean.npy
     ("docs/flower-start.md", "from flwr.clientapp import ClientApp"),
