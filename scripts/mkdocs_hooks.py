@@ -12,6 +12,7 @@
   commands read: each command's from its parser (the server's from its settings models),
   the library's from ``rpsagg.commandline.PROCESS_VARIABLES``; ``<!-- exit-statuses -->``
   the table of exit statuses every command keeps (``rpsagg.commandline.MEANINGS``).
+- CHANGELOG.md is the site's page ``changelog.md`` (generated, never copied into docs/).
 - A line ``<!-- openapi -->`` becomes the HTTP API's reference, rendered from the OpenAPI
   schema of the server's app (built in memory, nothing served, on an in-memory database);
   the schema itself is a file of the site, ``reference/openapi.json``.
@@ -70,6 +71,9 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
 def on_files(files: Any, config: Any) -> Any:
     from mkdocs.structure.files import File
 
+    # the repository's CHANGELOG.md, a page of the site as it is (one file, no copy)
+    changelog = Path(config["docs_dir"]).resolve().parent / "CHANGELOG.md"
+    files.append(File.generated(config, CHANGELOG_PAGE, content=changelog.read_text()))
     _SCHEMA.clear()
     try:
         _SCHEMA.update(_openapi_schema())
@@ -84,6 +88,7 @@ def on_files(files: Any, config: Any) -> Any:
 _OPENAPI = re.compile(r"^<!-- openapi -->$", re.M)
 _SCHEMA: dict[str, Any] = {}
 OPENAPI_JSON = "reference/openapi.json"  # in the site, beside reference/http.md
+CHANGELOG_PAGE = "changelog.md"  # the site's page of CHANGELOG.md
 
 
 def _openapi_schema() -> dict[str, Any]:
