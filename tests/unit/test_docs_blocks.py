@@ -99,8 +99,8 @@ PLACEHOLDERS = {
         "the example's runs, tens of minutes (tests/flower/test_e2e.py runs its app on both "
         "engines)",
     ("examples/flower-fashion-mnist/README.md", "flower-superlink --insecure "
-     "--disable-runtime-dependency-installation --port 9093  # add --simulation for Ray"): "a SuperLink and SuperNodes (tests/flower/test_e2e.py "
-     "starts them)",
+     "--disable-runtime-dependency-installation --port 9093  # add --simulation for Ray"):
+        "a SuperLink and SuperNodes (tests/flower/test_e2e.py starts them)",
     ("examples/flower-fashion-mnist/README.md", "cd examples/flower-fashion-mnist"):
         "the benchmark: hours on two cores",
     ("docs/flower-start.md", 'pip install ./common "./flower[simulation]"'):
