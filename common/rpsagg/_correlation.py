@@ -93,10 +93,14 @@ def estimate_correlation(encoded: Sequence[Encoded]) -> float:
 
 @dataclass
 class CorrelationTracker:
-    """Exponentially smoothed correlation across rounds, for ``transform="auto"``.
+    """Exponentially smoothed correlation across rounds, for ``transform="auto"`` and for
+    target mode's planning.
 
-    Tracks the correlation *fraction* ``R_hat / (n' - 1)`` so rounds with different
-    numbers of arrivals combine; :meth:`prior` converts back to R for ``n`` clients.
+    Tracks the correlation *fraction* ``R_hat / (n' - 1)`` (the clients' mean pairwise
+    correlation, in ``[-1/(n' - 1), 1]``) so rounds with different numbers of arrivals
+    combine; :meth:`prior` converts back to R for ``n`` clients, at least 0, the range of
+    the transforms; :meth:`planning_prior` keeps a negative R (vectors that disagree: the
+    mean is small against them and the relative error larger), at least -1.
 
     Attributes
     ----------
@@ -128,8 +132,8 @@ class CorrelationTracker:
         self._fold(r_hat, count)
 
     def _fold(self, r_hat: float, count: int) -> None:
-        if count >= 2:
-            frac = float(np.clip(r_hat / (count - 1), 0.0, 1.0))
+        if count >= 2:  # the fraction's own range; R_hat's noise may step outside it
+            frac = float(np.clip(r_hat / (count - 1), -1.0 / (count - 1), 1.0))
             self.last = frac
             self.fraction = (
                 frac
@@ -138,8 +142,9 @@ class CorrelationTracker:
             )
 
     def prior(self, n: int) -> float | None:
-        """Prior R for ``n`` clients (None until a round has been seen)."""
-        return None if self.fraction is None else self.fraction * max(0, n - 1)
+        """Prior R for ``n`` clients, in ``[0, n - 1]`` (the transforms' range: a negative
+        correlation decodes as none); None until a round has been seen."""
+        return None if self.fraction is None else max(0.0, self.fraction) * max(0, n - 1)
 
     def planning_prior(self, n: int) -> float | None:
         """The R to plan a budget for: the least of the smoothed prior and the newest
@@ -148,7 +153,7 @@ class CorrelationTracker:
         if self.fraction is None:
             return None
         frac = self.fraction if self.last is None else min(self.fraction, self.last)
-        return frac * max(0, n - 1)
+        return max(-1.0, frac * max(0, n - 1))  # R >= -1: ||sum_i x_i||^2 >= 0
 
 
 @dataclass

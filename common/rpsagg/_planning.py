@@ -84,7 +84,10 @@ def plan_budget(
         Target relative error ``E||x_hat - x_bar||^2 / ||x_bar||^2`` (> 0).
     r : float
         The correlation to plan for (e.g. the smoothed R_hat of earlier rounds), clipped to
-        ``[0, n - 1]``.
+        its range ``[-1, n - 1]``. A negative R is planned as it is: the clients' vectors
+        disagree, their mean is small against them (``||x_bar||^2 = (1 + R) sum_i
+        ||x_i||^2 / n^2``) and the relative error grows as ``1 / (1 + R)``; at R = -1 (a
+        zero mean) no budget reaches a target.
     k_min, k_max : int
         The range of k (``1 <= k_min <= k_max``).
     value_bits : sequence of int
@@ -101,7 +104,7 @@ def plan_budget(
     fallback: BudgetPlan | None = None
     for bits in value_bits:
         n = make(k_min, bits).n
-        rr = min(max(0.0, float(r)), float(n - 1))
+        rr = min(max(-1.0, float(r)), float(n - 1))
 
         def err(k: int, bits: int = bits, rr: float = rr) -> float:
             return make(k, bits).predicted_relative_error(rr)

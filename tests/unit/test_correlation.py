@@ -57,12 +57,13 @@ def test_tracker_smooths_fraction_and_converts_to_prior() -> None:
     xs = correlated_vectors(n, d, 5.0, seed=2)
     msgs = [est.encode(x, 10 + i) for i, x in enumerate(xs)]
     r1 = tracker.update(msgs)
-    assert tracker.fraction == pytest.approx(min(1.0, max(0.0, r1 / (n - 1))))
+    # the fraction's range: R in [-1, n-1] over n - 1
+    assert tracker.fraction == pytest.approx(min(1.0, max(-1.0 / (n - 1), r1 / (n - 1))))
     msgs2 = [est.encode(x, 100 + i) for i, x in enumerate(xs)]
     r2 = tracker.update(msgs2)
-    f1, f2 = (min(1.0, max(0.0, r / (n - 1))) for r in (r1, r2))
+    f1, f2 = (min(1.0, max(-1.0 / (n - 1), r / (n - 1))) for r in (r1, r2))
     assert tracker.fraction == pytest.approx(0.5 * f1 + 0.5 * f2)
-    assert tracker.prior(n) == pytest.approx(tracker.fraction * (n - 1))
+    assert tracker.prior(n) == pytest.approx(max(0.0, tracker.fraction) * (n - 1))
     with pytest.raises(ValueError, match="alpha"):
         rpsagg.CorrelationTracker(alpha=0.0)
 
