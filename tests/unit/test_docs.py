@@ -188,6 +188,24 @@ def test_every_python_example_runs_or_is_a_named_placeholder(tmp_path: Path) -> 
     assert ran >= 2  # the README's quick start and docs/library.md's at least
 
 
+def test_docs_name_no_commit_of_the_repository() -> None:
+    """A page describes the system as it is; which commit did what is git's and the
+    CHANGELOG's. Every hex word of 7 to 40 digits in the README, the docs and the examples'
+    READMEs is looked up among the repository's objects: none may be a commit (hex dumps
+    and golden vectors are not)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")),
+             *sorted(ROOT.glob("examples/*/README.md"))]
+    words = sorted({(word, page.relative_to(ROOT).as_posix()) for page in pages
+                    for word in re.findall(r"\b[0-9a-f]{7,40}\b", page.read_text())})
+    assert words  # the scan sees the hex of the wire-format page
+    found = subprocess.run(["git", "cat-file", "--batch-check"], cwd=ROOT, text=True,
+                           input="".join(f"{w}\n" for w, _ in words), capture_output=True,
+                           timeout=60, check=True).stdout.splitlines()
+    commits = [where for where, line in zip(words, found, strict=True)
+               if line.split()[1:2] == ["commit"]]
+    assert not commits, commits
+
+
 # Work-log words: an issue's number, a numbered work period. The docs describe the system as it
 # is; what changed and when is CHANGELOG.md's.
 DIARY = re.compile(r"\b(?:issues?|sessions?|work periods?|sprints?)\s+#?\d+", re.I)
