@@ -16,7 +16,7 @@ Examples
 """
 
 import rpsagg
-from rpsagg_flower.mod import make_rpsagg_mod, rpsagg_mod
+from rpsagg_flower.mod import client_mods, make_rpsagg_mod, rpsagg_mod
 from rpsagg_flower.optim import (
     ServerAdagrad,
     ServerAdam,
@@ -43,6 +43,7 @@ __all__ = [
     "ServerYogi",
     "__version__",
     "apply_update",
+    "client_mods",
     "flatten",
     "make_rpsagg_mod",
     "make_server_optimizer",

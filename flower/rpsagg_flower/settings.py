@@ -40,6 +40,10 @@ KEY_ERROR_FEEDBACK = PREFIX + "error-feedback"
 KEY_LAYER_K = PREFIX + "layer-k"
 KEY_LAYER_BLOCK = PREFIX + "layer-block-size"
 KEY_FROZEN = PREFIX + "frozen"
+#: the config key of Flower's client-side clipping wrappers (``clipping_norm``: the norm its
+#: clipping mods clip each update to); Flower's own constant is not public API, and
+#: ``tests/flower/test_robustness.py`` checks that the two agree
+KEY_CLIPPING_NORM = "clipping_norm"
 
 # Models with more coordinates than AUTO_BLOCK_THRESHOLD are encoded blockwise by
 # block_size="auto" (Rand-Proj-Spatial, float32 or quantized values), in blocks of

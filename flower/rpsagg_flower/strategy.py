@@ -447,18 +447,18 @@ class RandProjSpatialFedAvg(FedAvg):
             Under Flower's server-side clipping wrappers: they clip each reply's
             uncompressed arrays, which a compressed reply does not have (use
             ``DifferentialPrivacyClientSideFixedClipping`` or ``...AdaptiveClipping`` with
-            ``ClientApp(mods=[rpsagg_mod, fixedclipping_mod])``).
+            ``ClientApp(mods=client_mods(fixedclipping_mod))``).
         ValueError
             When the settings do not fit the model (``round_encoding``).
         """
         wrapper = _server_side_dp_caller()
         if wrapper is not None:
+            kind = "Adaptive" if "Adaptive" in wrapper else "Fixed"
             raise TypeError(
                 f"{wrapper} cannot wrap RandProjSpatialFedAvg: server-side clipping needs each "
-                f"client's uncompressed update; use client-side clipping "
-                f"(DifferentialPrivacyClientSide{'Adaptive' if 'Adaptive' in wrapper else 'Fixed'}"
-                f"Clipping with ClientApp(mods=[rpsagg_mod, "
-                f"{'adaptive' if 'Adaptive' in wrapper else 'fixed'}clipping_mod)])"
+                f"client's uncompressed update; use client-side clipping: "
+                f"DifferentialPrivacyClientSide{kind}Clipping on the server and "
+                f"ClientApp(mods=client_mods({kind.lower()}clipping_mod)) on the clients"
             )
         enc = self.round_encoding(arrays, self._nonces())
         round_config = ConfigRecord(dict(config))

@@ -28,11 +28,13 @@ from flwr.serverapp.strategy import (
     DifferentialPrivacyServerSideAdaptiveClipping,
     DifferentialPrivacyServerSideFixedClipping,
 )
+from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM as FLOWER_KEY_CLIPPING_NORM
 from flwr.supercore.differential_privacy import KEY_NORM_BIT
 
-from rpsagg_flower import RandProjSpatialFedAvg, make_rpsagg_mod, rpsagg_mod
+from rpsagg_flower import RandProjSpatialFedAvg, client_mods, make_rpsagg_mod, rpsagg_mod
 from rpsagg_flower.payload import PLAIN_PREFIX, bundle
 from rpsagg_flower.reply import REPLY_KEY, payload_records
+from rpsagg_flower.settings import KEY_CLIPPING_NORM
 
 from .flower_util import FakeGrid, adding_app, as_v01, context, model, run_round, seeds, sent
 from .test_mod import instruction, round_config
@@ -301,8 +303,14 @@ def test_server_side_clipping_refuses_before_sending(wrapper) -> None:  # type: 
     """Server-side clipping needs each client's uncompressed update: the strategy refuses
     to configure a round under it, naming the client-side wrapper to use instead."""
     dp = wrapper(RandProjSpatialFedAvg("rand-k", k=6))
-    with pytest.raises(TypeError, match=r"cannot wrap RandProjSpatialFedAvg.*ClientSide"):
+    kind = "Adaptive" if "Adaptive" in type(dp).__name__ else "Fixed"
+    with pytest.raises(TypeError) as exc:
         dp.configure_train(1, model(SHAPES), ConfigRecord(), FakeGrid([1, 2]))
+    assert str(exc.value) == (
+        f"{type(dp).__name__} cannot wrap RandProjSpatialFedAvg: server-side clipping needs "
+        f"each client's uncompressed update; use client-side clipping: "
+        f"DifferentialPrivacyClientSide{kind}Clipping on the server and "
+        f"ClientApp(mods=client_mods({kind.lower()}clipping_mod)) on the clients")
 
 
 def _clipping_app(mods: list, updates: dict[int, np.ndarray]) -> ClientApp:  # type: ignore[type-arg]
@@ -316,7 +324,8 @@ def _clipping_app(mods: list, updates: dict[int, np.ndarray]) -> ClientApp:  # t
 
 
 def test_client_side_fixed_clipping_clips_before_compressing() -> None:
-    """``mods=[rpsagg_mod, fixedclipping_mod]`` under DifferentialPrivacyClientSideFixedClipping
+    """``client_mods(fixedclipping_mod)`` (the rpsagg mod, then Flower's clipping mod inside
+    it) under DifferentialPrivacyClientSideFixedClipping
     (noise 0, ``"full"``: exact values): the new model is the weighted mean of the clipped
     updates (clipping to norm 1 of updates of norms 2 and 0.5)."""
     strategy = DifferentialPrivacyClientSideFixedClipping(
@@ -325,7 +334,7 @@ def test_client_side_fixed_clipping_clips_before_compressing() -> None:
     rng = np.random.default_rng(5)
     raw = {1: rng.standard_normal(60), 2: rng.standard_normal(60)}
     ups = {1: 2.0 * raw[1] / np.linalg.norm(raw[1]), 2: 0.5 * raw[2] / np.linalg.norm(raw[2])}
-    app = _clipping_app([rpsagg_mod, fixedclipping_mod], ups)
+    app = _clipping_app(client_mods(fixedclipping_mod), ups)
     arrays = model(SHAPES)
     messages = list(strategy.configure_train(1, arrays, ConfigRecord(), FakeGrid([1, 2])))  # type: ignore[arg-type]
     replies = [app(m, context(m.metadata.dst_node_id)) for m in messages]
@@ -343,7 +352,7 @@ def test_client_side_adaptive_clipping_sends_the_norm_bit() -> None:
         RandProjSpatialFedAvg("rand-k", k=20), noise_multiplier=0.0, num_sampled_clients=2,
         initial_clipping_norm=0.1)
     ups = {1: np.ones(60), 2: np.ones(60)}  # norm 7.7 > 0.1: both clipped
-    app = _clipping_app([rpsagg_mod, adaptiveclipping_mod], ups)
+    app = _clipping_app(client_mods(adaptiveclipping_mod), ups)
     messages = list(strategy.configure_train(1, model(SHAPES), ConfigRecord(),
                                              FakeGrid([1, 2])))  # type: ignore[arg-type]
     replies = [app(m, context(m.metadata.dst_node_id)) for m in messages]
@@ -358,9 +367,10 @@ def test_client_side_adaptive_clipping_sends_the_norm_bit() -> None:
 
 @pytest.mark.parametrize("clip_mod", [fixedclipping_mod, adaptiveclipping_mod])
 def test_wrong_mod_order_is_refused_with_the_right_order(clip_mod) -> None:  # type: ignore[no-untyped-def]
-    """``mods=[clipping_mod, rpsagg_mod]`` would hand the clipping mod a compressed reply:
-    rpsagg_mod answers with an error naming the order to use, addressed to the instruction,
-    and the clipping mod passes the error on."""
+    """``mods=[clipping_mod, rpsagg_mod]`` would hand the clipping mod a compressed reply. A
+    mod cannot see the mods around it: a round that asks for clipping reaching an rpsagg mod
+    not built with ``clipping_inside`` is answered with an error naming ``client_mods``,
+    addressed to the instruction, and the clipping mod passes the error on."""
     strategy = DifferentialPrivacyClientSideFixedClipping(
         RandProjSpatialFedAvg("rand-k", k=6), noise_multiplier=0.0, clipping_norm=1.0,
         num_sampled_clients=2)
@@ -370,15 +380,22 @@ def test_wrong_mod_order_is_refused_with_the_right_order(clip_mod) -> None:  # t
                                              FakeGrid([1, 2]))))  # type: ignore[arg-type]
     out = app(_delivered(msg), context(msg.metadata.dst_node_id))
     assert out.has_error()
-    assert f"mods=[rpsagg_mod, {clip_mod.__name__}]" in out.error.reason
+    assert "client_mods(fixedclipping_mod)" in out.error.reason
+    assert "clipping_norm 1" in out.error.reason
     _assert_reply_to(out, msg)
+    # the same with the clipping mod listed after the plain rpsagg_mod: the declaration is
+    # what counts (client_mods makes it)
+    app = _clipping_app([rpsagg_mod, clip_mod], {1: small, 2: small})
+    out = app(_delivered(msg), context(msg.metadata.dst_node_id))
+    assert out.has_error() and "client_mods(" in out.error.reason
 
 
 def test_clipping_asked_but_not_done_is_refused() -> None:
     strategy = DifferentialPrivacyClientSideFixedClipping(
         RandProjSpatialFedAvg("rand-k", k=6), noise_multiplier=0.0, clipping_norm=1.0,
         num_sampled_clients=2)
-    app = _clipping_app([rpsagg_mod], {1: np.ones(60), 2: np.ones(60)})  # norm 7.7, nobody clips
+    app = _clipping_app([make_rpsagg_mod(clipping_inside=True)],  # declared, but no clipping
+                        {1: np.ones(60), 2: np.ones(60)})  # norm 7.7, nobody clips
     msg = next(iter(strategy.configure_train(1, model(SHAPES), ConfigRecord(),
                                              FakeGrid([1, 2]))))  # type: ignore[arg-type]
     out = app(_delivered(msg), context(msg.metadata.dst_node_id))
@@ -395,7 +412,7 @@ def test_clipping_mod_on_the_train_function_keeps_evaluate_working() -> None:
         RandProjSpatialFedAvg("full", k=60), noise_multiplier=0.0, clipping_norm=1.0,
         num_sampled_clients=2)
     ups = {1: np.ones(60), 2: np.full(60, 0.01)}
-    app = ClientApp(mods=[rpsagg_mod])
+    app = ClientApp(mods=[make_rpsagg_mod(clipping_inside=True)])
 
     @app.train(mods=[fixedclipping_mod])
     def train(msg: Message, ctxt: Context) -> Message:
@@ -418,3 +435,9 @@ def test_clipping_mod_on_the_train_function_keeps_evaluate_working() -> None:
                  message_type=MessageType.EVALUATE)
     out = app(ev, context(1))
     assert not out.has_error() and out.content["metrics"]["acc"] == 0.5
+
+
+def test_the_clipping_norms_key_is_flowers() -> None:
+    """rpsagg_flower reads Flower's ``clipping_norm`` config key under its own name (Flower's
+    constant is not public API): the two must agree."""
+    assert KEY_CLIPPING_NORM == FLOWER_KEY_CLIPPING_NORM

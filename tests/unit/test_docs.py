@@ -156,9 +156,9 @@ PLACEHOLDER_EXAMPLES = {
     ("docs/vectors.md", "from rpsagg_client import AggregationClient"),
     ("docs/vectors.md", "import numpy as np"),  # the walk-through's x*.npy and mean.npy
     ("docs/flower-start.md", "from flwr.clientapp import ClientApp"),
-    ("docs/flower.md", "app = ClientApp(mods=[rpsagg_mod, fixedclipping_mod])      # or "
+    ("docs/flower.md", "app = ClientApp(mods=client_mods(fixedclipping_mod))     # or "
      "adaptiveclipping_mod"),
-    ("docs/flower.md", "app = ClientApp(mods=[rpsagg_mod])"),
+    ("docs/flower.md", "app = ClientApp(mods=[make_rpsagg_mod(clipping_inside=True)])"),
     ("docs/scaling.md", 'est = rpsagg.make_estimator("rand-proj-spatial", n=100, k=1024, '
      'd=2**20, device="cuda")'),  # a GPU, and msgs
 }
