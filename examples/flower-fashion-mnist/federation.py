@@ -22,7 +22,9 @@ is ended, with all its descendants, including those Flower starts in sessions of
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -134,8 +136,11 @@ class LocalFederation:
     def run(self, app_dir: Path, run_config: dict[str, object], timeout: float) -> str:
         """``flwr run app_dir`` on this federation with ``--stream``; returns its output.
 
-        Raises ``RuntimeError`` when the run fails and ``TimeoutError`` after ``timeout``
-        seconds (the run is then stopped with the rest of the federation on exit).
+        Raises ``RuntimeError`` when the run fails (``flwr run --stream`` exits 0 for a run
+        that failed in the ServerApp, the simulation or the app's install: the run's status
+        is asked of the SuperLink, :meth:`run_status`, and must be ``finished:completed``)
+        and ``TimeoutError`` after ``timeout`` seconds (the run is then stopped with the
+        rest of the federation on exit).
         """
         for i, proc in enumerate(self.procs):
             if proc.poll() is not None:
@@ -160,10 +165,25 @@ class LocalFederation:
                 if proc.poll() is not None:
                     self.procs.remove(proc)
         out = log.read_text(errors="replace")
-        done = proc
-        if done.returncode != 0 or "ServerApp raised an exception" in out:
-            raise RuntimeError(f"flwr run failed (exit {done.returncode}):\n{out[-4000:]}")
+        started = re.search(r"Successfully started run (\d+)", out)
+        if proc.returncode != 0 or started is None:
+            raise RuntimeError(f"flwr run failed (exit {proc.returncode}):\n{out[-4000:]}")
+        status = self.run_status(int(started[1]))
+        if status != "finished:completed":
+            raise RuntimeError(f"flwr run {started[1]} ended {status}:\n{out[-4000:]}")
         return out
+
+    def run_status(self, run_id: int) -> str:
+        """The run's status as the SuperLink records it (``flwr list --run-id``), e.g.
+        ``finished:completed`` or ``finished:failed``."""
+        listed = subprocess.run(
+            [_tool("flwr"), "list", "local-fed", "--run-id", str(run_id), "--format", "json"],
+            env=self.env, capture_output=True, text=True, timeout=60)
+        if listed.returncode != 0 or "{" not in listed.stdout:
+            raise RuntimeError(f"flwr list --run-id {run_id} failed: "
+                               f"{listed.stdout[-2000:]}{listed.stderr[-2000:]}")
+        runs = json.loads(listed.stdout[listed.stdout.index("{"):])["runs"]
+        return str(runs[0]["status"])
 
     def stop(self) -> None:
         """End every process the federation started and all their descendants (TERM, then
