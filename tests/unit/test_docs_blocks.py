@@ -108,6 +108,10 @@ PLACEHOLDERS = {
         "same into .venv-flower, where tests/flower/test_quickstart_app.py runs the app)",
     ("examples/flower-quickstart/README.md", 'pip install ./common "./flower[simulation]"'):
         "the same install, as above",
+    ("docs/flower.md", ".venv-flower/bin/python examples/flower-fashion-mnist/link_bytes.py "
+     "--models cnn wide --nodes 3 --rounds 3"):
+        "a benchmark of minutes on real Flower processes (tests/flower/test_link_bytes.py "
+        "checks its counting proxy to the byte)",
     ("docs/flower-start.md", "cd examples/flower-quickstart"):
         "Flower's local SuperLink on fixed ports, left running; "
         "tests/flower/test_quickstart_app.py runs the app with flwr run on a SuperLink of "
