@@ -308,7 +308,7 @@ def run(task: Task, cfg: Config, clients: int, rounds: int, seed: int,
             server_optimizer=cfg.optimizer() if cfg.optimizer else None,
             error_feedback=cfg.error_feedback, solver=solver, error_tol=error_tol,
             uncompressed=task.uncompressed, **cfg.extra,
-            **common)  # type: ignore[arg-type]
+            **common)
     # Flower's node sampling (strategy_utils.sample_nodes) draws from Python's global
     # random: its order is the order of the replies and so of FedAvg's float sums, which
     # chaotic training amplifies (unseeded, four FedAvg runs ended 0.8438 to 0.8458).

@@ -4,7 +4,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
-from rpsagg_flower import RandProjSpatialFedAvg
+from rpsagg_flower import CompressionConfig, RandProjSpatialFedAvg
 
 app = ServerApp()
 
@@ -13,8 +13,8 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     """Train the linear model; print each round's compression and loss."""
     rounds = int(context.run_config["num-server-rounds"])
-    strategy = RandProjSpatialFedAvg(  # and FedAvg's arguments (default: at least 2 nodes)
-        "rand-proj-spatial", k=int(context.run_config["k"]))
+    compression = CompressionConfig("rand-proj-spatial", k=int(context.run_config["k"]))
+    strategy = RandProjSpatialFedAvg(compression)  # and FedAvg's own arguments, as FedAvg
     arrays = ArrayRecord({"weight": Array(np.zeros((100, 10), np.float32)),
                           "bias": Array(np.zeros(10, np.float32))})  # d = 1,010
     result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=rounds)

@@ -16,6 +16,7 @@ Examples
 """
 
 import rpsagg
+from rpsagg_flower.compression import CompressionConfig
 from rpsagg_flower.mod import client_mods, make_rpsagg_mod, rpsagg_mod
 from rpsagg_flower.optim import (
     ServerAdagrad,
@@ -33,6 +34,7 @@ from rpsagg_flower.strategy import RandProjSpatialFedAvg
 __version__ = rpsagg.__version__
 
 __all__ = [
+    "CompressionConfig",
     "Layout",
     "RandProjSpatialFedAvg",
     "RoundEncoding",

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 import secrets
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -19,8 +20,6 @@ from flwr.serverapp.strategy import (
 from numpy.typing import NDArray
 
 from rpsagg import (
-    ESTIMATOR_NAMES,
-    QUANTIZER_NAMES,
     CorrelationTracker,
     DecodeResult,
     Encoded,
@@ -28,6 +27,7 @@ from rpsagg import (
 )
 from rpsagg.planning import BudgetPolicy
 from rpsagg.schemes import DEFAULT_ESTIMATOR, scheme_traits
+from rpsagg_flower.compression import CompressionConfig
 from rpsagg_flower.correlation import r_hat
 from rpsagg_flower.optim import ServerOptimizer, ServerSGD
 from rpsagg_flower.payload import (
@@ -125,192 +125,90 @@ class RandProjSpatialFedAvg(FedAvg):
 
     Parameters
     ----------
-    estimator : str
-        A name of ``rpsagg.ESTIMATOR_NAMES`` or ``rpsagg.QUANTIZER_NAMES``.
-    k : int, optional
-        Values per client (``1 <= k <= d``); not for ``"eden"`` and ``"qsgd"``.
-    transform : {"avg", "max", "one", "auto"} or float
-        The spatial estimators' transform; ``"auto"`` uses the smoothed R̂ of earlier rounds
-        (``rpsagg.CorrelationTracker``; avg in the first round).
-    value_bits : int
-        32, or 1..31 to send the values of ``rand-k``, ``rand-k-spatial`` and
-        ``rand-proj-spatial`` as unbiased b-bit codes with one float32 scale.
-    bits : int, optional
-        Bits per coordinate of ``"eden"`` (1, 2, 4, 8) and ``"qsgd"`` (1..16).
-    block_size : int, "auto" or None
-        Rand-Proj-Spatial: encode blocks of this many (a power of two) coordinates
-        independently (with ``value_bits < 32``, one float32 scale per block). ``"auto"``:
-        blocks of 2^18 when the model has more than 2^20 coordinates, else one transform.
-        None: one transform.
-    projection : {"auto", "srht", "dct", "hblocks"}
-        Rand-Proj-Spatial's projection (``rpsagg.make_estimator``).
-    weighted : bool
-        Weight each update by the reply's ``weighted_by_key`` metric, as FedAvg does
-        (clients scale before encoding, the server divides by the mean weight); False:
-        the plain mean of the updates.
-    nonces : callable, optional
-        Draws each round's 64-bit nonce (default ``secrets.randbits(64)``).
-    correlation_alpha : float
-        Smoothing of R̂ across rounds for ``transform="auto"``.
-    uncompressed : iterable of str
-        Floating-point arrays to send uncompressed beside the sketch (e.g. BatchNorm
-        statistics); arrays that are not floating point always are. The server averages
-        them as FedAvg does (integers rounded, booleans by weighted majority).
-    missing_payload : {"raise", "drop"}
-        A reply without the rpsagg payload (a ClientApp without ``rpsagg_mod``):
-        ``"raise"`` fails the run with a ``RuntimeError``; ``"drop"`` leaves it out of the
-        round with a warning.
+    compression : CompressionConfig or str, optional
+        What to compress and how (:class:`~rpsagg_flower.compression.CompressionConfig`),
+        or its estimator's name (default: Rand-Proj-Spatial), the config's other fields then
+        given as keywords here (``estimator=`` too).
     server_optimizer : ServerOptimizer, optional
         Applies the decoded mean update as a pseudo-gradient
         (``rpsagg_flower.optim``: ``ServerSGD(lr, momentum)`` for a server learning rate
         and FedAvgM, ``ServerAdam``, ``ServerYogi``, ``ServerAdagrad``). Default: a step of
         1, as FedAvg.
-    per_layer : bool or mapping of str to int
-        Compress each compressed array on its own (one estimator message per array, its
-        own seed) instead of the flattened update: ``True`` splits the budget ``k`` in
-        proportion to the arrays' sizes (``max(1, round(k d_j / d))``; for ``"eden"`` and
-        ``"qsgd"`` each array is quantized on its own), a mapping gives each array's ``k``
-        by name. ``rpsagg.r-hat`` and ``rpsagg.beta`` are not reported per layer, and
-        ``transform="auto"`` then stays at ``"avg"``.
-    solver : {"auto", "exact", "cg"}
-        The spatial decoders' joint solver (``rpsagg.make_estimator``'s ``method``):
-        ``"auto"`` builds the dense ``nk x nk`` Gram matrix of a small system only where
-        that is cheaper than the Krylov solver (``docs/flower.md``, "Decode time");
-        ``"cg"`` and ``"exact"`` force one or the other.
-    error_tol : float, "auto" or None
-        Rand-Proj-Spatial with the SRHT (blockwise included): the conjugate gradients also
-        stop once the solve moves the estimate by at most ``error_tol`` times a lower
-        bound on the estimator's RMS error (``rpsagg.make_estimator``'s ``error_tol``).
-        ``"auto"`` (default): 1e-2 for blockwise rounds (a model of more than 2^20
-        compressed coordinates, or ``block_size`` given; the wide model's 8-bit decode
-        takes 4 conjugate-gradient iterations a block instead of 10, half the time, the
-        estimate 0.3% of the estimator's error from an exact solve), none for the others.
-        None: the residual target alone, every round. The other decoders ignore it.
-    error_feedback : bool
-        Clients keep the part of their update the server did not apply in their context
-        state and add it to the next round's update (error feedback); the server applies
-        ``lr`` times the decoded mean. Needs a ``ServerSGD`` without momentum (or none).
-    target_rel_error : float, optional
-        Choose each round's k: the smallest k in ``[k_min, k]`` whose predicted relative
-        error, for the last round's number of replies at the least of the smoothed and the
-        newest R̂ (0 while none is known), is at most this
-        (``rpsagg.planning.BudgetPolicy``, the server's rule); ``k`` when none is, and in
-        round 1. Needs ``k``, an estimator that takes k (not ``"eden"`` or ``"qsgd"``) and
-        ``per_layer=False``. The k a round used is its metric ``rpsagg.k``.
-    k_min : int
-        The smallest k ``target_rel_error`` may choose (``1 <= k_min <= k``).
-    frozen : iterable of str
-        Arrays known not to be trained (a frozen backbone, an embedding not being tuned):
-        clients never send them and the server keeps them bit for bit. Arrays that a
-        client did not change are detected anyway (the reply's ``zero`` bitmap); naming
-        them here saves the bitmap's check and keeps them out of ``d``.
-    partial : {"refuse", "allow"}
-        A reply that carries only some of the model's arrays (a PEFT/LoRA ClientApp that
-        returns its adapters only): ``"refuse"`` fails the run with a ``RuntimeError``
-        naming the node and the arrays it lacks; ``"allow"`` averages each array over the
-        replies that carry it (``docs/flower.md``, "Frozen arrays and partial replies").
-    **kwargs
-        FedAvg's parameters (``fraction_train``, ``min_train_nodes``, ``weighted_by_key``,
-        ``arrayrecord_key``, ...).
+    nonces : callable, optional
+        Draws each round's 64-bit nonce (default ``secrets.randbits(64)``).
+    **options
+        FedAvg's own parameters (``fraction_train``, ``min_train_nodes``,
+        ``weighted_by_key``, ``arrayrecord_key``, ...), passed to FedAvg as they are; with
+        an estimator's name, also the fields of ``CompressionConfig`` (``k=``, ...).
 
     Raises
     ------
     ValueError
-        Settings that do not fit: an unknown ``estimator``, ``partial``,
-        ``missing_payload``, ``solver``, ``error_tol`` or ``block_size``;
+        A ``CompressionConfig`` that does not fit (its own checks);
         ``error_feedback`` with a server optimizer other than a ``ServerSGD`` without
-        momentum; ``target_rel_error`` that is not positive, or without ``k >= k_min >= 1``,
-        an estimator that takes k and ``per_layer=False``.
+        momentum.
+    TypeError
+        Compression keywords beside a whole ``CompressionConfig``.
 
     Examples
     --------
-    >>> from rpsagg_flower import RandProjSpatialFedAvg, ServerSGD
+    >>> from rpsagg_flower import CompressionConfig, RandProjSpatialFedAvg, ServerSGD
     >>> strategy = RandProjSpatialFedAvg(
-    ...     "rand-proj-spatial", k=250, server_optimizer=ServerSGD(lr=0.5),
+    ...     CompressionConfig("rand-proj-spatial", k=250), server_optimizer=ServerSGD(lr=0.5),
     ...     min_train_nodes=10, min_available_nodes=10)
+    >>> same = RandProjSpatialFedAvg("rand-proj-spatial", k=250, min_train_nodes=10)
     """
 
     def __init__(
         self,
-        estimator: str = DEFAULT_ESTIMATOR,
+        compression: CompressionConfig | str | None = None,
         *,
-        k: int | None = None,
-        transform: str | float = "avg",
-        value_bits: int = 32,
-        bits: int | None = None,
-        block_size: int | str | None = "auto",
-        projection: str = "auto",
-        weighted: bool = True,
-        nonces: Callable[[], int] | None = None,
-        correlation_alpha: float = 0.5,
-        uncompressed: Iterable[str] = (),
-        missing_payload: str = "raise",
         server_optimizer: ServerOptimizer | None = None,
-        error_feedback: bool = False,
-        solver: str = "auto",
-        error_tol: float | str | None = "auto",
-        per_layer: bool | Mapping[str, int] = False,
-        target_rel_error: float | None = None,
-        k_min: int = 1,
-        frozen: Iterable[str] = (),
-        partial: str = "refuse",
-        **kwargs: object,
+        nonces: Callable[[], int] | None = None,
+        **options: Any,
     ) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
-        if partial not in ("refuse", "allow"):
-            raise ValueError(f"partial must be 'refuse' or 'allow'; got {partial!r}")
-        self.frozen = tuple(frozen)
-        self.partial = partial
-        if missing_payload not in ("raise", "drop"):
-            raise ValueError(f"missing_payload must be 'raise' or 'drop'; got "
-                             f"{missing_payload!r}")
+        ours, fedavg = CompressionConfig.split(options)
+        if isinstance(compression, CompressionConfig):
+            if ours:
+                raise TypeError(f"give the compression as a CompressionConfig or as keywords, "
+                                f"not both: {', '.join(sorted(ours))}")
+            config = compression
+        else:
+            if compression is not None and "estimator" in ours:
+                raise TypeError("the estimator is given twice: as the first argument and as "
+                                "estimator=")
+            ours.setdefault("estimator", compression or DEFAULT_ESTIMATOR)
+            config = CompressionConfig(**ours)
+        super().__init__(**fedavg)
         optimizer = server_optimizer or ServerSGD()
-        if error_feedback and not (isinstance(optimizer, ServerSGD)
-                                   and optimizer.momentum == 0.0):
+        if config.error_feedback and not (isinstance(optimizer, ServerSGD)
+                                          and optimizer.momentum == 0.0):
             raise ValueError("error_feedback needs a plain server step (ServerSGD without "
                              f"momentum); got {optimizer.describe()}")
-        if estimator not in ESTIMATOR_NAMES + QUANTIZER_NAMES:
-            raise ValueError(
-                f"unknown estimator {estimator!r}; expected one of "
-                f"{', '.join(ESTIMATOR_NAMES + QUANTIZER_NAMES)}"
-            )
-        if block_size not in ("auto", None) and not isinstance(block_size, int):
-            raise ValueError(f"block_size must be an int, 'auto' or None; got {block_size!r}")
-        self.estimator_name = estimator
-        self.k = k
-        self.transform = transform
-        self.value_bits = value_bits
-        self.bits = bits
-        self.block_size = block_size
-        self.projection = projection
-        self.weighted = weighted
-        self._nonces = nonces or (lambda: secrets.randbits(64))
-        self.tracker = CorrelationTracker(alpha=correlation_alpha)
-        self.uncompressed = tuple(uncompressed)
-        self.missing_payload = missing_payload
+        #: the compression as constructed (the attributes below may be changed between
+        #: rounds, e.g. ``k``)
+        self.compression = config
+        self.estimator_name = config.estimator
+        self.k = config.k
+        self.transform = config.transform
+        self.value_bits = config.value_bits
+        self.bits = config.bits
+        self.block_size = config.block_size
+        self.projection = config.projection
+        self.weighted = config.weighted
+        self.uncompressed = config.uncompressed
+        self.missing_payload = config.missing_payload
+        self.error_feedback = config.error_feedback
+        self.solver = config.solver
+        self.error_tol: float | str | None = config.error_tol
+        self.per_layer = config.per_layer
+        self.target_rel_error = config.target_rel_error
+        self.k_min = config.k_min
+        self.frozen = config.frozen
+        self.partial = config.partial
         self.server_optimizer = optimizer
-        self.error_feedback = error_feedback
-        if solver not in ("auto", "exact", "cg"):
-            raise ValueError(f"solver must be 'auto', 'exact' or 'cg'; got {solver!r}")
-        self.solver = solver
-        if error_tol is not None and error_tol != "auto" and (
-                isinstance(error_tol, bool | str) or not 0 < float(error_tol) < 1):
-            raise ValueError(f"error_tol must be in (0, 1), 'auto' or None; got {error_tol!r}")
-        self.error_tol: float | str | None = (
-            error_tol if error_tol is None or error_tol == "auto" else float(error_tol))
-        self.per_layer = dict(per_layer) if isinstance(per_layer, Mapping) else bool(per_layer)
-        if target_rel_error is not None:
-            if not (isinstance(target_rel_error, int | float) and target_rel_error > 0):
-                raise ValueError(f"target_rel_error must be a positive number; got "
-                                 f"{target_rel_error!r}")
-            if not scheme_traits(estimator).takes_k or self.per_layer:
-                raise ValueError("target_rel_error chooses k: it needs an estimator that takes "
-                                 "k (not eden or qsgd) and per_layer=False")
-            if k is None or not 1 <= k_min <= k:
-                raise ValueError(f"target_rel_error needs k (the largest k a round may use) "
-                                 f">= k_min >= 1; got k={k!r}, k_min={k_min!r}")
-        self.target_rel_error = None if target_rel_error is None else float(target_rel_error)
-        self.k_min = int(k_min)
+        self._nonces = nonces or (lambda: secrets.randbits(64))
+        self.tracker = CorrelationTracker(alpha=config.correlation_alpha)
         self._last_n: int | None = None  # replies decoded in the last round
         self._round_k: int | None = None
         self._plan: _RoundPlan | None = None

@@ -512,3 +512,38 @@ def test_error_tol_round_decodes_close_to_the_default() -> None:
     assert 0 < np.linalg.norm(got[1] - got[0]) <= 1e-3 * np.linalg.norm(got[0])
     # the default, "auto": 1e-2 in a blockwise round
     assert 0 < np.linalg.norm(got[2] - got[0]) <= 1e-2 * np.linalg.norm(got[0])
+
+
+def test_a_compression_config_is_the_strategys_keywords_gathered() -> None:
+    """``RandProjSpatialFedAvg(CompressionConfig(...), **fedavg)`` and the keyword shorthand
+    build the same strategy: the same round encoding for a model, FedAvg's own arguments
+    passed to FedAvg as they are; one config serves several strategies (it is frozen);
+    giving the compression twice is refused."""
+    import dataclasses
+
+    from rpsagg_flower import CompressionConfig
+
+    config = CompressionConfig("rand-proj-spatial", k=20, value_bits=4, frozen=["b"],
+                               uncompressed=("c",))
+    whole = RandProjSpatialFedAvg(config, min_train_nodes=3, fraction_train=0.5)
+    short = RandProjSpatialFedAvg("rand-proj-spatial", k=20, value_bits=4, frozen=["b"],
+                                  uncompressed=("c",), min_train_nodes=3, fraction_train=0.5)
+    by_name = RandProjSpatialFedAvg(estimator="rand-proj-spatial", k=20, value_bits=4,
+                                    frozen=["b"], uncompressed=("c",), min_train_nodes=3,
+                                    fraction_train=0.5)
+    arrays = model({"w": ((8, 8), "float32"), "b": ((8,), "float32"),
+                    "c": ((4,), "float32")})
+    encodings = [s.round_encoding(arrays, 7) for s in (whole, short, by_name)]
+    assert encodings[0] == encodings[1] == encodings[2]
+    assert encodings[0].frozen == ("b",) and encodings[0].d == 64
+    assert short.compression == config == by_name.compression
+    assert (whole.min_train_nodes, whole.fraction_train) == (3, 0.5)  # FedAvg's own
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.k = 5  # type: ignore[misc]
+    with pytest.raises(TypeError, match="not both: k"):
+        RandProjSpatialFedAvg(config, k=5)
+    with pytest.raises(TypeError, match="estimator is given twice"):
+        RandProjSpatialFedAvg("rand-k", estimator="rand-k", k=5)
+    with pytest.raises(ValueError, match="partial must be 'refuse' or 'allow'"):
+        CompressionConfig(partial="some")
+    assert RandProjSpatialFedAvg().compression == CompressionConfig()  # Rand-Proj-Spatial
