@@ -6,23 +6,20 @@ import logging
 import secrets
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import (
     DifferentialPrivacyServerSideAdaptiveClipping,
     DifferentialPrivacyServerSideFixedClipping,
     FedAvg,
 )
-from numpy.typing import NDArray
 
 from rpsagg import (
     CorrelationTracker,
-    DecodeResult,
-    Encoded,
     Estimator,
 )
 from rpsagg.planning import BudgetPolicy
@@ -34,57 +31,11 @@ from rpsagg_flower.payload import (
     Layout,
     apply_update,
     mean_plain,
-    records_to_encoded,
-    records_to_layers,
-    records_to_plain,
-    reply_marks,
 )
-from rpsagg_flower.reply import Reply, read_reply
+from rpsagg_flower.rounds import RoundPlan, accept, decode
 from rpsagg_flower.settings import AUTO_BLOCK_SIZE, AUTO_BLOCK_THRESHOLD, RoundEncoding
-from rpsagg_flower.wire import distinct_wire_bytes, wire_bytes
 
 log = logging.getLogger("flwr.rpsagg_flower")  # through Flower's log handlers
-
-
-@dataclass
-class _RoundPlan:
-    server_round: int
-    encoding: RoundEncoding
-    estimator: Estimator
-    layout: Layout
-    arrays: ArrayRecord
-    layers: list[Estimator] | None = None  # per-layer compression
-    n: int = 1  # messages sent
-    prior: float | None = None
-    reduced: dict[tuple[bool, ...], Estimator] = field(default_factory=dict)
-
-
-@dataclass
-class _Accepted:
-    content_index: int
-    encoded: Encoded | list[Encoded | None] | None  # None: no sketch (nothing included)
-    weight: float
-    wire_bytes: int
-    payload_bytes: int  # the compressed records' data and keys (count_bytes)
-    fedavg_bytes: int  # the same reply with the model's arrays, as FedAvg's would travel
-    plain: dict[str, NDArray[np.generic]]
-    included: tuple[bool, ...]  # per compressed array: in this reply's sketch
-    carried: frozenset[str]  # the arrays the reply carries (zero-marked ones included)
-
-
-def _fedavg_wire(msg: Message, reply: Reply, wire: int, model_bytes: int,
-                 sizes: dict[str, int]) -> int:
-    """Wire bytes of ``msg`` (``wire`` of them) had it carried the model's arrays as FedAvg's
-    ClientApp returns them (``model_bytes``: :func:`distinct_wire_bytes` of the model, in
-    NumPy's format) under the name of the ClientApp's ``ArrayRecord``, without the records
-    that carry the compressed ``reply``: its other records and its metadata as they are."""
-    content = msg.content
-    kept = {name: rec for name, rec in content.items() if name not in reply.records}
-    shell = RecordDict({**kept, reply.model_record: ArrayRecord()})  # the FedAvg reply's
-    # RecordDict object (ids of the same length), its other records
-    others = sum(wire_bytes(rec, sizes) for rec in kept.values())
-    return (wire - wire_bytes(content, sizes) + len(shell.deflate()) + others
-            + model_bytes)
 
 
 _SERVER_SIDE_DP = (DifferentialPrivacyServerSideFixedClipping,
@@ -211,7 +162,7 @@ class RandProjSpatialFedAvg(FedAvg):
         self.tracker = CorrelationTracker(alpha=config.correlation_alpha)
         self._last_n: int | None = None  # replies decoded in the last round
         self._round_k: int | None = None
-        self._plan: _RoundPlan | None = None
+        self._plan: RoundPlan | None = None
 
     def summary(self) -> None:
         """Log the configuration (FedAvg's, then the compression) as constructed.
@@ -372,7 +323,8 @@ class RandProjSpatialFedAvg(FedAvg):
                       if enc.layer_k else None)
             est = layers[0] if layers else enc.estimator(n, self.transform, prior, self.solver,
                                                          self.error_tol)
-            self._plan = _RoundPlan(server_round, enc, est, layout, arrays, layers, n, prior)
+            self._plan = RoundPlan(server_round, enc, est, layout, arrays, layers, n, prior,
+                                   decoding=(self.transform, self.solver, self.error_tol))
         return messages
 
     def aggregate_train(
@@ -413,7 +365,9 @@ class RandProjSpatialFedAvg(FedAvg):
                             "%d replies ignored", server_round, len(valid))
             return None, None
         self._plan = None
-        accepted = self._accept(plan, valid)
+        accepted = accept(plan, valid, missing_payload=self.missing_payload,
+                          partial=self.partial,
+                          weight_of=self._weight if self.weighted else None)
         if not accepted:
             log.warning("aggregate_train: no usable reply in round %d; the model stays",
                         server_round)
@@ -422,7 +376,7 @@ class RandProjSpatialFedAvg(FedAvg):
         if weights.sum() <= 0:
             log.warning("aggregate_train: the replies' weights sum to 0; the model stays")
             return None, None
-        update, keep, decoded, seconds = self._decode(plan, accepted, weights)
+        update, keep, decoded, seconds = decode(plan, accepted, weights)
         step = self.server_optimizer.step(update)
         slices = plan.layout.compressed_slices()
         for name in keep:  # no reply changed it: the optimizer's state moves nothing here
@@ -468,128 +422,6 @@ class RandProjSpatialFedAvg(FedAvg):
             metrics["rpsagg.r-hat"] = rhat
             self.tracker.fold(rhat, len(msgs))
         return new_arrays, metrics
-
-    def _decode(
-        self, plan: _RoundPlan, accepted: list[_Accepted], weights: NDArray[np.float64]
-    ) -> tuple[NDArray[np.float64], list[str], list[tuple[Estimator, list[Encoded], DecodeResult]],
-               float]:
-        """The mean update, the compressed arrays no reply changed (kept as they are), the
-        decodes (estimator, messages, result) and their seconds.
-
-        Each sketch is decoded jointly with the other replies' of the same coordinates
-        (per layer; or per set of included arrays, in the common case one set); array
-        ``a``'s update is ``sum_i w_i u_i[a] / sum_{i carries a} w_i`` over the replies
-        that carry it, where a zero-marked reply contributes exactly zero."""
-        layout, big_n = plan.layout, len(accepted)
-        slices = layout.compressed_slices()
-        total = np.zeros(layout.d)  # sum_i w_i u_i / n'
-        decoded: list[tuple[Estimator, list[Encoded], DecodeResult]] = []
-        seconds = 0.0
-        if plan.layers:
-            for j, (est, where) in enumerate(zip(plan.layers, slices.values(), strict=True)):
-                msgs = [m for a in accepted
-                        if (m := a.encoded[j]) is not None]  # type: ignore[index]
-                if msgs:
-                    result = est.decode_with_info(msgs)
-                    share = 1.0 if len(msgs) == big_n else len(msgs) / big_n
-                    total[where] += share * result.estimate
-                    decoded.append((est, msgs, result))
-        else:
-            groups: dict[tuple[bool, ...], list[_Accepted]] = {}
-            for a in accepted:
-                if a.encoded is not None:
-                    groups.setdefault(a.included, []).append(a)
-            for included, members in groups.items():
-                est = self._group_estimator(plan, included)
-                msgs = [a.encoded for a in members if isinstance(a.encoded, Encoded)]
-                result = est.decode_with_info(msgs)
-                share = 1.0 if len(members) == big_n else len(members) / big_n
-                if all(included):
-                    total += share * result.estimate
-                else:
-                    total[layout.coordinate_mask(included)] += share * result.estimate
-                decoded.append((est, msgs, result))
-        seconds = sum(float(r.seconds) for _, _, r in decoded)
-        update = np.zeros(layout.d)
-        keep = []
-        for j, (name, where) in enumerate(slices.items()):
-            carriers = [name in a.carried for a in accepted]
-            if not any(a.included[j] for a in accepted):
-                keep.append(name)  # every carrier marks it zero, or no reply carries it
-                continue
-            mean_w = (weights.mean() if all(carriers)
-                      else weights[np.asarray(carriers)].sum() / big_n)
-            update[where] = total[where] / mean_w
-        return update, keep, decoded, seconds
-
-    def _group_estimator(self, plan: _RoundPlan, included: tuple[bool, ...]) -> Estimator:
-        """The estimator of the sketches of the compressed arrays flagged ``included``."""
-        if all(included):
-            return plan.estimator
-        est = plan.reduced.get(included)
-        if est is None:
-            d = int(plan.layout.coordinate_mask(included).sum())
-            est = plan.encoding.reduced(d).estimator(plan.n, self.transform, plan.prior,
-                                                     self.solver, self.error_tol)
-            plan.reduced[included] = est
-        return est
-
-    def _accept(self, plan: _RoundPlan, valid: list[Message]) -> list[_Accepted]:
-        """The replies that decode together: one per node, each well-formed for the round.
-
-        ``RuntimeError`` for a reply without the rpsagg payload when ``missing_payload`` is
-        ``"raise"``."""
-        accepted: list[_Accepted] = []
-        seen: set[int] = set()
-        sizes: dict[str, int] = {}  # deflated sizes by object id, shared by the replies
-        model_bytes = distinct_wire_bytes(plan.arrays)
-        for i, msg in enumerate(valid):
-            node = msg.metadata.src_node_id
-            try:
-                if node in seen:
-                    raise ValueError("a second reply from this node")
-                layout = plan.layout
-                reply = read_reply(msg.content, layout)
-                if reply is None:
-                    why = (f"the reply from node {node} has no rpsagg payload: is rpsagg_mod "
-                           f"in the ClientApp's mods, ClientApp(mods=[rpsagg_mod])?")
-                    if self.missing_payload == "raise":
-                        raise RuntimeError(why + " (missing_payload='drop' drops such replies)")
-                    raise ValueError(why)
-                meta = reply.meta
-                zero, absent = reply_marks(meta, layout)
-                lacks = [key for key, no in zip(layout.keys, absent, strict=True) if no]
-                if lacks and self.partial == "refuse":
-                    raise RuntimeError(
-                        f"the reply from node {node} carries only some of the model's arrays: "
-                        f"it lacks {lacks}. RandProjSpatialFedAvg(partial='allow') averages "
-                        f"each array over the replies that carry it; or return every array "
-                        f"from the ClientApp, or name the untrained ones in frozen=[...]")
-                flags = dict(zip(layout.keys, zip(zero, absent, strict=True), strict=True))
-                included = tuple(not any(flags[key]) for key in layout.compressed_keys)
-                encoded: Encoded | list[Encoded | None] | None
-                if plan.layers:
-                    encoded = records_to_layers(plan.layers, reply.arrays, meta,
-                                                plan.encoding.nonce, node, included)
-                elif any(included):
-                    encoded = records_to_encoded(self._group_estimator(plan, included),
-                                                 reply.arrays, meta, plan.encoding.nonce, node)
-                else:
-                    encoded = None
-                plain = records_to_plain(reply.arrays, layout, absent)
-                weight = self._weight(msg) if self.weighted else 1.0
-            except ValueError as exc:
-                log.warning("aggregate_train: reply from node %d dropped: %s", node, exc)
-                continue
-            seen.add(node)
-            wire = wire_bytes(msg, sizes)
-            payload = sum(msg.content[name].count_bytes() for name in reply.records)
-            carried = frozenset(k for k, no in zip(plan.layout.keys, absent, strict=True)
-                                if not no)
-            accepted.append(_Accepted(i, encoded, weight, wire, payload,
-                                      _fedavg_wire(msg, reply, wire, model_bytes, sizes),
-                                      plain, included, carried))
-        return accepted
 
     def _weight(self, msg: Message) -> float:
         found = [m[self.weighted_by_key] for m in msg.content.metric_records.values()
