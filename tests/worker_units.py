@@ -2,7 +2,8 @@
 
 A work unit is a test module: its tests run on one worker, in their order, and its
 module-scoped fixtures are set up once. A few modules of long, independent tests give
-each test a unit (:data:`PER_TEST`). The engine group's modules form one unit
+each test a unit (:data:`PER_TEST`); the tests that start a Ray cluster share one
+(:data:`RAY_UNIT`). The engine group's modules form one unit
 (:data:`SHARED_UNITS`): they share the session's Docker engine, which the worker that
 started it stops at its end, and the images they build under the same tags (a build by one
 test re-tags ``rpsagg-server:latest`` under another's running project, and compose then
@@ -28,6 +29,12 @@ SHARED_UNITS = {"engine": "tests/engine"}
 #: modules of long tests that share nothing (no module fixtures; each starts its own
 #: processes on free ports): each test is a unit of its own, so both workers take them
 PER_TEST = frozenset({"tests/flower/test_benchmark.py", "tests/flower/test_e2e.py"})
+#: the tests that start Flower's simulation engine, a local Ray cluster each, make one
+#: unit: two Ray clusters starting at once on one machine race for Ray's session directory
+#: and ports, and the loser's run fails without a word in its log
+RAY_UNIT = "tests/flower (Ray simulation)"
+RAY_TESTS = ("tests/flower/test_quickstart_app.py",
+             "tests/flower/test_e2e.py::test_simulation_engine_trains_with_compressed_updates")
 
 _ran_on: defaultdict[str, set[str]] = defaultdict(set)
 
@@ -44,9 +51,12 @@ def work_unit(nodeid: str) -> str:
     Returns
     -------
     str
-        ``tests/unit/test_x.py``, or ``tests/engine`` for a module in ``tests/engine``.
+        ``tests/unit/test_x.py``, or ``tests/engine`` for a module in ``tests/engine``, or
+        :data:`RAY_UNIT` for a test of :data:`RAY_TESTS`.
     """
     path = nodeid.split("::", 1)[0]
+    if path in RAY_TESTS or nodeid.split("[", 1)[0] in RAY_TESTS:
+        return RAY_UNIT
     if path in PER_TEST:
         return nodeid
     parts = path.split("/")

@@ -168,10 +168,20 @@ class LocalFederation:
         started = re.search(r"Successfully started run (\d+)", out)
         if proc.returncode != 0 or started is None:
             raise RuntimeError(f"flwr run failed (exit {proc.returncode}):\n{out[-4000:]}")
-        status = self.run_status(int(started[1]))
+        status = self.final_status(int(started[1]))
         if status != "finished:completed":
             raise RuntimeError(f"flwr run {started[1]} ended {status}:\n{out[-4000:]}")
         return out
+
+    def final_status(self, run_id: int, timeout: float = 60.0) -> str:
+        """The run's status once the SuperLink has recorded its end (``finished:...``): the
+        stream of ``flwr run`` can close a moment before the SuperLink writes it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.run_status(run_id)
+            if status.startswith("finished") or time.monotonic() > deadline:
+                return status
+            time.sleep(0.5)
 
     def run_status(self, run_id: int) -> str:
         """The run's status as the SuperLink records it (``flwr list --run-id``), e.g.

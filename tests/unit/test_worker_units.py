@@ -25,6 +25,10 @@ def test_a_module_is_its_unit_and_the_engine_folder_one_unit() -> None:
     assert work_unit("tests/engine/test_deploy_engine.py::test_x") == "tests/engine"
     assert work_unit("tests/engine/test_deploy_monitoring.py::test_y") == "tests/engine"
     assert work_unit("test_top.py::test_z") == "test_top.py"
+    # the tests that start Ray (Flower's simulation engine): one unit, never two at once
+    ray = "tests/flower/test_e2e.py::test_simulation_engine_trains_with_compressed_updates"
+    assert work_unit(ray) == work_unit("tests/flower/test_quickstart_app.py::test_x") == \
+        "tests/flower (Ray simulation)"
     e2e = "tests/flower/test_e2e.py::test_ctrl_c_leaves_no_flower_process"
     assert work_unit(e2e) == e2e
 
