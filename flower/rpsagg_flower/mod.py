@@ -315,7 +315,9 @@ def make_rpsagg_mod(
     return rpsagg_mod
 
 
-def client_mods(clipping_mod: Mod | None = None, **options: object) -> list[Mod]:
+def client_mods(clipping_mod: Mod | None = None, *,
+                client_seeds: Callable[[], int] | None = None,
+                context_seeds: Callable[[Message, Context], int] | None = None) -> list[Mod]:
     """The ClientApp's mods for RandProjSpatialFedAvg, in the order that works:
     ``ClientApp(mods=client_mods())``.
 
@@ -325,8 +327,8 @@ def client_mods(clipping_mod: Mod | None = None, **options: object) -> list[Mod]
         Flower's ``fixedclipping_mod`` or ``adaptiveclipping_mod`` (with a client-side
         clipping wrapper on the server): it runs inside the rpsagg mod, on the uncompressed
         update.
-    **options
-        :func:`make_rpsagg_mod`'s ``client_seeds`` or ``context_seeds``.
+    client_seeds, context_seeds : callable, optional
+        As :func:`make_rpsagg_mod`'s.
 
     Returns
     -------
@@ -340,10 +342,11 @@ def client_mods(clipping_mod: Mod | None = None, **options: object) -> list[Mod]
     >>> from rpsagg_flower import client_mods
     >>> app = ClientApp(mods=client_mods(fixedclipping_mod))
     """
-    if clipping_mod is None:
-        return [make_rpsagg_mod(**options) if options else rpsagg_mod]  # type: ignore[arg-type]
-    return [make_rpsagg_mod(clipping_inside=True, **options),  # type: ignore[arg-type]
-            clipping_mod]
+    if clipping_mod is None and client_seeds is None and context_seeds is None:
+        return [rpsagg_mod]
+    mod = make_rpsagg_mod(client_seeds, context_seeds=context_seeds,
+                          clipping_inside=clipping_mod is not None)
+    return [mod] if clipping_mod is None else [mod, clipping_mod]
 
 
 rpsagg_mod: Mod = make_rpsagg_mod()

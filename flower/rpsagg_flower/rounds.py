@@ -38,12 +38,12 @@ class RoundPlan:
     estimator: Estimator
     layout: Layout
     arrays: ArrayRecord
+    #: the strategy's transform, solver and error_tol, for the reduced estimators
+    decoding: tuple[str | float, str, float | str | None]
     layers: list[Estimator] | None = None  # per-layer compression
     n: int = 1  # messages sent
     prior: float | None = None
     reduced: dict[tuple[bool, ...], Estimator] = field(default_factory=dict)
-    #: the strategy's transform, solver and error_tol, for the reduced estimators
-    decoding: tuple[str | float, str, float | str | None] = ("avg", "auto", "auto")
 
     def group_estimator(self, included: tuple[bool, ...]) -> Estimator:
         """The estimator of the sketches of the compressed arrays flagged ``included``."""
@@ -182,6 +182,16 @@ def decode(plan: RoundPlan, accepted: list[Accepted], weights: NDArray[np.float6
     return update, keep, decoded, sum(float(r.seconds) for _, _, r in decoded)
 
 
+def byte_metrics(accepted: list[Accepted], msgs: list[Encoded]) -> dict[str, int | float]:
+    """The round's ``rpsagg.*`` byte counts: its accepted replies and their messages."""
+    up = sum(a.wire_bytes for a in accepted)
+    raw = sum(a.fedavg_bytes for a in accepted)
+    return {"rpsagg.n-prime": len(accepted), "rpsagg.bytes-up": up,
+            "rpsagg.payload-bytes-up": sum(a.payload_bytes for a in accepted),
+            "rpsagg.bytes-up-uncompressed": raw, "rpsagg.compression-ratio": raw / up,
+            "rpsagg.payload-bytes": sum(m.payload_bytes for m in msgs)}
+
+
 def _joint_sum(plan: RoundPlan, accepted: list[Accepted]
                ) -> tuple[NDArray[np.float64], list[Decoded]]:
     """``sum_i w_i u_i / n'`` over the compressed coordinates, from the joint decodes."""
@@ -215,4 +225,5 @@ def _joint_sum(plan: RoundPlan, accepted: list[Accepted]
     return total, decoded
 
 
-__all__ = ["Accepted", "Decoded", "RoundPlan", "accept", "decode", "fedavg_wire"]
+__all__ = ["Accepted", "Decoded", "RoundPlan", "accept", "byte_metrics", "decode",
+           "fedavg_wire"]

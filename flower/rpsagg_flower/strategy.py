@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import sys
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
@@ -13,8 +12,6 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import (
-    DifferentialPrivacyServerSideAdaptiveClipping,
-    DifferentialPrivacyServerSideFixedClipping,
     FedAvg,
 )
 
@@ -26,31 +23,17 @@ from rpsagg.planning import BudgetPolicy
 from rpsagg.schemes import DEFAULT_ESTIMATOR, scheme_traits
 from rpsagg_flower.compression import CompressionConfig
 from rpsagg_flower.correlation import r_hat
+from rpsagg_flower.dpcheck import refuse_server_side_clipping
 from rpsagg_flower.optim import ServerOptimizer, ServerSGD
 from rpsagg_flower.payload import (
     Layout,
     apply_update,
     mean_plain,
 )
-from rpsagg_flower.rounds import RoundPlan, accept, decode
+from rpsagg_flower.rounds import RoundPlan, accept, byte_metrics, decode
 from rpsagg_flower.settings import AUTO_BLOCK_SIZE, AUTO_BLOCK_THRESHOLD, RoundEncoding
 
 log = logging.getLogger("flwr.rpsagg_flower")  # through Flower's log handlers
-
-
-_SERVER_SIDE_DP = (DifferentialPrivacyServerSideFixedClipping,
-                   DifferentialPrivacyServerSideAdaptiveClipping)
-
-
-def _server_side_dp_caller() -> str | None:
-    """The name of a Flower server-side clipping wrapper that called this strategy."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        caller = frame.f_locals.get("self")
-        if isinstance(caller, _SERVER_SIDE_DP):
-            return type(caller).__name__
-        frame = frame.f_back  # type: ignore[assignment]
-    return None
 
 
 class RandProjSpatialFedAvg(FedAvg):
@@ -300,15 +283,7 @@ class RandProjSpatialFedAvg(FedAvg):
         ValueError
             When the settings do not fit the model (``round_encoding``).
         """
-        wrapper = _server_side_dp_caller()
-        if wrapper is not None:
-            kind = "Adaptive" if "Adaptive" in wrapper else "Fixed"
-            raise TypeError(
-                f"{wrapper} cannot wrap RandProjSpatialFedAvg: server-side clipping needs each "
-                f"client's uncompressed update; use client-side clipping: "
-                f"DifferentialPrivacyClientSide{kind}Clipping on the server and "
-                f"ClientApp(mods=client_mods({kind.lower()}clipping_mod)) on the clients"
-            )
+        refuse_server_side_clipping()
         enc = self.round_encoding(arrays, self._nonces())
         round_config = ConfigRecord(dict(config))
         enc.to_config(round_config)
@@ -323,8 +298,9 @@ class RandProjSpatialFedAvg(FedAvg):
                       if enc.layer_k else None)
             est = layers[0] if layers else enc.estimator(n, self.transform, prior, self.solver,
                                                          self.error_tol)
-            self._plan = RoundPlan(server_round, enc, est, layout, arrays, layers, n, prior,
-                                   decoding=(self.transform, self.solver, self.error_tol))
+            self._plan = RoundPlan(server_round, enc, est, layout, arrays,
+                                   (self.transform, self.solver, self.error_tol), layers, n,
+                                   prior)
         return messages
 
     def aggregate_train(
@@ -392,14 +368,7 @@ class RandProjSpatialFedAvg(FedAvg):
             metrics = self.train_metrics_aggr_fn(contents, key)
         else:  # FedAvg's aggregation needs the weight in every reply; unweighted runs may not
             metrics = MetricRecord()
-        up = sum(a.wire_bytes for a in accepted)
-        raw = sum(a.fedavg_bytes for a in accepted)
-        metrics["rpsagg.n-prime"] = len(accepted)
-        metrics["rpsagg.bytes-up"] = up
-        metrics["rpsagg.payload-bytes-up"] = sum(a.payload_bytes for a in accepted)
-        metrics["rpsagg.bytes-up-uncompressed"] = raw
-        metrics["rpsagg.compression-ratio"] = raw / up
-        metrics["rpsagg.payload-bytes"] = sum(m.payload_bytes for m in msgs)
+        metrics.update(byte_metrics(accepted, msgs))
         metrics["rpsagg.decode-seconds"] = float(seconds)
         metrics["rpsagg.unchanged-arrays"] = len(keep) + len(plan.layout.frozen_keys)
         self._last_n = len(accepted)
