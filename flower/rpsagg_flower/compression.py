@@ -14,6 +14,7 @@ from typing import Any
 
 from rpsagg import ESTIMATOR_NAMES, QUANTIZER_NAMES
 from rpsagg.schemes import DEFAULT_ESTIMATOR, scheme_traits
+from rpsagg_flower.payload import Layout
 
 
 @dataclass(frozen=True)
@@ -187,4 +188,18 @@ def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:
                          f"{allowed[-1]!r}; got {value!r}")
 
 
-__all__ = ["CompressionConfig"]
+def layer_budgets(per_layer: bool | Mapping[str, int], k: int | None, layout: Layout
+                  ) -> tuple[int, ...]:
+    """Each compressed array's k under ``per_layer``: the mapping's (every compressed array
+    must have one), or ``k`` split in proportion to the arrays' sizes,
+    ``max(1, round(k d_j / d))`` (0 each without ``k``: a target decides)."""
+    keys, sizes = layout.compressed_keys, layout.compressed_sizes
+    if isinstance(per_layer, Mapping):
+        missing = [key for key in keys if key not in per_layer]
+        if missing:
+            raise ValueError(f"per_layer gives no k for the arrays {missing}")
+        return tuple(int(per_layer[key]) for key in keys)
+    return tuple(max(1, round(k * size / layout.d)) if k else 0 for size in sizes)
+
+
+__all__ = ["CompressionConfig", "layer_budgets"]

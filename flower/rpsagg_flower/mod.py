@@ -45,6 +45,7 @@ from flwr.clientapp.typing import ClientAppCallable, Mod
 from flwr.common.constant import ErrorCode
 
 from rpsagg.spec import derive_round_seed
+from rpsagg_flower.dpcheck import CHECK_RECORD, asked, check_record
 from rpsagg_flower.payload import (
     MARK_ABSENT,
     MARK_ZERO,
@@ -240,11 +241,15 @@ def _encode(ins: _Instruction, up: _Update, client_seed: int, node: int,
     return packed, next((m.scheme for m in msgs if m is not None), enc.scheme)
 
 
-def _swap_model(out: Message, key: str, packed: ArrayRecord | ConfigRecord) -> None:
-    """Step 4: the packed reply takes the model's place, under its name and position."""
+def _swap_model(out: Message, key: str, packed: ArrayRecord | ConfigRecord,
+                check: bool) -> None:
+    """Step 4: the packed reply takes the model's place, under its name and position; the
+    check record (:mod:`rpsagg_flower.dpcheck`), where the round asks for it, goes first."""
     records = list(out.content.items())
     for name, _ in records:
         del out.content[name]
+    if check:
+        out.content[CHECK_RECORD] = check_record()
     for name, rec in records:
         out.content[name] = packed if name == key else rec
 
@@ -307,7 +312,8 @@ def make_rpsagg_mod(
         except _Refused as exc:
             return _error(msg, str(exc))
         raw = up.record.count_bytes()
-        _swap_model(out, up.key, packed)
+        _swap_model(out, up.key, packed,
+                    any(asked(c) for c in msg.content.config_records.values()))
         log.info("rpsagg_mod: %s update of %d coordinates sent as %d B instead of %d B",
                  scheme, ins.layout.d, packed.count_bytes(), raw)
         return out

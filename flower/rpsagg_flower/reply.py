@@ -54,6 +54,7 @@ from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
 
 from rpsagg.quantize import packed_size
 from rpsagg.schemes import BLOCK_SCHEME_PREFIX, MESSAGE_SCHEME_CODES
+from rpsagg_flower.dpcheck import CHECK_RECORD
 from rpsagg_flower.payload import (
     MARK_ABSENT,
     MARK_ZERO,
@@ -396,7 +397,7 @@ def read_reply(content: RecordDict, layout: Layout) -> Reply | None:
             raise ValueError(f"the reply has {len(carriers)} compressed replies "
                              f"({[n for n, _ in carriers]})")
         name, packed = carriers[0]
-        others = [n for n in content.array_records if n != name]
+        others = [n for n in content.array_records if n not in (name, CHECK_RECORD)]
         if others:
             raise ValueError(f"the reply has ArrayRecords {others} beside its compressed reply")
         arrays, meta = unpack_reply(packed, layout)

@@ -12,6 +12,8 @@ from flwr.app import ArrayRecord, Message, RecordDict
 from numpy.typing import NDArray
 
 from rpsagg import DecodeResult, Encoded, Estimator
+from rpsagg_flower.correlation import r_hat
+from rpsagg_flower.dpcheck import CHECK_RECORD
 from rpsagg_flower.payload import (
     Layout,
     records_to_encoded,
@@ -79,9 +81,11 @@ def fedavg_wire(msg: Message, reply: Reply, wire: int, model_bytes: int,
     """Wire bytes of ``msg`` (``wire`` of them) had it carried the model's arrays as FedAvg's
     ClientApp returns them (``model_bytes``: :func:`distinct_wire_bytes` of the model, in
     NumPy's format) under the name of the ClientApp's ``ArrayRecord``, without the records
-    that carry the compressed ``reply``: its other records and its metadata as they are."""
+    that carry the compressed ``reply`` and the check record (:mod:`rpsagg_flower.dpcheck`):
+    its other records and its metadata as they are."""
     content = msg.content
-    kept = {name: rec for name, rec in content.items() if name not in reply.records}
+    kept = {name: rec for name, rec in content.items()
+            if name not in reply.records and name != CHECK_RECORD}
     shell = RecordDict({**kept, reply.model_record: ArrayRecord()})  # the FedAvg reply's
     # RecordDict object (ids of the same length), its other records
     others = sum(wire_bytes(rec, sizes) for rec in kept.values())
@@ -190,6 +194,25 @@ def byte_metrics(accepted: list[Accepted], msgs: list[Encoded]) -> dict[str, int
             "rpsagg.payload-bytes-up": sum(a.payload_bytes for a in accepted),
             "rpsagg.bytes-up-uncompressed": raw, "rpsagg.compression-ratio": raw / up,
             "rpsagg.payload-bytes": sum(m.payload_bytes for m in msgs)}
+
+
+def decode_metrics(decoded: list[Decoded]) -> tuple[dict[str, float], float | None]:
+    """The ``rpsagg.*`` metrics of a round decoded as one group (``decoded``: one entry;
+    else none): beta, the estimated error where the decoder gives one, and ``r-hat``, the
+    estimated correlation R of the updates, which is also returned (None without one)."""
+    if len(decoded) != 1:  # no sketch, or replies of several groups decoded apart
+        return {}, None
+    est, msgs, result = decoded[0]
+    metrics = {"rpsagg.beta": float(result.beta)}
+    error = result.error_estimate
+    if error is not None:
+        metrics["rpsagg.estimated-squared-error"] = float(error.squared_error)
+        metrics["rpsagg.estimated-squared-error-stderr"] = float(error.squared_error_stderr)
+        metrics["rpsagg.estimated-relative-error"] = float(error.relative_error)
+    rhat = r_hat(est, msgs)
+    if rhat is not None:
+        metrics["rpsagg.r-hat"] = rhat
+    return metrics, rhat
 
 
 def _joint_sum(plan: RoundPlan, accepted: list[Accepted]

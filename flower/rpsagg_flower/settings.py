@@ -40,6 +40,8 @@ KEY_ERROR_FEEDBACK = PREFIX + "error-feedback"
 KEY_LAYER_K = PREFIX + "layer-k"
 KEY_LAYER_BLOCK = PREFIX + "layer-block-size"
 KEY_FROZEN = PREFIX + "frozen"
+#: asks the clients for the check record of :mod:`rpsagg_flower.dpcheck`
+KEY_CHECK = PREFIX + "check"
 #: the config key of Flower's client-side clipping wrappers (``clipping_norm``: the norm its
 #: clipping mods clip each update to); Flower's own constant is not public API, and
 #: ``tests/flower/test_robustness.py`` checks that the two agree

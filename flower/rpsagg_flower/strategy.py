@@ -5,15 +5,14 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import (
-    FedAvg,
-)
+from flwr.serverapp.strategy import FedAvg, Result
 
 from rpsagg import (
     CorrelationTracker,
@@ -21,16 +20,15 @@ from rpsagg import (
 )
 from rpsagg.planning import BudgetPolicy
 from rpsagg.schemes import DEFAULT_ESTIMATOR, scheme_traits
-from rpsagg_flower.compression import CompressionConfig
-from rpsagg_flower.correlation import r_hat
-from rpsagg_flower.dpcheck import refuse_server_side_clipping
+from rpsagg_flower.compression import CompressionConfig, layer_budgets
+from rpsagg_flower.dpcheck import DriverCheck
 from rpsagg_flower.optim import ServerOptimizer, ServerSGD
 from rpsagg_flower.payload import (
     Layout,
     apply_update,
     mean_plain,
 )
-from rpsagg_flower.rounds import RoundPlan, accept, byte_metrics, decode
+from rpsagg_flower.rounds import RoundPlan, accept, byte_metrics, decode, decode_metrics
 from rpsagg_flower.settings import AUTO_BLOCK_SIZE, AUTO_BLOCK_THRESHOLD, RoundEncoding
 
 log = logging.getLogger("flwr.rpsagg_flower")  # through Flower's log handlers
@@ -146,6 +144,28 @@ class RandProjSpatialFedAvg(FedAvg):
         self._last_n: int | None = None  # replies decoded in the last round
         self._round_k: int | None = None
         self._plan: RoundPlan | None = None
+        self._check = DriverCheck()
+
+    def start(self, *args: Any, **kwargs: Any) -> Result:
+        """Flower's ``Strategy.start`` (the same arguments), inside :meth:`driving`."""
+        with self.driving():
+            return super().start(*args, **kwargs)
+
+    def driving(self) -> AbstractContextManager[None]:
+        """Declare that the code inside drives this strategy itself, without a wrapper.
+
+        A strategy run by its own ``start()`` is driven so. Under any other driver (a
+        strategy wrapper, a loop of your own) a round whose config has no clipping norm asks
+        the clients for a check record (``rpsagg_flower.dpcheck``) until one comes back:
+        Flower's server-side clipping wrappers, which cannot wrap this strategy, fail on it
+        with a ``TypeError`` naming the client-side clipping to use.
+
+        Returns
+        -------
+        context manager
+            ``with strategy.driving(): strategy.configure_train(...)``.
+        """
+        return self._check.driving()
 
     def summary(self) -> None:
         """Log the configuration (FedAvg's, then the compression) as constructed.
@@ -198,16 +218,8 @@ class RandProjSpatialFedAvg(FedAvg):
         layer_k: tuple[int, ...] = ()
         layer_block: tuple[int, ...] = ()
         if self.per_layer:
-            sizes, keys = layout.compressed_sizes, layout.compressed_keys
-            if isinstance(self.per_layer, dict):
-                missing = [key for key in keys if key not in self.per_layer]
-                if missing:
-                    raise ValueError(f"per_layer gives no k for the arrays {missing}")
-                layer_k = tuple(int(self.per_layer[key]) for key in keys)
-            else:
-                layer_k = tuple(max(1, round(self.k * size / layout.d)) if self.k else 0
-                                for size in sizes)
-            layer_block = tuple(self._block_size(size) or 0 for size in sizes)
+            layer_k = layer_budgets(self.per_layer, self.k, layout)
+            layer_block = tuple(self._block_size(size) or 0 for size in layout.compressed_sizes)
         enc = RoundEncoding(
             scheme=self.estimator_name,
             k=self.k,
@@ -275,18 +287,13 @@ class RandProjSpatialFedAvg(FedAvg):
 
         Raises
         ------
-        TypeError
-            Under Flower's server-side clipping wrappers: they clip each reply's
-            uncompressed arrays, which a compressed reply does not have (use
-            ``DifferentialPrivacyClientSideFixedClipping`` or ``...AdaptiveClipping`` with
-            ``ClientApp(mods=client_mods(fixedclipping_mod))``).
         ValueError
             When the settings do not fit the model (``round_encoding``).
         """
-        refuse_server_side_clipping()
         enc = self.round_encoding(arrays, self._nonces())
         round_config = ConfigRecord(dict(config))
         enc.to_config(round_config)
+        self._check.ask(config, round_config)
         messages = list(super().configure_train(server_round, arrays, round_config, grid))
         self._plan = None
         if messages:
@@ -335,6 +342,7 @@ class RandProjSpatialFedAvg(FedAvg):
         """
         plan = self._plan
         valid, _ = self._check_and_log_replies(replies, is_train=True, validate=False)
+        self._check.seen(valid)
         if plan is None or plan.server_round != server_round:
             if valid:
                 log.warning("aggregate_train: round %d was not configured by this strategy; "
@@ -377,19 +385,10 @@ class RandProjSpatialFedAvg(FedAvg):
         metrics["rpsagg.k"] = int(plan.encoding.k or 0)
         if self.target_rel_error is not None:
             metrics["rpsagg.target-rel-error"] = self.target_rel_error
-        if len(decoded) != 1:  # no sketch, or replies of several groups decoded apart
-            return new_arrays, metrics
-        est, msgs, result = decoded[0]
-        metrics["rpsagg.beta"] = float(result.beta)
-        error = result.error_estimate
-        if error is not None:
-            metrics["rpsagg.estimated-squared-error"] = float(error.squared_error)
-            metrics["rpsagg.estimated-squared-error-stderr"] = float(error.squared_error_stderr)
-            metrics["rpsagg.estimated-relative-error"] = float(error.relative_error)
-        rhat = r_hat(est, msgs)
+        decode_info, rhat = decode_metrics(decoded)
+        metrics.update(decode_info)
         if rhat is not None:
-            metrics["rpsagg.r-hat"] = rhat
-            self.tracker.fold(rhat, len(msgs))
+            self.tracker.fold(rhat, len(decoded[0][1]))
         return new_arrays, metrics
 
     def _weight(self, msg: Message) -> float:

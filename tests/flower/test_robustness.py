@@ -25,8 +25,6 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp.strategy import (
     DifferentialPrivacyClientSideAdaptiveClipping,
     DifferentialPrivacyClientSideFixedClipping,
-    DifferentialPrivacyServerSideAdaptiveClipping,
-    DifferentialPrivacyServerSideFixedClipping,
 )
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM as FLOWER_KEY_CLIPPING_NORM
 from flwr.supercore.differential_privacy import KEY_NORM_BIT
@@ -293,24 +291,6 @@ def test_reply_without_payload_is_dropped_when_configured() -> None:
 # --- differential privacy ----------------------------------------------------------------
 
 SHAPES = {"w": ((6, 8), "float32"), "b": ((12,), "float32")}
-
-
-@pytest.mark.parametrize("wrapper", [
-    lambda s: DifferentialPrivacyServerSideFixedClipping(s, 1.0, 0.5, 2),
-    lambda s: DifferentialPrivacyServerSideAdaptiveClipping(s, 0.0, 2),
-])
-def test_server_side_clipping_refuses_before_sending(wrapper) -> None:  # type: ignore[no-untyped-def]
-    """Server-side clipping needs each client's uncompressed update: the strategy refuses
-    to configure a round under it, naming the client-side wrapper to use instead."""
-    dp = wrapper(RandProjSpatialFedAvg("rand-k", k=6))
-    kind = "Adaptive" if "Adaptive" in type(dp).__name__ else "Fixed"
-    with pytest.raises(TypeError) as exc:
-        dp.configure_train(1, model(SHAPES), ConfigRecord(), FakeGrid([1, 2]))
-    assert str(exc.value) == (
-        f"{type(dp).__name__} cannot wrap RandProjSpatialFedAvg: server-side clipping needs "
-        f"each client's uncompressed update; use client-side clipping: "
-        f"DifferentialPrivacyClientSide{kind}Clipping on the server and "
-        f"ClientApp(mods=client_mods({kind.lower()}clipping_mod)) on the clients")
 
 
 def _clipping_app(mods: list, updates: dict[int, np.ndarray]) -> ClientApp:  # type: ignore[type-arg]
