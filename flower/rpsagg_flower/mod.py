@@ -51,13 +51,11 @@ from rpsagg_flower.payload import (
     MARK_ZERO,
     FloatArray,
     Layout,
-    encoded_to_records,
     flatten,
-    layer_seed,
-    layers_to_records,
     marks_to_bytes,
     reply_arrays,
 )
+from rpsagg_flower.records import encoded_to_records, layer_seed, layers_to_records
 from rpsagg_flower.reply import pack_reply, reply_record
 from rpsagg_flower.settings import KEY_CLIPPING_NORM, KEY_SCHEME, RoundEncoding
 

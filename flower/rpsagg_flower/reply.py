@@ -1,6 +1,6 @@
 """A compressed reply as it travels: one packed byte string in one Flower record.
 
-The mod describes a compressed reply as :mod:`rpsagg_flower.payload` builds it (the *view*:
+The mod describes a compressed reply as :mod:`rpsagg_flower.records` builds it (the *view*:
 an ``ArrayRecord`` of raw arrays, ``values`` or ``codes`` and ``scale``, ``indices``,
 ``plain/<key>``, and a ``ConfigRecord`` with the seed, nonce, scheme, count, value bits and
 the ``zero`` / ``absent`` bitmaps) and sends it packed (:func:`pack_reply`): everything the
@@ -55,17 +55,8 @@ from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
 from rpsagg.quantize import packed_size
 from rpsagg.schemes import BLOCK_SCHEME_PREFIX, MESSAGE_SCHEME_CODES
 from rpsagg_flower.dpcheck import CHECK_RECORD
-from rpsagg_flower.payload import (
-    MARK_ABSENT,
-    MARK_ZERO,
-    PLAIN_PREFIX,
-    REPLY_CONFIG,
-    STYPE_RAW,
-    Layout,
-    marks_from_bytes,
-    marks_to_bytes,
-    unbundle,
-)
+from rpsagg_flower.payload import MARK_ABSENT, MARK_ZERO, Layout, marks_from_bytes, marks_to_bytes
+from rpsagg_flower.records import PLAIN_PREFIX, REPLY_CONFIG, STYPE_RAW, unbundle
 from rpsagg_flower.settings import nonce_from_bytes, nonce_to_bytes
 
 #: The packed reply's key in its record (a ``ConfigRecord`` entry or the one ``Array``).
@@ -239,7 +230,7 @@ def _raw(data: bytes, dtype: str, shape: tuple[int, ...]) -> Array:
 
 def unpack_reply(packed: bytes, layout: Layout) -> tuple[ArrayRecord, ConfigRecord]:
     """The view of a packed reply (:func:`pack_reply`) for a model of ``layout``: its raw
-    arrays and its description, which :mod:`rpsagg_flower.payload`'s readers check against
+    arrays and its description, which :mod:`rpsagg_flower.records`'s readers check against
     the round.
 
     ``ValueError`` naming the fault for bytes that are not such a reply: another version,
@@ -370,7 +361,7 @@ class Reply:
     Attributes
     ----------
     arrays : ArrayRecord
-        Its raw arrays (the view :mod:`rpsagg_flower.payload` reads).
+        Its raw arrays (the view :mod:`rpsagg_flower.records` reads).
     meta : ConfigRecord
         Its description: seed, nonce, scheme, count, value bits, bitmaps.
     records : tuple of str

@@ -14,8 +14,8 @@ from numpy.typing import NDArray
 from rpsagg import DecodeResult, Encoded, Estimator
 from rpsagg_flower.correlation import r_hat
 from rpsagg_flower.dpcheck import CHECK_RECORD
-from rpsagg_flower.payload import (
-    Layout,
+from rpsagg_flower.payload import Layout
+from rpsagg_flower.records import (
     records_to_encoded,
     records_to_layers,
     records_to_plain,

@@ -27,7 +27,8 @@ from numpy.typing import NDArray
 
 from rpsagg.spec import mix64
 from rpsagg_flower import RandProjSpatialFedAvg, make_rpsagg_mod
-from rpsagg_flower.payload import REPLY_CONFIG, Layout, bundle
+from rpsagg_flower.payload import Layout
+from rpsagg_flower.records import REPLY_CONFIG, bundle
 from rpsagg_flower.reply import Reply, pack_reply, read_reply, reply_record
 
 FloatArray = NDArray[np.float64]

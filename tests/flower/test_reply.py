@@ -31,7 +31,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
 from rpsagg_flower import RandProjSpatialFedAvg, make_rpsagg_mod
 from rpsagg_flower import reply as reply_mod
-from rpsagg_flower.payload import REPLY_CONFIG, Layout, marks_to_bytes
+from rpsagg_flower.payload import Layout, marks_to_bytes
+from rpsagg_flower.records import REPLY_CONFIG
 from rpsagg_flower.reply import (
     BLOCK_CODE,
     REPLY_KEY,

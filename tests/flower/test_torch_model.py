@@ -18,7 +18,7 @@ from flwr.serverapp.strategy import FedAvg
 from torch import nn
 
 from rpsagg_flower import RandProjSpatialFedAvg, make_rpsagg_mod
-from rpsagg_flower.payload import PLAIN_PREFIX, STYPE_RAW
+from rpsagg_flower.records import PLAIN_PREFIX, STYPE_RAW
 
 from .flower_util import FakeGrid, context, seeds, sent
 

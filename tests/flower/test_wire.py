@@ -13,13 +13,7 @@ from flwr.supercore.inflatable.inflatable_utils import (
 )
 
 from rpsagg_flower import RandProjSpatialFedAvg, make_rpsagg_mod
-from rpsagg_flower.payload import (
-    BUNDLE_KEY,
-    STYPE_BUNDLE,
-    STYPE_RAW,
-    bundle,
-    unbundle,
-)
+from rpsagg_flower.records import BUNDLE_KEY, STYPE_BUNDLE, STYPE_RAW, bundle, unbundle
 from rpsagg_flower.reply import payload_bytes
 from rpsagg_flower.wire import distinct_wire_bytes, wire_bytes
 
