@@ -106,7 +106,10 @@ def test_another_driver_asks_until_a_check_record_comes_back() -> None:
             np.testing.assert_array_equal(new[key].numpy(), new_direct[key].numpy())
         extra = sum(wire_bytes(r) for r in replies) - sum(wire_bytes(r) for r in plain_replies)
         assert metrics["rpsagg.bytes-up"] - metrics_direct["rpsagg.bytes-up"] == extra  # type: ignore[operator]
-        assert (extra > 600) == (rnd == 1) and (extra == 0) == (rnd > 1)
+        if rnd == 1:  # docs/flower.md and dpcheck's docstring: about 790 B a reply
+            assert extra / 2 == pytest.approx(790, abs=10)
+        else:
+            assert extra == 0
         key = "rpsagg.bytes-up-uncompressed"  # FedAvg's counterpart: no check record
         assert metrics[key] == metrics_direct[key]
         arrays = {"wrapped": new, "direct": new_direct}
