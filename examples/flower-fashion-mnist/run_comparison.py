@@ -95,9 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, help="SuperNodes (default 10; --quick: 2)")
     ap.add_argument("--rounds", type=int, help="rounds (default 20; --quick: 2)")
     ap.add_argument("--k", type=int, default=785)
-    ap.add_argument("--model", choices=["softmax", "cnn"], default="softmax",
-                    help="softmax regression (d = 7,850), or the small CNN with BatchNorm of "
-                         "fmnist_app/cnn.py (PyTorch; d = 20,586; lr 0.01, batches of 32)")
+    ap.add_argument("--model", choices=["softmax", "cnn", "mlp"], default="softmax",
+                    help="softmax regression (d = 7,850), the small CNN with BatchNorm of "
+                         "fmnist_app/cnn.py (PyTorch; d = 20,586) or the perceptron of "
+                         "fmnist_app/mlp.py (PyTorch; d = 203,530); PyTorch models train "
+                         "at lr 0.01 in batches of 32")
     ap.add_argument("--transform", default="avg")
     ap.add_argument("--value-bits", type=int, default=32)
     ap.add_argument("--methods", nargs="+", default=METHODS)
@@ -157,7 +159,7 @@ def _run(args: argparse.Namespace) -> list[dict]:
                 "server-optimizer": args.server_optimizer, "server-lr": args.server_lr,
                 "server-momentum": args.server_momentum, "error-feedback": args.error_feedback,
                 "model": args.model,
-                **({"lr": 0.01, "batch-size": 32} if args.model == "cnn" else {}),
+                **({"lr": 0.01, "batch-size": 32} if args.model != "softmax" else {}),
             }, timeout=args.timeout)
             res = json.loads(path.read_text())
             last = res["rounds"][str(args.rounds)]

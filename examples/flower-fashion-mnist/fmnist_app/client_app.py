@@ -1,7 +1,8 @@
 """The ClientApp: local SGD on this node's shard; rpsagg_mod compresses what it sends back.
 
-The model is the run config's ``model``: ``softmax`` (numpy) or ``cnn`` (``fmnist_app.cnn``,
-PyTorch, sent as its ``state_dict``). With the CNN, ``train-only = "head"`` fine-tunes the
+The model is the run config's ``model``: ``softmax`` (numpy), ``cnn`` (``fmnist_app.cnn``)
+or ``mlp`` (``fmnist_app.mlp``), PyTorch models sent as their ``state_dict``
+(:mod:`fmnist_app.models`). With a PyTorch model, ``train-only = "head"`` fine-tunes the
 classifier head alone on frozen features (every other array stays exactly as received),
 and ``reply = "trained"`` replies with the trained arrays alone: a partial reply, which the
 server refuses unless its ``partial`` is ``"allow"``.
@@ -18,6 +19,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from fmnist_app.models import torch_model
 from fmnist_app.task import partition, steps_per_epoch, train
 from rpsagg.spec import mix64
 from rpsagg_flower import make_rpsagg_mod
@@ -42,17 +44,16 @@ def local_train(msg: Message, context: Context) -> Message:
     pid = int(context.node_config["partition-id"])
     x, y = partition(pid, int(context.node_config["num-partitions"]),
                      int(context.run_config["examples-per-client"]))
-    if str(context.run_config.get("model", "softmax")) == "cnn":
-        from fmnist_app import cnn  # PyTorch only where the CNN is asked for
-
+    arch = torch_model(str(context.run_config.get("model", "softmax")))
+    if arch is not None:
         rc = context.run_config
         only, reply = str(rc.get("train-only", "all")), str(rc.get("reply", "all"))
         if only not in ("all", "head") or reply not in ("all", "trained"):
             raise ValueError(f"train-only must be 'all' or 'head' and reply 'all' or "
                              f"'trained'; got {only!r} and {reply!r}")
-        trainable = cnn.HEAD if only == "head" else None
-        arrays, loss = cnn.train(
-            msg.content.array_records["arrays"], cnn.images(x), y,
+        trainable = arch.HEAD if only == "head" else None
+        arrays, loss = arch.train(
+            msg.content.array_records["arrays"], arch.images(x), y,
             epochs=int(rc["local-epochs"]), lr=float(rc["lr"]), batch=int(rc["batch-size"]),
             seed=1000 * int(config["server-round"]) + pid,  # type: ignore[arg-type]
             trainable=trainable)
@@ -61,8 +62,8 @@ def local_train(msg: Message, context: Context) -> Message:
         metrics = MetricRecord({"train-loss": loss, "num-examples": len(y)})
         return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
     if str(context.run_config.get("train-only", "all")) != "all":
-        raise ValueError("train-only applies to model = 'cnn' (the softmax model has no head "
-                         "apart from its weights)")
+        raise ValueError("train-only applies to model = 'cnn' or 'mlp' (the softmax model has "
+                         "no head apart from its weights)")
     w, b, steps = msg.content.array_records["arrays"].to_numpy_ndarrays()
     new_w, new_b, loss = train(
         w, b, x, y, epochs=int(context.run_config["local-epochs"]),

@@ -63,15 +63,16 @@ def images(x: NDArray[np.floating]) -> torch.Tensor:
     return (t - MEAN) / STD
 
 
-def _model(arrays: ArrayRecord) -> Net:
-    model = Net()
+def _model(arrays: ArrayRecord, net: type[nn.Module] = Net) -> nn.Module:
+    model = net()
     model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
     return model
 
 
 def train(arrays: ArrayRecord, x: torch.Tensor, y: NDArray[np.int64], *, epochs: int,
           lr: float, batch: int, seed: int,
-          trainable: Collection[str] | None = None) -> tuple[ArrayRecord, float]:
+          trainable: Collection[str] | None = None,
+          net: type[nn.Module] = Net) -> tuple[ArrayRecord, float]:
     """Minibatch SGD (momentum 0.9) from ``arrays``; the new model and the mean loss.
 
     Parameters
@@ -90,8 +91,10 @@ def train(arrays: ArrayRecord, x: torch.Tensor, y: NDArray[np.int64], *, epochs:
         Train only these parameters (``state_dict`` keys, e.g. ``HEAD``); the others and
         BatchNorm's running statistics stay exactly as received (the model runs in eval
         mode: a frozen feature extractor). Default: every parameter, in train mode.
+    net : type of torch.nn.Module
+        The architecture ``arrays`` hold (default :class:`Net`; ``fmnist_app.mlp.MLP``).
     """
-    model = _model(arrays)
+    model = _model(arrays, net)
     if trainable is None:
         model.train()
         params = list(model.parameters())
@@ -122,10 +125,11 @@ def train(arrays: ArrayRecord, x: torch.Tensor, y: NDArray[np.int64], *, epochs:
 
 
 @torch.no_grad()
-def evaluate(arrays: ArrayRecord, x: torch.Tensor, y: NDArray[np.int64]) -> tuple[float, float]:
-    """Mean cross-entropy and accuracy of the model ``arrays`` on ``(x, y)`` (eval mode:
-    BatchNorm uses its running statistics)."""
-    model = _model(arrays)
+def evaluate(arrays: ArrayRecord, x: torch.Tensor, y: NDArray[np.int64],
+             net: type[nn.Module] = Net) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy of the model ``arrays`` (of architecture ``net``) on
+    ``(x, y)`` (eval mode: BatchNorm uses its running statistics)."""
+    model = _model(arrays, net)
     model.eval()
     labels = torch.tensor(y, dtype=torch.int64)  # a copy: y may be read-only (cached)
     loss, correct = 0.0, 0

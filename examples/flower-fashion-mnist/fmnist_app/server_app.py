@@ -1,7 +1,8 @@
 """The ServerApp: FedAvg uncompressed, or RandProjSpatialFedAvg with one of rpsagg's estimators.
 
-Run config (``pyproject.toml``, or ``flwr run --run-config``): ``model`` (``softmax``, or
-``cnn``: the small CNN with BatchNorm of ``fmnist_app.cnn``), ``method`` (``fedavg`` or an
+Run config (``pyproject.toml``, or ``flwr run --run-config``): ``model`` (``softmax``;
+``cnn``, the small CNN with BatchNorm of ``fmnist_app.cnn``; ``mlp``, the perceptron of
+``fmnist_app.mlp``), ``method`` (``fedavg`` or an
 estimator name), ``k``, ``transform``, ``value-bits``, ``bits``, the server step
 (``server-optimizer``, ``server-lr``, ``server-momentum``, ``error-feedback``), the spatial
 decoders' ``solver``, ``partial`` (``refuse``: a reply that carries only some of the
@@ -24,6 +25,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
+from fmnist_app.models import torch_model
 from fmnist_app.task import evaluate, init_model, load
 from rpsagg.spec import mix64
 from rpsagg_flower import RandProjSpatialFedAvg
@@ -56,11 +58,10 @@ def main(grid: Grid, context: Context) -> None:
     method = str(rc["method"])
     nodes = int(rc["clients"])
     seed = int(rc.get("seed", 0))
-    use_cnn = str(rc.get("model", "softmax")) == "cnn"
-    if use_cnn:
-        from fmnist_app import cnn  # PyTorch only where the CNN is asked for
+    model = str(rc.get("model", "softmax"))
+    arch = torch_model(model)
     # BatchNorm's running statistics travel as they are, beside the counters
-    plain = cnn.buffer_names() if use_cnn else []
+    plain = arch.buffer_names() if arch is not None else []
     strategy: FedAvg
     if method == "fedavg":
         strategy = CountingFedAvg(fraction_evaluate=0.0, min_train_nodes=nodes,
@@ -82,28 +83,32 @@ def main(grid: Grid, context: Context) -> None:
             uncompressed=plain,
             partial=str(rc.get("partial", "refuse")),
         )
-    if use_cnn:
-        initial = cnn.initial(seed)
+    if arch is not None:
+        initial = arch.initial(seed)
     else:
         w, b = init_model()
         initial = ArrayRecord({"weight": Array(w), "bias": Array(b),
                                "steps": Array(np.zeros((), np.int64))})
     d = Layout.of(initial, plain).d
     x_test, y_test = load("t10k")
-    test_images = cnn.images(x_test) if use_cnn else None
+    test_images = arch.images(x_test) if arch is not None else None
     log: dict[int, dict[str, float]] = {}
     started = time.monotonic()
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        if test_images is not None:
-            loss, acc = cnn.evaluate(arrays, test_images, y_test)
-            steps = float(arrays["bn1.num_batches_tracked"].numpy())
+        if arch is not None:
+            loss, acc = arch.evaluate(arrays, test_images, y_test)
+            # the CNN counts its steps (BatchNorm's counter); the MLP does not
+            steps = (float(arrays["bn1.num_batches_tracked"].numpy())
+                     if "bn1.num_batches_tracked" in arrays else None)
         else:
             weight, bias, counter = arrays.to_numpy_ndarrays()
             loss, acc = evaluate(weight, bias, x_test, y_test)
             steps = float(counter)
-        log[server_round] = {"test-loss": loss, "test-accuracy": acc, "steps": steps,
+        log[server_round] = {"test-loss": loss, "test-accuracy": acc,
                              "elapsed-s": time.monotonic() - started}
+        if steps is not None:
+            log[server_round]["steps"] = steps
         return MetricRecord({"test-loss": loss, "test-accuracy": acc})
 
     result = strategy.start(
@@ -116,7 +121,7 @@ def main(grid: Grid, context: Context) -> None:
                       if isinstance(v, int | float)})
     path = str(rc["results-path"])
     if path:
-        out = {"method": method, "model": "cnn" if use_cnn else "softmax",
+        out = {"method": method, "model": model,
                "k": int(rc["k"]), "transform": str(rc["transform"]),
                "value-bits": int(rc["value-bits"]), "clients": nodes, "seed": seed,
                "server-optimizer": str(rc.get("server-optimizer", "sgd")),
