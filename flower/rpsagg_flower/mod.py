@@ -42,7 +42,6 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MessageType
 from flwr.clientapp.typing import ClientAppCallable, Mod
-from flwr.common.constant import ErrorCode
 
 from rpsagg.spec import derive_round_seed
 from rpsagg_flower.dpcheck import CHECK_RECORD, asked, check_record
@@ -64,11 +63,16 @@ log = logging.getLogger("flwr.rpsagg_flower")  # through Flower's log handlers
 #: Key of the error-feedback memory in the ClientApp's ``context.state``.
 MEMORY_KEY = "rpsagg.memory"
 
+#: The error code of a mod's refusal: Flower's ``ErrorCode.MOD_FAILED_PRECONDITION`` (in
+#: ``flwr.common.constant``, outside the app API; the tests compare the two).
+MOD_FAILED_PRECONDITION = 6
+
+
 def _error(msg: Message, reason: str) -> Message:
     """An error reply to the instruction ``msg`` (never to a reply: a reply's source and
     destination are the other way round and the SuperNode could not route it)."""
     log.error("rpsagg_mod: %s", reason)
-    return Message(Error(code=ErrorCode.MOD_FAILED_PRECONDITION, reason=f"rpsagg_mod: {reason}"),
+    return Message(Error(code=MOD_FAILED_PRECONDITION, reason=f"rpsagg_mod: {reason}"),
                    reply_to=msg)
 
 

@@ -50,7 +50,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
-from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
 
 from rpsagg.quantize import packed_size
 from rpsagg.schemes import BLOCK_SCHEME_PREFIX, MESSAGE_SCHEME_CODES
@@ -65,10 +64,11 @@ REPLY_KEY = "rpsagg"
 STYPE_REPLY = "rpsagg.reply"
 #: The packed format's version, its first byte.
 REPLY_VERSION = 2
-#: Largest packed reply sent as a ``ConfigRecord`` entry: one of Flower's array chunks
-#: (``FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE``), so the record is about as large as Flower's
-#: largest objects at most; a larger one travels as an ``Array`` that Flower chunks.
-CONFIG_LIMIT = FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
+#: Largest packed reply sent as a ``ConfigRecord`` entry: one of Flower's array chunks (5 MiB;
+#: Flower's ``FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE``, not public API:
+#: ``tests/flower/test_reply.py`` checks that they agree), so the record is about as large as
+#: Flower's largest objects at most; a larger one travels as an ``Array`` that Flower chunks.
+CONFIG_LIMIT = 5 * 2**20
 #: One byte per message scheme (fixed: a code is never reused for another scheme);
 #: :data:`BLOCK_CODE` and 0 are followed by more (:func:`_scheme_bytes`).
 SCHEME_CODES = MESSAGE_SCHEME_CODES  # the registry's table

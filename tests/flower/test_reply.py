@@ -28,6 +28,7 @@ import random
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
 
 from rpsagg_flower import RandProjSpatialFedAvg, make_rpsagg_mod
 from rpsagg_flower import reply as reply_mod
@@ -319,6 +320,8 @@ def test_malformed_carriers_are_refused_and_replies_dropped() -> None:
 
 
 def test_reply_record_picks_the_carrier() -> None:
+    # the limit is one of Flower's array chunks (its constant is not public API)
+    assert reply_mod.CONFIG_LIMIT == FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
     small = reply_record(b"\2" * 10)
     assert isinstance(small, ConfigRecord) and small[REPLY_KEY] == b"\2" * 10
     big = reply_record(b"\2" * (reply_mod.CONFIG_LIMIT + 1))

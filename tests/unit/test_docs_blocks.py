@@ -103,6 +103,10 @@ PLACEHOLDERS = {
         "a SuperLink and SuperNodes (tests/flower/test_e2e.py starts them)",
     ("examples/flower-fashion-mnist/README.md", "cd examples/flower-fashion-mnist"):
         "the benchmark: hours on two cores",
+    ("examples/flower-fashion-mnist/README.md", "../../.venv-flower/bin/python frontier.py "
+     "--out measured/frontier      # ~25 min on 2 cores"):
+        "the frontier: 36 training runs, ~25 min on two cores (tests/flower/test_frontier.py "
+        "runs the script on a small run)",
     ("docs/flower-start.md", 'pip install ./common "./flower[simulation]"'):
         "an install into the reader's environment (scripts/setup-env.sh test installs the "
         "same into .venv-flower, where tests/flower/test_quickstart_app.py runs the app)",
