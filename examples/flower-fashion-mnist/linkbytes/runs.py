@@ -15,7 +15,7 @@ from linkbytes.proxy import LinkProxy
 from linkbytes.rounds import PULL, segment
 from linkbytes.wideapp import wide_app
 
-#: the example's folder: the Flower app of ``--models cnn``
+#: the example's folder: the Flower app of ``--models cnn`` and ``mlp``
 HERE = Path(__file__).resolve().parent.parent
 
 CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
@@ -24,12 +24,18 @@ CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
         "rps-k4096-4bit": {"method": "rand-proj-spatial", "k": 4096, "value-bits": 4},
         "rps-k2058": {"method": "rand-proj-spatial", "k": 2058, "value-bits": 32},
     },
+    "mlp": {  # frontier.py's 100x and 300x budgets (in-process replies)
+        "fedavg": {"method": "fedavg"},
+        "rps-k15238-4bit": {"method": "rand-proj-spatial", "k": 15238, "value-bits": 4},
+        "rps-k4352-4bit": {"method": "rand-proj-spatial", "k": 4352, "value-bits": 4},
+    },
     "wide": {
         "fedavg": {"method": "fedavg"},
         "rps-k20020": {"method": "rand-proj-spatial", "k": 20020, "value-bits": 32},
     },
 }
 DEFAULT_CONFIGS = {"cnn": ["fedavg", "rps-k4096-4bit", "rps-k2058"],
+                   "mlp": ["fedavg", "rps-k15238-4bit", "rps-k4352-4bit"],
                    "wide": ["fedavg", "rps-k20020"]}
 
 
@@ -79,10 +85,10 @@ def run_one(model: str, name: str, nodes: int, rounds: int, idle: float, work: P
     seconds of the nodes' polling alone."""
     cfg = CONFIGS[model][name]
     results = work / f"{model}-{name}.json"
-    if model == "cnn":
+    if model in ("cnn", "mlp"):
         app = HERE
         run_config: dict[str, object] = {
-            "model": "cnn", "k": 785, "value-bits": 32, **cfg, "clients": nodes,
+            "model": model, "k": 785, "value-bits": 32, **cfg, "clients": nodes,
             "num-server-rounds": rounds, "examples-per-client": 64, "lr": 0.01,
             "batch-size": 32, "seed": 1, "results-path": str(results)}
     else:
