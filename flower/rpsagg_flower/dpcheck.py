@@ -12,7 +12,7 @@ be skipped without a word. The check below finds them by what they do, not by wh
   before it calls the strategy, and that ``Array``'s conversion raises ``TypeError`` with
   the refusal in its message, before any clipping, noise or model update. A check record
   that reaches the strategy shows that no such wrapper is there: the strategy stops asking.
-  It costs about 790 B a reply, in that first round only.
+  It costs about 790 B a reply, in that round only (normally the first).
 """
 
 from __future__ import annotations
