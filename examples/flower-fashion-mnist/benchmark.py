@@ -20,7 +20,7 @@ Bytes up are the replies' wire bytes, as Flower 1.42 pushes them
 arrays' descriptions and chunks, each with its object header); ``payload-bytes-up`` beside
 them is the data and keys alone (Flower's ``count_bytes`` of every reply's ``ArrayRecord``
 or, for compressed replies, of the record that carries the packed reply:
-``rpsagg_flower.reply.payload_bytes``). Decode time is the strategy's
+``rpsagg_flower.carrier.payload_bytes``). Decode time is the strategy's
 ``rpsagg.decode-seconds``. Seeds are fixed (``--seed``/``--seeds``): model
 initialization, nonces, client seeds, minibatch order and Flower's node sampling. The
 thread pools are pinned (``--threads``, default 2: torch's, OpenMP's and BLAS's), since the
@@ -93,9 +93,9 @@ from fmnist_app.task import load, partition  # noqa: E402
 
 from rpsagg.spec import mix64  # noqa: E402
 from rpsagg_flower import RandProjSpatialFedAvg, ServerSGD, make_rpsagg_mod  # noqa: E402
+from rpsagg_flower.carrier import payload_bytes  # noqa: E402
 from rpsagg_flower.optim import ServerOptimizer  # noqa: E402
 from rpsagg_flower.payload import Layout  # noqa: E402
-from rpsagg_flower.reply import payload_bytes  # noqa: E402
 from rpsagg_flower.wire import wire_bytes  # noqa: E402
 
 

@@ -44,6 +44,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, 
 from flwr.clientapp.typing import ClientAppCallable, Mod
 
 from rpsagg.spec import derive_round_seed
+from rpsagg_flower.carrier import reply_record
 from rpsagg_flower.dpcheck import CHECK_RECORD, asked, check_record
 from rpsagg_flower.payload import (
     MARK_ABSENT,
@@ -55,7 +56,7 @@ from rpsagg_flower.payload import (
     reply_arrays,
 )
 from rpsagg_flower.records import encoded_to_records, layer_seed, layers_to_records
-from rpsagg_flower.reply import pack_reply, reply_record
+from rpsagg_flower.reply import pack_reply
 from rpsagg_flower.settings import KEY_CLIPPING_NORM, KEY_SCHEME, RoundEncoding
 
 log = logging.getLogger("flwr.rpsagg_flower")  # through Flower's log handlers

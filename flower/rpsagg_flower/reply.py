@@ -6,14 +6,8 @@ an ``ArrayRecord`` of raw arrays, ``values`` or ``codes`` and ``scale``, ``indic
 the ``zero`` / ``absent`` bitmaps) and sends it packed (:func:`pack_reply`): everything the
 server knows already (the arrays' names, shapes and dtypes, which of them are compressed,
 how many codes a count makes) is left out, and a 4-byte digest of the model's layout stands
-for it. The packed reply replaces the ClientApp's ``ArrayRecord`` under the same name
-(``"arrays"`` by default), so the reply has the records FedAvg's reply has, no more:
-
-* a ``ConfigRecord`` with the one bytes entry :data:`REPLY_KEY` (36 B on the wire beyond
-  the packed bytes for the example's CNN), while the packed reply fits in one of Flower's
-  array chunks (:data:`CONFIG_LIMIT`, 5 MiB by default);
-* else an ``ArrayRecord`` holding the one ``uint8`` ``Array`` :data:`REPLY_KEY` (``stype``
-  :data:`STYPE_REPLY`), which Flower cuts into chunks (about 340 B more, negligible there).
+for it. The record that carries the packed bytes in the reply is
+:mod:`rpsagg_flower.carrier`'s.
 
 The packed bytes (all integers little-endian; ``varint``: unsigned LEB128, at most 10
 bytes)::
@@ -38,7 +32,7 @@ bytes)::
 
 For the example's CNN (16 arrays, one message) the header is 33 B. rpsagg-flower 0.1's
 replies (an ``ArrayRecord`` of the arrays, bundled or apart, beside a ``ConfigRecord``
-``rpsagg``) are still read (:func:`read_reply`).
+``rpsagg``) are still read (:func:`rpsagg_flower.carrier.read_reply`).
 """
 
 from __future__ import annotations
@@ -46,29 +40,18 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from dataclasses import dataclass
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord
 
 from rpsagg.quantize import packed_size
 from rpsagg.schemes import BLOCK_SCHEME_PREFIX, MESSAGE_SCHEME_CODES
-from rpsagg_flower.dpcheck import CHECK_RECORD
 from rpsagg_flower.payload import MARK_ABSENT, MARK_ZERO, Layout, marks_from_bytes, marks_to_bytes
-from rpsagg_flower.records import PLAIN_PREFIX, REPLY_CONFIG, STYPE_RAW, unbundle
+from rpsagg_flower.records import PLAIN_PREFIX, STYPE_RAW
 from rpsagg_flower.settings import nonce_from_bytes, nonce_to_bytes
 
-#: The packed reply's key in its record (a ``ConfigRecord`` entry or the one ``Array``).
-REPLY_KEY = "rpsagg"
-#: ``Array.stype`` of a packed reply carried as an ``Array`` (:data:`CONFIG_LIMIT`).
-STYPE_REPLY = "rpsagg.reply"
 #: The packed format's version, its first byte.
 REPLY_VERSION = 2
-#: Largest packed reply sent as a ``ConfigRecord`` entry: one of Flower's array chunks (5 MiB;
-#: Flower's ``FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE``, not public API:
-#: ``tests/flower/test_reply.py`` checks that they agree), so the record is about as large as
-#: Flower's largest objects at most; a larger one travels as an ``Array`` that Flower chunks.
-CONFIG_LIMIT = 5 * 2**20
 #: One byte per message scheme (fixed: a code is never reused for another scheme);
 #: :data:`BLOCK_CODE` and 0 are followed by more (:func:`_scheme_bytes`).
 SCHEME_CODES = MESSAGE_SCHEME_CODES  # the registry's table
@@ -312,109 +295,11 @@ def unpack_reply(packed: bytes, layout: Layout) -> tuple[ArrayRecord, ConfigReco
     return ArrayRecord(out), meta
 
 
-def reply_record(packed: bytes) -> ConfigRecord | ArrayRecord:
-    """The record that carries ``packed``: a ``ConfigRecord`` of one bytes entry
-    :data:`REPLY_KEY` up to :data:`CONFIG_LIMIT` bytes, else an ``ArrayRecord`` of one
-    ``uint8`` ``Array`` (``stype`` :data:`STYPE_REPLY`)."""
-    if len(packed) <= CONFIG_LIMIT:
-        return ConfigRecord({REPLY_KEY: packed})
-    return ArrayRecord({REPLY_KEY: Array(dtype="uint8", shape=(len(packed),),
-                                         stype=STYPE_REPLY, data=packed)})
-
-
-def _carried(record: object) -> bytes | None:
-    """The packed reply ``record`` carries, or None when it is no carrier."""
-    if isinstance(record, ConfigRecord) and list(record.keys()) == [REPLY_KEY]:
-        value = record[REPLY_KEY]
-        return value if isinstance(value, bytes) else None
-    if isinstance(record, ArrayRecord) and list(record.keys()) == [REPLY_KEY]:
-        arr = record[REPLY_KEY]
-        if arr.stype == STYPE_REPLY:
-            if arr.dtype != "uint8" or tuple(arr.shape) != (len(arr.data),):
-                raise ValueError(f"the compressed reply's Array is {arr.dtype}{list(arr.shape)} "
-                                 f"with {len(arr.data)} B; it must be uint8 of its bytes")
-            return bytes(arr.data)
-    return None
-
-
-def payload_records(content: RecordDict) -> list[str]:
-    """The names of the records that carry a compressed reply (the packed reply's record;
-    for rpsagg-flower 0.1's replies the ``rpsagg`` ``ConfigRecord`` and the
-    ``ArrayRecord``\\ s); for a reply without one, its ``ArrayRecord``\\ s."""
-    carriers = [name for name, rec in content.items() if _carried(rec) is not None]
-    if carriers:
-        return carriers
-    names = list(content.array_records)
-    return [*names, REPLY_CONFIG] if REPLY_CONFIG in content.config_records else names
-
-
-def payload_bytes(content: RecordDict) -> int:
-    """Flower's ``count_bytes`` (data and keys) of :func:`payload_records`: a reply's
-    payload without Flower's objects around it."""
-    return sum(content[name].count_bytes() for name in payload_records(content))
-
-
-@dataclass(frozen=True)
-class Reply:
-    """A compressed reply, read (:func:`read_reply`).
-
-    Attributes
-    ----------
-    arrays : ArrayRecord
-        Its raw arrays (the view :mod:`rpsagg_flower.records` reads).
-    meta : ConfigRecord
-        Its description: seed, nonce, scheme, count, value bits, bitmaps.
-    records : tuple of str
-        The names of the reply's records that carry it.
-    model_record : str
-        The name under which the ClientApp's ``ArrayRecord`` was (where a FedAvg reply
-        carries the model).
-    """
-
-    arrays: ArrayRecord
-    meta: ConfigRecord
-    records: tuple[str, ...]
-    model_record: str
-
-
-def read_reply(content: RecordDict, layout: Layout) -> Reply | None:
-    """The compressed reply in ``content`` for a model of ``layout``: packed
-    (:func:`unpack_reply`) or rpsagg-flower 0.1's records; None when ``content`` carries
-    neither (a ClientApp without the mod). ``ValueError`` for a malformed one."""
-    carriers = [(name, packed) for name, rec in content.items()
-                if (packed := _carried(rec)) is not None]
-    if carriers:
-        if len(carriers) > 1:
-            raise ValueError(f"the reply has {len(carriers)} compressed replies "
-                             f"({[n for n, _ in carriers]})")
-        name, packed = carriers[0]
-        others = [n for n in content.array_records if n not in (name, CHECK_RECORD)]
-        if others:
-            raise ValueError(f"the reply has ArrayRecords {others} beside its compressed reply")
-        arrays, meta = unpack_reply(packed, layout)
-        return Reply(arrays, meta, (name,), name)
-    if REPLY_CONFIG not in content.config_records:
-        return None
-    names = list(content.array_records)
-    if len(names) != 1:
-        raise ValueError(f"{len(names)} ArrayRecords in a compressed reply")
-    return Reply(unbundle(content.array_records[names[0]]), content.config_records[REPLY_CONFIG],
-                 (names[0], REPLY_CONFIG), names[0])
-
-
 __all__ = [
     "BLOCK_CODE",
-    "CONFIG_LIMIT",
-    "REPLY_KEY",
     "REPLY_VERSION",
     "SCHEME_CODES",
-    "STYPE_REPLY",
-    "Reply",
     "layout_digest",
     "pack_reply",
-    "payload_bytes",
-    "payload_records",
-    "read_reply",
-    "reply_record",
     "unpack_reply",
 ]

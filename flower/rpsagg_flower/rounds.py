@@ -12,6 +12,7 @@ from flwr.app import ArrayRecord, Message, RecordDict
 from numpy.typing import NDArray
 
 from rpsagg import DecodeResult, Encoded, Estimator
+from rpsagg_flower.carrier import Reply, read_reply
 from rpsagg_flower.correlation import r_hat
 from rpsagg_flower.dpcheck import CHECK_RECORD
 from rpsagg_flower.payload import Layout
@@ -21,7 +22,6 @@ from rpsagg_flower.records import (
     records_to_plain,
     reply_marks,
 )
-from rpsagg_flower.reply import Reply, read_reply
 from rpsagg_flower.settings import RoundEncoding
 from rpsagg_flower.wire import distinct_wire_bytes, wire_bytes
 

@@ -27,9 +27,10 @@ from numpy.typing import NDArray
 
 from rpsagg.spec import mix64
 from rpsagg_flower import RandProjSpatialFedAvg, make_rpsagg_mod
+from rpsagg_flower.carrier import Reply, read_reply, reply_record
 from rpsagg_flower.payload import Layout
 from rpsagg_flower.records import REPLY_CONFIG, bundle
-from rpsagg_flower.reply import Reply, pack_reply, read_reply, reply_record
+from rpsagg_flower.reply import pack_reply
 
 FloatArray = NDArray[np.float64]
 

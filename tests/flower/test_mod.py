@@ -19,9 +19,9 @@ from rpsagg import make_estimator
 from rpsagg._quantize import unpack_codes
 from rpsagg.spec import derive_round_seed
 from rpsagg_flower import make_rpsagg_mod, rpsagg_mod
+from rpsagg_flower.carrier import REPLY_KEY, payload_records, read_reply
 from rpsagg_flower.payload import Layout
 from rpsagg_flower.records import STYPE_RAW
-from rpsagg_flower.reply import REPLY_KEY, payload_records, read_reply
 from rpsagg_flower.settings import RoundEncoding, nonce_from_bytes
 
 from .flower_util import adding_app, context, model

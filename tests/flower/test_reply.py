@@ -31,20 +31,16 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
 
 from rpsagg_flower import RandProjSpatialFedAvg, make_rpsagg_mod
-from rpsagg_flower import reply as reply_mod
+from rpsagg_flower import carrier as carrier_mod
+from rpsagg_flower.carrier import REPLY_KEY, STYPE_REPLY, payload_records, read_reply, reply_record
 from rpsagg_flower.payload import Layout, marks_to_bytes
 from rpsagg_flower.records import REPLY_CONFIG
 from rpsagg_flower.reply import (
     BLOCK_CODE,
-    REPLY_KEY,
     SCHEME_CODES,
-    STYPE_REPLY,
     _scheme_bytes,
     layout_digest,
     pack_reply,
-    payload_records,
-    read_reply,
-    reply_record,
     unpack_reply,
 )
 from rpsagg_flower.wire import wire_bytes
@@ -216,8 +212,8 @@ def test_wire_bytes_are_what_flower_pushes_for_both_carriers(
     Flower's push sends, the strategy decodes both to the same model, and the FedAvg
     figure is the same."""
     results = []
-    for limit in (reply_mod.CONFIG_LIMIT, 64):
-        monkeypatch.setattr(reply_mod, "CONFIG_LIMIT", limit)
+    for limit in (carrier_mod.CONFIG_LIMIT, 64):
+        monkeypatch.setattr(carrier_mod, "CONFIG_LIMIT", limit)
         random.seed(3)  # FedAvg's sampling order: which node draws which client seed
         strategy = _strategy(value_bits=6)
         arrays = model(SHAPES, fill=None)
@@ -321,10 +317,10 @@ def test_malformed_carriers_are_refused_and_replies_dropped() -> None:
 
 def test_reply_record_picks_the_carrier() -> None:
     # the limit is one of Flower's array chunks (its constant is not public API)
-    assert reply_mod.CONFIG_LIMIT == FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
+    assert carrier_mod.CONFIG_LIMIT == FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
     small = reply_record(b"\2" * 10)
     assert isinstance(small, ConfigRecord) and small[REPLY_KEY] == b"\2" * 10
-    big = reply_record(b"\2" * (reply_mod.CONFIG_LIMIT + 1))
+    big = reply_record(b"\2" * (carrier_mod.CONFIG_LIMIT + 1))
     assert isinstance(big, ArrayRecord) and big[REPLY_KEY].stype == STYPE_REPLY
     assert big[REPLY_KEY].dtype == "uint8" and tuple(big[REPLY_KEY].shape) == (
-        reply_mod.CONFIG_LIMIT + 1,)
+        carrier_mod.CONFIG_LIMIT + 1,)

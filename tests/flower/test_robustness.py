@@ -30,8 +30,8 @@ from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM as FLOWER_KEY_
 from flwr.supercore.differential_privacy import KEY_NORM_BIT
 
 from rpsagg_flower import RandProjSpatialFedAvg, client_mods, make_rpsagg_mod, rpsagg_mod
+from rpsagg_flower.carrier import REPLY_KEY, payload_records
 from rpsagg_flower.records import PLAIN_PREFIX, bundle
-from rpsagg_flower.reply import REPLY_KEY, payload_records
 from rpsagg_flower.settings import KEY_CLIPPING_NORM
 
 from .flower_util import FakeGrid, adding_app, as_v01, context, model, run_round, seeds, sent

@@ -13,8 +13,8 @@ from flwr.supercore.inflatable.inflatable_utils import (
 )
 
 from rpsagg_flower import RandProjSpatialFedAvg, make_rpsagg_mod
+from rpsagg_flower.carrier import payload_bytes
 from rpsagg_flower.records import BUNDLE_KEY, STYPE_BUNDLE, STYPE_RAW, bundle, unbundle
-from rpsagg_flower.reply import payload_bytes
 from rpsagg_flower.wire import distinct_wire_bytes, wire_bytes
 
 from .flower_util import adding_app, context, model, run_round, seeds, sent
